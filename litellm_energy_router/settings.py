@@ -1,0 +1,204 @@
+"""One settings tree for the whole plugin.
+
+Sources, later ones winning:
+
+1. defaults (the embedded, offline setup: SQLite file, bundled energy profile, ``estimate`` meter);
+2. a YAML file (``energy_router:`` key if present, else the whole document);
+3. environment variables ``ENERGY_ROUTER_<SECTION>__<KEY>`` (``__`` separates levels, e.g.
+   ``ENERGY_ROUTER_TABLE__URL=postgresql+psycopg://db/router``).
+
+Any string value ``os.environ/VAR`` is replaced by the value of environment variable ``VAR``, as in a
+LiteLLM config. Invalid input raises :class:`ConfigError` whose message is one line naming the key and
+the bad value.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "ENERGY_ROUTER_"
+DEFAULT_TABLE_URL = "sqlite:///energy_router.db"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``str(err)`` is a single line naming the key and the value."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TableSettings(_Section):
+    """Where the tournament table lives."""
+
+    url: str = Field(DEFAULT_TABLE_URL, description="SQLAlchemy URL: sqlite:///file.db or postgresql+psycopg://...")
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if not (v.startswith("sqlite:") or v.startswith("postgresql")):
+            raise ValueError("must start with sqlite:/// or postgresql")
+        return v
+
+
+class CandidateSettings(_Section):
+    """One candidate deployment of the pool."""
+
+    name: str = Field(description="LiteLLM model/deployment name; the key used in the table")
+    model: str | None = Field(None, description="underlying model id, e.g. a Hugging Face id")
+    params_b: float | None = Field(None, ge=0, description="total parameters, billions")
+    active_params_b: float | None = Field(None, ge=0, description="parameters active per token, billions")
+    hardware: str | None = Field(None, description="e.g. '1x H100 80GB'")
+    deployment_id: str | None = Field(None, description="LiteLLM model_info.id, when matching by id")
+
+
+class KnobSettings(_Section):
+    """The accuracy/energy trade-off. ``lambda_`` weighs joules against correctness; a target accuracy,
+    when set, wins: the cheapest candidate whose predicted success >= target is chosen."""
+
+    lambda_: float = Field(0.0, alias="lambda", ge=0, description="energy weight (1/reference joules)")
+    target_accuracy: float | None = Field(None, ge=0, le=1)
+    per_key: dict[str, "KnobOverride"] = Field(default_factory=dict, description="LiteLLM key alias/team -> knob")
+
+
+class KnobOverride(_Section):
+    lambda_: float | None = Field(None, alias="lambda", ge=0)
+    target_accuracy: float | None = Field(None, ge=0, le=1)
+
+
+class RouterSettings(_Section):
+    """The learned router at serving time."""
+
+    checkpoint: Path | None = Field(None, description="checkpoint directory or pointer file")
+    timeout_ms: float = Field(50.0, gt=0, description="decision budget, milliseconds; over it we fail open")
+    batch_wait_ms: float = Field(2.0, ge=0, description="micro-batch wait, milliseconds")
+    cache_size: int = Field(4096, ge=0, description="LRU entries keyed by prompt hash")
+    fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")
+    match_by: Literal["id", "name"] = "name"
+    epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")
+
+
+class EnergySettings(_Section):
+    """How joules are obtained."""
+
+    meter: Literal["estimate", "nvml", "agent", "simulated"] = "estimate"
+    profile: Path | None = Field(None, description="energy profile YAML; None = the bundled ML.ENERGY H100 profile")
+    agent_url: str | None = None
+    agent_token: str | None = None
+
+
+class PrivacySettings(_Section):
+    """What the callback writes about a production query."""
+
+    store_text: bool = Field(False, description="store query text; otherwise only its salted SHA-256")
+    salt: str = Field("", description="salt for the query hash (use os.environ/ENERGY_ROUTER_SALT)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class Settings(_Section):
+    table: TableSettings = Field(default_factory=TableSettings)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    candidates: list[CandidateSettings] = Field(default_factory=list)
+    knob: KnobSettings = Field(default_factory=KnobSettings)
+    energy: EnergySettings = Field(default_factory=EnergySettings)
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)
+
+
+KnobSettings.model_rebuild()
+
+
+def resolve_env_refs(value: Any, environ: Mapping[str, str] | None = None, path: str = "") -> Any:
+    """Replace every ``os.environ/VAR`` string (at any depth) by the environment value."""
+    environ = os.environ if environ is None else environ
+    if isinstance(value, str) and value.startswith("os.environ/"):
+        var = value[len("os.environ/"):]
+        if var not in environ:
+            raise ConfigError(f"config key '{path or '<root>'}': environment variable {var!r} is not set (value {value!r})")
+        return environ[var]
+    if isinstance(value, Mapping):
+        return {k: resolve_env_refs(v, environ, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env_refs(v, environ, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key == "ENERGY_ROUTER_CONFIG":
+            continue
+        parts = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
+        if not parts:
+            continue
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {key}: '{p}' is not a section")
+        val: Any = raw
+        if raw.strip().startswith(("[", "{")):
+            try:
+                val = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                pass
+        node[parts[-1]] = val
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _one_line(err: ValidationError, data: Mapping[str, Any], origin: str) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        return f"{origin}: unknown config key '{loc}'"
+    value = e.get("input")
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    if e["type"] == "missing":
+        return f"{origin}: config key '{loc}' is required"
+    return f"{origin}: config key '{loc}' = {shown}: {e['msg']}"
+
+
+def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Build :class:`Settings` from defaults, an optional YAML file and ``ENERGY_ROUTER_*`` variables.
+
+    ``path`` defaults to ``$ENERGY_ROUTER_CONFIG`` when set.
+    """
+    environ = os.environ if environ is None else environ
+    path = path or environ.get("ENERGY_ROUTER_CONFIG")
+    data: dict[str, Any] = {}
+    origin = "environment"
+    if path:
+        origin = str(path)
+        try:
+            doc = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
+        data = doc.get("energy_router", doc)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: config key 'energy_router' must be a mapping")
+    data = _merge(data, _env_overrides(environ))
+    data = resolve_env_refs(data, environ)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e, data, origin)) from None

@@ -1,0 +1,295 @@
+"""Table stores: the one interface (:class:`TableStore`) and its SQL implementation.
+
+``open_store(url)`` gives a store for ``sqlite:///path.db`` (WAL mode, the default) or
+``postgresql+psycopg://...`` (several proxies sharing one table). Every write is one transaction:
+a batch is validated completely first, so a bad row leaves the stored data untouched.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.engine import make_url
+
+from . import schema
+from .rows import Candidate, Query, Run, check_references, validate_rows
+
+_RUN_FIELDS = [c.name for c in schema.runs.columns if c.name not in ("id", "updated")]
+_QUERY_FIELDS = [c.name for c in schema.queries.columns]
+_CAND_FIELDS = [c.name for c in schema.candidates.columns]
+
+
+class TableError(RuntimeError):
+    """The table cannot be used (unreachable, newer schema, unsupported URL)."""
+
+
+@dataclass(frozen=True)
+class CandidateStats:
+    """Per-candidate summary: accuracy over labelled rows, mean joules, mean latency (seconds)."""
+
+    candidate: str
+    task: str | None
+    rows: int
+    labelled: int
+    accuracy: float | None
+    mean_energy_j: float | None
+    mean_latency_s: float | None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    queries: int
+    runs: int
+
+
+@runtime_checkable
+class TableStore(Protocol):
+    """The tournament table. Implementations must make :meth:`write` atomic and idempotent."""
+
+    url: str
+
+    def add_candidates(self, candidates: Iterable[Candidate | dict[str, Any]]) -> int: ...
+
+    def write(self, queries: Iterable[Query | dict[str, Any]] = (), runs: Iterable[Run | dict[str, Any]] = ()) -> WriteResult: ...
+
+    def candidates(self) -> list[Candidate]: ...
+
+    def iter_runs(self, *, since_id: int | None = None, sources: Sequence[str] | None = None) -> Iterator[dict[str, Any]]: ...
+
+    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None) -> list[CandidateStats]: ...
+
+    def count_runs(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def _is_retryable(err: DBAPIError) -> bool:
+    msg = str(err.orig).lower() if err.orig is not None else str(err).lower()
+    return any(s in msg for s in ("database is locked", "deadlock detected", "could not serialize", "busy"))
+
+
+class SQLStore:
+    """:class:`TableStore` over SQLAlchemy Core, for SQLite and PostgreSQL."""
+
+    def __init__(self, url: str, *, create: bool = True, retries: int = 8) -> None:
+        self.url = url
+        self._retries = retries
+        try:
+            parsed = make_url(url)
+        except Exception:
+            raise TableError(f"table url {url!r}: not a valid SQLAlchemy URL") from None
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            self.engine = _sqlite_engine(url)
+        elif self.dialect == "postgresql":
+            self.engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+        else:
+            raise TableError(f"table url {url!r}: unsupported backend {self.dialect!r} (use sqlite or postgresql)")
+        if create:
+            self._ensure_schema()
+
+    # -- schema -----------------------------------------------------------------------------------
+    def _ensure_schema(self) -> None:
+        def create(conn: Any) -> None:
+            if self.dialect == "postgresql":  # serialise concurrent first starts
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(b"energy-router-schema")})
+            schema.metadata.create_all(conn)
+            row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
+            if row is None:
+                conn.execute(schema.meta.insert().values(key="schema_version", value=str(schema.SCHEMA_VERSION)))
+            elif int(row[0]) > schema.SCHEMA_VERSION:
+                raise TableError(
+                    f"table {self._safe_url()}: schema_version {row[0]} is newer than this package's "
+                    f"{schema.SCHEMA_VERSION}; upgrade litellm-energy-router"
+                )
+
+        self._transaction(create)
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).scalar_one())
+
+    def _safe_url(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    # -- transactions -----------------------------------------------------------------------------
+    def _transaction(self, fn: Any) -> Any:
+        """Run ``fn(conn)`` in one write transaction, retrying lock/deadlock errors with backoff."""
+        delay = 0.02
+        for attempt in range(self._retries + 1):
+            try:
+                with self.engine.connect().execution_options(er_write=True) as conn:
+                    with conn.begin():
+                        return fn(conn)
+            except DBAPIError as e:
+                if _is_retryable(e) and attempt < self._retries:
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if isinstance(e, OperationalError) and not _is_retryable(e):
+                    first = str(e.orig or e).strip().splitlines()[0]
+                    raise TableError(f"table {self._safe_url()}: {first}") from e
+                raise
+
+    def _upsert(self, table: Any, keys: Sequence[str], update: bool) -> Any:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        stmt = insert(table)
+        if not update:
+            return stmt.on_conflict_do_nothing(index_elements=list(keys))
+        cols = [c.name for c in table.columns if c.name not in keys and c.name not in ("id", "created")]
+        return stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in cols})
+
+    # -- writes -----------------------------------------------------------------------------------
+    def add_candidates(self, candidates: Iterable[Candidate | dict[str, Any]]) -> int:
+        """Insert or update candidates (by name). Returns how many were given."""
+        rows = validate_rows(Candidate, candidates, "candidates")
+        if not rows:
+            return 0
+        payload = sorted((r.model_dump() for r in rows), key=lambda d: d["name"])
+        self._transaction(lambda conn: conn.execute(self._upsert(schema.candidates, ["name"], True), payload))
+        return len(rows)
+
+    def write(
+        self, queries: Iterable[Query | dict[str, Any]] = (), runs: Iterable[Run | dict[str, Any]] = ()
+    ) -> WriteResult:
+        """Upsert queries (by id) and runs (by query, candidate, source) in one transaction.
+
+        Every row is validated before anything is written; a bad row raises
+        :class:`~.rows.BadRowError` naming the row and field, and nothing is changed.
+        """
+        q_rows = validate_rows(Query, queries, "queries")
+        r_rows = validate_rows(Run, runs, "runs")
+        if not q_rows and not r_rows:
+            return WriteResult(0, 0)
+        now = time.time()
+        q_payload = sorted((q.model_dump() for q in q_rows), key=lambda d: d["id"])
+        r_payload = sorted(
+            ({**r.model_dump(), "updated": now} for r in r_rows), key=lambda d: (d["query_id"], d["candidate"], d["source"])
+        )
+
+        def do(conn: Any) -> WriteResult:
+            if r_rows:
+                known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
+                new_q = {q.id for q in q_rows}
+                wanted = {r.query_id for r in r_rows} - new_q
+                known_q = set(new_q)
+                for chunk in _chunks(sorted(wanted), 500):
+                    known_q.update(i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk))))
+                check_references(r_rows, known_c, known_q)
+            if q_payload:
+                conn.execute(self._upsert(schema.queries, ["id"], True), q_payload)
+            if r_payload:
+                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), True), r_payload)
+            return WriteResult(len(q_payload), len(r_payload))
+
+        return self._transaction(do)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def candidates(self) -> list[Candidate]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(schema.candidates).order_by(schema.candidates.c.name)).mappings()
+            return [Candidate(**dict(r)) for r in rows]
+
+    def count_runs(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(schema.runs)).scalar_one())
+
+    def iter_runs(
+        self, *, since_id: int | None = None, sources: Sequence[str] | None = None, batch: int = 5000
+    ) -> Iterator[dict[str, Any]]:
+        """Runs joined with their query (``task``, ``text``, ``text_hash``, ``reference``,
+        ``query_source``) and candidate (``model``, ``params_b``, ``active_params_b``, ``hardware``),
+        ordered by run id. ``since_id`` keeps runs with a larger id (a training watermark)."""
+        r, q, c = schema.runs, schema.queries, schema.candidates
+        cols = [
+            r.c.id, *[r.c[n] for n in _RUN_FIELDS], r.c.updated,
+            q.c.task, q.c.text, q.c.text_hash, q.c.reference, q.c.source.label("query_source"),
+            c.c.model, c.c.params_b, c.c.active_params_b, c.c.hardware,
+        ]  # fmt: skip
+        last = since_id if since_id is not None else -1
+        while True:
+            stmt = select(*cols).join(q, q.c.id == r.c.query_id).join(c, c.c.name == r.c.candidate)
+            stmt = stmt.where(r.c.id > last).order_by(r.c.id).limit(batch)
+            if sources:
+                stmt = stmt.where(r.c.source.in_(list(sources)))
+            with self.engine.connect() as conn:
+                chunk = [dict(m) for m in conn.execute(stmt).mappings()]
+            yield from chunk
+            if len(chunk) < batch:
+                return
+            last = chunk[-1]["id"]
+
+    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None) -> list[CandidateStats]:
+        """Per candidate (and task if ``by_task``): rows, accuracy, mean J, mean latency (s)."""
+        r, q = schema.runs, schema.queries
+        keys = [r.c.candidate] + ([q.c.task] if by_task else [])
+        stmt = select(
+            *keys,
+            func.count(),
+            func.count(r.c.score),
+            func.avg(r.c.score),
+            func.avg(r.c.energy_j),
+            func.avg(r.c.latency_s),
+        ).join(q, q.c.id == r.c.query_id)
+        if sources:
+            stmt = stmt.where(r.c.source.in_(list(sources)))
+        stmt = stmt.group_by(*keys).order_by(*(reversed(keys) if by_task else keys))
+        out = []
+        with self.engine.connect() as conn:
+            for row in conn.execute(stmt):
+                row = list(row)
+                task = row.pop(1) if by_task else None
+                cand, n, n_lab, acc, e, lat = row
+                f = lambda v: None if v is None else float(v)  # noqa: E731
+                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat)))
+        return out
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "SQLStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Writers take the lock up front: a deferred transaction that upgrades to a write can fail
+        # with SQLITE_BUSY in WAL mode without waiting on the busy handler.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("er_write") else "BEGIN")
+
+    return engine
+
+
+def open_store(url: str, *, create: bool = True) -> SQLStore:
+    """Open (and by default create) the table at ``url``."""
+    return SQLStore(url, create=create)
