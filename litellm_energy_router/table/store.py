@@ -56,7 +56,12 @@ class TableStore(Protocol):
 
     def add_candidates(self, candidates: Iterable[Candidate | dict[str, Any]]) -> int: ...
 
-    def write(self, queries: Iterable[Query | dict[str, Any]] = (), runs: Iterable[Run | dict[str, Any]] = ()) -> WriteResult: ...
+    def write(
+        self,
+        queries: Iterable[Query | dict[str, Any]] = (),
+        runs: Iterable[Run | dict[str, Any]] = (),
+        candidates: Iterable[Candidate | dict[str, Any]] = (),
+    ) -> WriteResult: ...
 
     def candidates(self) -> list[Candidate]: ...
 
@@ -152,31 +157,36 @@ class SQLStore:
     def add_candidates(self, candidates: Iterable[Candidate | dict[str, Any]]) -> int:
         """Insert or update candidates (by name). Returns how many were given."""
         rows = validate_rows(Candidate, candidates, "candidates")
-        if not rows:
-            return 0
-        payload = sorted((r.model_dump() for r in rows), key=lambda d: d["name"])
-        self._transaction(lambda conn: conn.execute(self._upsert(schema.candidates, ["name"], True), payload))
+        self.write(candidates=rows)
         return len(rows)
 
     def write(
-        self, queries: Iterable[Query | dict[str, Any]] = (), runs: Iterable[Run | dict[str, Any]] = ()
+        self,
+        queries: Iterable[Query | dict[str, Any]] = (),
+        runs: Iterable[Run | dict[str, Any]] = (),
+        candidates: Iterable[Candidate | dict[str, Any]] = (),
     ) -> WriteResult:
-        """Upsert queries (by id) and runs (by query, candidate, source) in one transaction.
+        """Upsert candidates (by name), queries (by id) and runs (by query, candidate, source) in one
+        transaction.
 
         Every row is validated before anything is written; a bad row raises
         :class:`~.rows.BadRowError` naming the row and field, and nothing is changed.
         """
+        c_rows = validate_rows(Candidate, candidates, "candidates")
         q_rows = validate_rows(Query, queries, "queries")
         r_rows = validate_rows(Run, runs, "runs")
-        if not q_rows and not r_rows:
+        if not q_rows and not r_rows and not c_rows:
             return WriteResult(0, 0)
         now = time.time()
+        c_payload = sorted((c.model_dump() for c in c_rows), key=lambda d: d["name"])
         q_payload = sorted((q.model_dump() for q in q_rows), key=lambda d: d["id"])
         r_payload = sorted(
             ({**r.model_dump(), "updated": now} for r in r_rows), key=lambda d: (d["query_id"], d["candidate"], d["source"])
         )
 
         def do(conn: Any) -> WriteResult:
+            if c_payload:
+                conn.execute(self._upsert(schema.candidates, ["name"], True), c_payload)
             if r_rows:
                 known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
                 new_q = {q.id for q in q_rows}
@@ -207,12 +217,12 @@ class SQLStore:
         self, *, since_id: int | None = None, sources: Sequence[str] | None = None, batch: int = 5000
     ) -> Iterator[dict[str, Any]]:
         """Runs joined with their query (``task``, ``text``, ``text_hash``, ``reference``,
-        ``query_source``) and candidate (``model``, ``params_b``, ``active_params_b``, ``hardware``),
+        ``query_source``, ``query_created``) and candidate (``model``, ``params_b``, ``active_params_b``, ``hardware``),
         ordered by run id. ``since_id`` keeps runs with a larger id (a training watermark)."""
         r, q, c = schema.runs, schema.queries, schema.candidates
         cols = [
             r.c.id, *[r.c[n] for n in _RUN_FIELDS], r.c.updated,
-            q.c.task, q.c.text, q.c.text_hash, q.c.reference, q.c.source.label("query_source"),
+            q.c.task, q.c.text, q.c.text_hash, q.c.reference, q.c.source.label("query_source"), q.c.created.label("query_created"),
             c.c.model, c.c.params_b, c.c.active_params_b, c.c.hardware,
         ]  # fmt: skip
         last = since_id if since_id is not None else -1

@@ -1,0 +1,144 @@
+"""``energy-router table ...`` and ``energy-router demo``."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ..energy.profile import ProfileError, load_profile
+from ..table import BadRowError, SQLStore, TableError, open_store
+from . import ConfigOpt, DbOpt, console, db_url, fail
+
+table_app = typer.Typer(help="The tournament table: import, export, statistics.", no_args_is_help=True)
+
+USER_ERRORS = (BadRowError, ProfileError, TableError, ValueError, FileNotFoundError)
+
+
+@contextmanager
+def _store(url: str) -> Iterator[SQLStore]:
+    try:
+        store = open_store(url)
+    except USER_ERRORS as e:
+        fail(str(e))
+    try:
+        yield store
+    except USER_ERRORS as e:
+        fail(str(e))
+    finally:
+        store.close()
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=console, transient=True,
+    )  # fmt: skip
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_stats(store: SQLStore, by_task: bool = False, sources: Optional[List[str]] = None) -> None:
+    stats = store.stats(by_task=by_task, sources=sources)
+    t = Table(title=f"tournament table {store._safe_url()}")
+    if by_task:
+        t.add_column("task")
+    for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "mean latency s"):
+        t.add_column(col, justify="left" if col == "candidate" else "right")
+    for s in stats:
+        cells = [s.candidate, str(s.rows), str(s.labelled), _fmt(s.accuracy, ".3f"), _fmt(s.mean_energy_j, ".2f"),
+                 _fmt(s.mean_latency_s, ".3f")]  # fmt: skip
+        t.add_row(*([s.task or ""] if by_task else []), *cells)
+    if not stats:
+        console.print("table is empty")
+    else:
+        console.print(t)
+
+
+@table_app.command("stats")
+def stats(
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+    by_task: bool = typer.Option(False, "--by-task", help="one line per (task, candidate)"),
+    source: Optional[List[str]] = typer.Option(None, "--source", help="only these sources (repeatable)"),
+) -> None:
+    """Per candidate: rows, accuracy, mean joules, mean latency."""
+    with _store(db_url(db, config)) as store:
+        print_stats(store, by_task, source)
+
+
+def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Path], models: Optional[List[str]]) -> None:
+    from ..profiling.routerbench import OPEN_MODELS, ImportFormatError, import_routerbench
+
+    chosen = [m.strip() for spec in (models or []) for m in spec.split(",") if m.strip()] or list(OPEN_MODELS)
+    try:
+        profile = load_profile(energy_profile)
+    except ProfileError as e:
+        fail(str(e))
+    with _store(url) as store, progress_bar() as bar:
+        task = bar.add_task("importing RouterBench rows", total=None)
+        try:
+            summary = import_routerbench(
+                store, files, profile, chosen, profile_origin=str(energy_profile or "bundled energy profile"),
+                progress=lambda n: bar.advance(task, n),
+            )  # fmt: skip
+        except ImportFormatError as e:
+            fail(str(e))
+    console.print(summary.line(url), highlight=False, soft_wrap=True)
+
+
+@table_app.command("import-routerbench")
+def import_routerbench_cmd(
+    files: List[Path] = typer.Argument(..., help="RouterBench CSV files (.csv or .csv.gz)"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+    energy_profile: Optional[Path] = typer.Option(
+        None, "--energy-profile", help="J/token profile YAML (default: bundled ML.ENERGY H100 profile)"
+    ),
+    models: Optional[List[str]] = typer.Option(
+        None, "--models", help="models to import (repeatable or comma-separated; default: the 6 open-weight models)"
+    ),
+) -> None:
+    """Import RouterBench rows; energy is estimated from the profile (energy_method=estimate)."""
+    _import_routerbench(db_url(db, config), files, energy_profile, models)
+
+
+@table_app.command("export")
+def export_cmd(out: Path = typer.Argument(..., help=".csv or .parquet"), db: Optional[str] = DbOpt,
+               config: Optional[Path] = ConfigOpt) -> None:  # fmt: skip
+    """Export every run with its query and candidate to one CSV or Parquet file."""
+    from ..table.io import export_table
+
+    with _store(db_url(db, config)) as store:
+        n = export_table(store, out)
+    console.print(f"exported {n} runs to {out}", highlight=False)
+
+
+@table_app.command("import")
+def import_cmd(file: Path = typer.Argument(..., help=".csv or .parquet written by `table export`"),
+               db: Optional[str] = DbOpt, config: Optional[Path] = ConfigOpt) -> None:  # fmt: skip
+    """Import a file written by `table export` (all-or-nothing, idempotent)."""
+    from ..table.io import import_table
+
+    with _store(db_url(db, config)) as store:
+        n = import_table(store, file)
+    console.print(f"imported {n} runs from {file}", highlight=False)
+
+
+def demo(
+    db: str = typer.Option("sqlite:///energy_router_demo.db", "--db", help="table URL for the demo"),
+) -> None:
+    """The main job on embedded defaults: import the bundled RouterBench rows with the bundled energy
+    profile into SQLite and print per-task statistics. Offline."""
+    from ..profiling.routerbench import bundled_files
+
+    _import_routerbench(db, bundled_files(), None, None)
+    with _store(db) as store:
+        print_stats(store, by_task=True)
+    console.print("energy is an ESTIMATE (bundled ML.ENERGY H100 profile x cl100k token counts)", highlight=False)

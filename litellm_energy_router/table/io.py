@@ -1,0 +1,120 @@
+"""Export/import the table as one flat file (CSV or Parquet, chosen by the file suffix).
+
+One line per run, with its query and candidate columns alongside (see :data:`FLAT_COLUMNS`), so a
+file exported from one store (e.g. SQLite) imports into another (e.g. PostgreSQL) unchanged.
+Import validates the whole file before writing; a bad value raises an error naming file, line, field.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from .rows import BadRowError, Candidate, Query, Run
+from .store import TableStore
+
+CANDIDATE_COLUMNS = ["candidate", "model", "params_b", "active_params_b", "hardware"]
+QUERY_COLUMNS = ["query_id", "task", "text", "text_hash", "reference", "query_source", "query_created"]
+RUN_COLUMNS = [
+    "source", "score", "latency_s", "ttft_s", "prompt_tokens", "completion_tokens", "energy_j", "avg_power_w",
+    "energy_method", "gpu", "propensity", "call_id", "status", "created",
+]  # fmt: skip
+FLAT_COLUMNS = QUERY_COLUMNS + CANDIDATE_COLUMNS + RUN_COLUMNS
+_INT = {"prompt_tokens", "completion_tokens"}
+_FLOAT = {"params_b", "active_params_b", "score", "latency_s", "ttft_s", "energy_j", "avg_power_w", "propensity", "created", "query_created"}
+
+
+def _fmt(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(".csv"):
+        return "csv"
+    raise ValueError(f"{path}: unknown format (use a .csv or .parquet file name)")
+
+
+def _flat_rows(store: TableStore) -> Iterable[dict[str, Any]]:
+    for r in store.iter_runs():
+        yield {k: r.get(k) for k in FLAT_COLUMNS}
+
+
+def export_table(store: TableStore, path: str | Path) -> int:
+    """Write every run (joined with query and candidate) to ``path``. Returns the row count."""
+    path = Path(path)
+    fmt = _fmt(path)
+    rows = list(_flat_rows(store))
+    if fmt == "csv":
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=FLAT_COLUMNS)
+            w.writeheader()
+            for row in rows:
+                w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        types = {c: pa.float64() if c in _FLOAT else pa.int64() if c in _INT else pa.string() for c in FLAT_COLUMNS}
+        table = pa.table({c: pa.array([r[c] for r in rows], type=types[c]) for c in FLAT_COLUMNS})
+        pq.write_table(table, path)
+    return len(rows)
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Rows of the file and the line number of the first row (for messages)."""
+    if _fmt(path) == "csv":
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in ("query_id", "task", "text_hash", "candidate", "source") if c not in (reader.fieldnames or [])]
+            if missing:
+                raise BadRowError(f"{path}: missing column {missing[0]!r}")
+            rows = [{k: (None if v == "" else v) for k, v in r.items()} for r in reader]
+        return rows, 2
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    missing = [c for c in ("query_id", "task", "text_hash", "candidate", "source") if c not in table.column_names]
+    if missing:
+        raise BadRowError(f"{path}: missing column {missing[0]!r}")
+    rows = table.to_pylist()
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, float) and math.isnan(v):
+                r[k] = None
+    return rows, 1
+
+
+def import_table(store: TableStore, path: str | Path) -> int:
+    """Upsert every row of an exported file. All-or-nothing. Returns the number of runs."""
+    path = Path(path)
+    if not path.exists():
+        raise BadRowError(f"{path}: file not found")
+    rows, first = _read(path)
+    cands: dict[str, Candidate] = {}
+    queries: dict[str, Query] = {}
+    runs: list[Run] = []
+    for i, r in enumerate(rows):
+        where = f"{path}:{'line' if first == 2 else 'row'} {i + first}"
+        try:
+            name = r["candidate"]
+            if name not in cands:
+                cands[name] = Candidate(name=name, **{k: r.get(k) for k in CANDIDATE_COLUMNS[1:]})
+            qid = r["query_id"]
+            if qid not in queries:
+                q = {"id": qid, "task": r["task"], "text": r.get("text"), "text_hash": r["text_hash"],
+                     "reference": r.get("reference"), "source": r.get("query_source") or r["source"]}  # fmt: skip
+                if r.get("query_created") is not None:
+                    q["created"] = r["query_created"]
+                queries[qid] = Query.model_validate(q)
+            run = {k: r.get(k) for k in RUN_COLUMNS if r.get(k) is not None}
+            runs.append(Run.model_validate({"query_id": qid, "candidate": name, **run}))
+        except Exception as e:  # pydantic ValidationError or KeyError
+            errs = getattr(e, "errors", None)
+            if callable(errs):
+                err = errs()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                raise BadRowError(f"{where}: field '{field}' = {err.get('input')!r}: {err['msg']}") from None
+            raise BadRowError(f"{where}: {e}") from None
+    store.write(list(queries.values()), runs, candidates=list(cands.values()))
+    return len(runs)
