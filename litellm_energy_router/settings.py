@@ -197,7 +197,10 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: config key 'energy_router' must be a mapping")
     data = _merge(data, _env_overrides(environ))
-    data = resolve_env_refs(data, environ)
+    try:
+        data = resolve_env_refs(data, environ)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
     try:
         return Settings.model_validate(data)
     except ValidationError as e:

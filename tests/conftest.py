@@ -1,0 +1,61 @@
+"""Shared fixtures. Tests run offline: no model or data downloads."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PG_ADMIN_URL = os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin():
+    from sqlalchemy import create_engine
+
+    return create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards.
+
+    Skips when the server is unreachable, except under CI=true where that is a failure.
+    """
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    try:
+        admin = _pg_admin()
+        with admin.connect() as c:
+            c.execute(text("select 1"))
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} unreachable under CI=true: {e}")
+        pytest.skip(f"PostgreSQL unreachable: {e}")
+    name = f"er_test_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as c:
+        c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'table.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_url(request, tmp_path):
+    """Each test using this runs on both backends."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'table.db'}"
+    return request.getfixturevalue("pg_url")

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from litellm_energy_router.table import BadRowError, Run, TableError, make_query, open_store
+from litellm_energy_router.table import schema
+
+
+def _seed(store):
+    store.write(
+        [make_query("q1", "arc", "What is 2+2?"), make_query("q2", "arc", "Capital of France?")],
+        [
+            {"query_id": "q1", "candidate": "small", "source": "tournament", "score": 1, "energy_j": 10.0, "latency_s": 0.5},
+            {"query_id": "q1", "candidate": "big", "source": "tournament", "score": 1, "energy_j": 80.0, "latency_s": 1.5},
+            {"query_id": "q2", "candidate": "small", "source": "tournament", "score": 0, "energy_j": 12.0, "latency_s": 0.7},
+        ],
+        candidates=[{"name": "small", "params_b": 7}, {"name": "big", "params_b": 70}],
+    )
+
+
+def _snapshot(store):
+    return sorted((r["query_id"], r["candidate"], r["source"], r["score"], r["energy_j"]) for r in store.iter_runs())
+
+
+def test_upsert_is_idempotent_and_updates(any_url):
+    store = open_store(any_url)
+    _seed(store)
+    _seed(store)
+    assert store.count_runs() == 3
+    store.write(runs=[{"query_id": "q2", "candidate": "small", "source": "tournament", "score": 1, "energy_j": 11.0}])
+    assert store.count_runs() == 3
+    row = next(r for r in store.iter_runs() if r["query_id"] == "q2")
+    assert (row["score"], row["energy_j"]) == (1.0, 11.0)
+    # same pair, another source: a new row
+    store.write(runs=[{"query_id": "q2", "candidate": "small", "source": "production", "energy_j": 9.0}])
+    assert store.count_runs() == 4
+    assert store.schema_version() == schema.SCHEMA_VERSION
+    store.close()
+
+
+def test_stats_per_candidate_and_task(any_url):
+    store = open_store(any_url)
+    _seed(store)
+    by_cand = {s.candidate: s for s in store.stats()}
+    assert by_cand["small"].rows == 2 and by_cand["small"].accuracy == pytest.approx(0.5)
+    assert by_cand["small"].mean_energy_j == pytest.approx(11.0)
+    assert by_cand["big"].mean_latency_s == pytest.approx(1.5)
+    assert {(s.task, s.candidate) for s in store.stats(by_task=True)} == {("arc", "small"), ("arc", "big")}
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "bad, field, fragment",
+    [
+        ({"energy_j": -1.0}, "energy_j", "greater than or equal to 0"),
+        ({"score": 1.5}, "score", "less than or equal to 1"),
+        ({"score": -0.1}, "score", "greater than or equal to 0"),
+        ({"candidate": "nobody"}, "candidate", "unknown candidate"),
+        ({"query_id": "q-missing"}, "query_id", "unknown query"),
+        ({"energy_method": "guess"}, "energy_method", "nvml_counter"),
+        ({"source": "elsewhere"}, "source", "tournament"),
+    ],
+)
+def test_bad_rows_rejected_and_nothing_touched(any_url, bad, field, fragment):
+    store = open_store(any_url)
+    _seed(store)
+    before = _snapshot(store)
+    good = {"query_id": "q2", "candidate": "big", "source": "tournament", "score": 1.0, "energy_j": 70.0}
+    batch = [good, {**good, "query_id": "q1", "score": 0.0, **bad}]
+    with pytest.raises(BadRowError) as ei:
+        store.write([make_query("q3", "arc", "new query")], batch)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert "runs row 1" in msg and f"field '{field}'" in msg and fragment in msg
+    assert _snapshot(store) == before  # the good row of the batch was not written either
+    assert "q3" not in {r["query_id"] for r in store.iter_runs()}
+    store.close()
+
+
+def test_newer_schema_is_refused(sqlite_url):
+    store = open_store(sqlite_url)
+    with store.engine.begin() as c:
+        c.execute(text("UPDATE er_meta SET value='99' WHERE key='schema_version'"))
+    store.close()
+    with pytest.raises(TableError, match="schema_version 99 is newer"):
+        open_store(sqlite_url)
+
+
+def test_sqlite_uses_wal(sqlite_url):
+    store = open_store(sqlite_url)
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    store.close()
+
+
+def test_unsupported_url():
+    with pytest.raises(TableError, match="unsupported backend 'mysql'"):
+        open_store("mysql://localhost/x")
+
+
+def test_query_hash_only_when_text_not_stored():
+    q = make_query("p1", "chat", "secret prompt \ud800", store_text=False, salt="s")
+    assert q.text is None and len(q.text_hash) == 64
+    assert Run(query_id="p1", candidate="c", source="production").score is None
