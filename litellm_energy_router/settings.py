@@ -100,6 +100,17 @@ class PrivacySettings(_Section):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
+class ShadowSettings(_Section):
+    """Shadow sampling: a fraction of production queries queued for a later shadow tournament.
+
+    Queue file format (JSON Lines, append-only), one object per query:
+    ``{"query_id": str, "task": str, "text": str, "call_id": str | null, "created": float (Unix s)}``.
+    """
+
+    fraction: float = Field(0.0, ge=0, le=1, description="share of production queries queued")
+    queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file")
+
+
 class Settings(_Section):
     table: TableSettings = Field(default_factory=TableSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
@@ -107,6 +118,7 @@ class Settings(_Section):
     knob: KnobSettings = Field(default_factory=KnobSettings)
     energy: EnergySettings = Field(default_factory=EnergySettings)
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
 
 
 KnobSettings.model_rebuild()

@@ -1,0 +1,8 @@
+"""The learned router at serving time: checkpoint loading, one-pass scoring, the decision rule.
+
+Never imports TRL or the training package.
+"""
+
+from .decide import decide_lambda, decide_target, lambda_grid
+
+__all__ = ["decide_lambda", "decide_target", "lambda_grid"]
