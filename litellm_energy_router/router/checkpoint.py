@@ -1,0 +1,135 @@
+"""Router checkpoints: ``model.safetensors`` + tokenizer files + ``manifest.json``.
+
+A checkpoint directory is self-describing: the manifest names the candidates (in slot order) and
+their label tokens, the backbone, the knob range, the energy estimator (J per token and expected
+output tokens per candidate), the calibration, the training-data watermark, evaluation scores and
+library versions. A *pointer* is a small JSON file ``{"checkpoint": "<dir>"}`` (or a symlink to a
+checkpoint directory) that ``retrain`` swaps atomically; serving watches it for hot reload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FORMAT = "energy-router-checkpoint/1"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used; the message is one line naming the path and the problem."""
+
+
+class EnergyEstimate(BaseModel):
+    """Ê at routing time: ``prompt_tokens * j_per_prompt_token + expected output tokens * j_per_output_token``
+    (joules). Expected output tokens are learned per (task, candidate), with a per-candidate fallback
+    for unknown tasks (production traffic)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    j_per_prompt_token: dict[str, float]
+    j_per_output_token: dict[str, float]
+    output_tokens: dict[str, dict[str, float]] = Field(description="task -> candidate -> mean output tokens")
+    output_tokens_any: dict[str, float] = Field(description="candidate -> mean output tokens, all tasks")
+
+    def estimate(self, candidates: Sequence[str], prompt_tokens: Sequence[int], tasks: Sequence[str | None]) -> Any:
+        """Ê[n, K] in joules (numpy array)."""
+        import numpy as np
+
+        jp = np.array([self.j_per_prompt_token[c] for c in candidates])
+        jo = np.array([self.j_per_output_token[c] for c in candidates])
+        out = np.empty((len(prompt_tokens), len(candidates)))
+        for i, task in enumerate(tasks):
+            table = self.output_tokens.get(task or "", self.output_tokens_any)
+            out[i] = [table.get(c, self.output_tokens_any[c]) for c in candidates]
+        return np.asarray(prompt_tokens, dtype=float)[:, None] * jp[None, :] + out * jo[None, :]
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    format: str = FORMAT
+    version: str = Field(description="checkpoint version label, e.g. a timestamp")
+    candidates: list[str]
+    label_tokens: dict[str, str]
+    backbone: dict[str, Any]
+    max_len: int
+    max_chars: int = 4096
+    knob: dict[str, Any] = Field(description="lambda_min, lambda_max, e_ref_j (J)")
+    energy: EnergyEstimate
+    calibration: dict[str, Any] = Field(default_factory=dict)
+    watermark: dict[str, Any] = Field(default_factory=dict)
+    eval: dict[str, Any] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    created: float = Field(default_factory=time.time)
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("litellm-energy-router", "torch", "transformers", "trl", "litellm"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint directory from a directory, a symlink or a pointer file."""
+    p = Path(path)
+    if p.is_file():
+        try:
+            target = json.loads(p.read_text())["checkpoint"]
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{p}: not a checkpoint pointer (expected JSON {{\"checkpoint\": \"<dir>\"}})") from None
+        t = Path(target)
+        return (t if t.is_absolute() else p.parent / t).resolve()
+    return p.resolve()
+
+
+def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str] | None = None) -> Manifest:
+    """Read and check ``manifest.json``; refuse a wrong format or a candidate mismatch."""
+    d = resolve(path)
+    f = d / MANIFEST
+    if not f.exists():
+        raise CheckpointError(f"{d}: no {MANIFEST} (not a router checkpoint)")
+    try:
+        m = Manifest.model_validate_json(f.read_text())
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise CheckpointError(f"{f}: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+    except ValueError as e:
+        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    if m.format != FORMAT:
+        raise CheckpointError(f"{f}: format {m.format!r} is not {FORMAT!r}")
+    if set(m.label_tokens) != set(m.candidates):
+        raise CheckpointError(f"{f}: label_tokens do not cover candidates {m.candidates}")
+    if expect_candidates is not None and list(expect_candidates) != list(m.candidates):
+        missing = sorted(set(expect_candidates) - set(m.candidates))
+        extra = sorted(set(m.candidates) - set(expect_candidates))
+        raise CheckpointError(
+            f"{f}: candidates do not match the pool (missing {missing}, unexpected {extra}, or another order)"
+        )
+    return m
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    (directory / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+
+
+def point_to(pointer: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str]) -> None:
+    """Atomically make ``pointer`` (a JSON file) name ``checkpoint_dir``."""
+    pointer = Path(pointer)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=".pointer-")
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"checkpoint": str(Path(checkpoint_dir).resolve())}, fh)
+    os.replace(tmp, pointer)

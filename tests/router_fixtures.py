@@ -1,0 +1,37 @@
+"""Synthetic tournament rows with a planted rule, and a seconds-long router trained on them."""
+
+from __future__ import annotations
+
+import random
+
+from litellm_energy_router.table import make_query
+
+CANDS = ["small", "medium", "large"]
+ENERGY = {"small": 10.0, "medium": 30.0, "large": 90.0}
+TOPICS = ["apples", "rivers", "music", "trains", "clouds", "bread", "chess", "paint", "glass", "birds"]
+
+
+def planted_rows(n: int = 60, seed: int = 0):
+    """Queries containing "proof" are solved only by `large`; all others by every candidate."""
+    rng = random.Random(seed)
+    queries, runs = [], []
+    for i in range(n):
+        hard = i % 2 == 0
+        topic = rng.choice(TOPICS)
+        text = f"Give a proof about {topic} number {i}" if hard else f"Tell me about {topic} number {i}"
+        q = make_query(f"q{i}", "synthetic", text, source="tournament")
+        queries.append(q)
+        for c in CANDS:
+            ok = 1.0 if (not hard or c == "large") else 0.0
+            runs.append({"query_id": q.id, "candidate": c, "source": "tournament", "score": ok,
+                         "energy_j": ENERGY[c], "prompt_tokens": 8, "completion_tokens": 20})  # fmt: skip
+    cands = [{"name": c} for c in CANDS]
+    return cands, queries, runs
+
+
+def train_planted(store, out_dir, n: int = 60):
+    from litellm_energy_router.training.pipeline import TrainConfig, train
+
+    cands, queries, runs = planted_rows(n)
+    store.write(queries, runs, candidates=cands)
+    return train(store, out_dir, TrainConfig.quick(), log=lambda s: None)
