@@ -71,3 +71,60 @@ def test_long_and_odd_prompts_are_bounded(planted_ckpt):
     r = RouterModel(planted_ckpt)
     P = r.score(["x" * 1_000_000, "", "emoji 🚀 and \ud800 surrogate", "   "])
     assert P.shape == (4, 3) and np.isfinite(P).all()
+
+
+def _cli(*args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("energy-router"))
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=600, env={**os.environ})
+
+
+def test_route_cli_reads_only_routing_columns(planted_ckpt, tmp_path):
+    import csv
+
+    inp = tmp_path / "in.csv"
+    with open(inp, "w", newline="") as fh:
+        w = csv.writer(fh)
+        # outcome columns hold values that would break any parser that touched them
+        w.writerow(["", "sample_id", "prompt", "eval_name", "large", "large|model_response", "large|total_cost"])
+        w.writerow([7, "s.7", "['Give a proof about glass number 5']", "synthetic", "not-a-number", "['broken", "x"])
+        w.writerow([8, "s.8", "['Tell me about glass number 6']", "synthetic", "", "]]]", "?"])
+    out = tmp_path / "d.jsonl"
+    r = _cli("route", "--checkpoint", str(planted_ckpt), "--input", str(inp), "--output", str(out),
+             "--lambda", "0,0.05", "--sweep", "3", "--target-accuracy", "0.8")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert len(lines) == 2 * 6
+    assert set(lines[0]) == {"row", "eval_name", "model", "lambda", "scores", "energy_j"}
+    assert set(lines[0]["scores"]) == set(CANDS)
+    at = {(d["row"], d.get("lambda")): d["model"] for d in lines}
+    assert at[(7, 0.05)] == "large" and at[(8, 0.05)] == "small"
+    sweep = sorted({d["lambda"] for d in lines if "lambda" in d})
+    assert len(sweep) == 4 and sweep[0] == 0.0  # 0, 0.05 and the sweep's 0 merge; 2 more sweep points
+    tgt = [d for d in lines if "target_accuracy" in d]
+    assert {d["row"]: d["model"] for d in tgt} == {7: "large", 8: "small"}
+
+
+def test_route_refuses_input_without_prompt(planted_ckpt, tmp_path):
+    inp = tmp_path / "in.csv"
+    inp.write_text(",sample_id,eval_name\n1,a,synthetic\n")
+    r = _cli("route", "--checkpoint", str(planted_ckpt), "--input", str(inp), "--output", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2 and "missing column 'prompt'" in r.stderr
+
+
+def test_train_cli_quick(tmp_path):
+    from router_fixtures import planted_rows
+
+    store = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    c, q, runs = planted_rows(30)
+    store.write(q, runs, candidates=c)
+    store.close()
+    r = _cli("train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck"), "--quick")
+    assert r.returncode == 0, r.stderr
+    assert "calibration Brier" in r.stdout and (tmp_path / "ck" / "manifest.json").exists()
+    empty = _cli("train", "--db", f"sqlite:///{tmp_path / 'empty.db'}", "--out", str(tmp_path / "ck2"), "--quick")
+    assert empty.returncode == 2 and "fully labelled queries" in empty.stderr

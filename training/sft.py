@@ -42,10 +42,9 @@ def build_sft_dataset(layout: Layout, texts: Sequence[str], tasks: Sequence[str 
     from datasets import Dataset
 
     rng = random.Random(seed)
+    shown = [UNKNOWN_TASK if rng.random() < task_dropout else t for t in tasks]
     ids_col, labels_col = [], []
-    for text, task, y in zip(texts, tasks, Y):
-        t = UNKNOWN_TASK if rng.random() < task_dropout else task
-        ids, slots = layout.scoring_ids(text, t)
+    for (ids, slots), y in zip(layout.scoring_batch(texts, shown), Y):
         ids_col.append(ids)
         labels_col.append(layout.scoring_labels(ids, slots, list(y)))
     return Dataset.from_dict({"input_ids": ids_col, "labels": labels_col})

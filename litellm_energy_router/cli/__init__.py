@@ -50,6 +50,11 @@ from . import table_cmds  # noqa: E402  (registers the `table` group)
 app.add_typer(table_cmds.table_app, name="table")
 app.command("demo")(table_cmds.demo)
 
+from . import router_cmds  # noqa: E402
+
+app.command("train")(router_cmds.train_cmd)
+app.command("route")(router_cmds.route_cmd)
+
 
 def main(argv: list[str] | None = None) -> None:
     try:

@@ -53,3 +53,12 @@ def lambda_grid(P: np.ndarray, E: np.ndarray, e_ref: float, n: int) -> np.ndarra
         return np.array([0.0])
     lo = lam_max * 1e-3
     return np.concatenate([[0.0], np.geomspace(lo, lam_max, n - 1)])
+
+
+def knob_sweep(knob: dict, n: int) -> np.ndarray:
+    """``n`` λ values over a checkpoint's knob range (``lambda_min`` .. ``lambda_max``): 0, then geometric,
+    so the points spread from the most accurate end to the cheapest end."""
+    lo, hi = float(knob.get("lambda_min", 0.0)), float(knob["lambda_max"])
+    if n <= 1:
+        return np.array([lo])
+    return np.concatenate([[lo], np.geomspace(max(hi * 1e-3, 1e-9), hi, n - 1)])

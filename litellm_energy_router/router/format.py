@@ -73,19 +73,36 @@ class Layout:
         bos = getattr(self.tokenizer, "bos_token_id", None) or getattr(self.tokenizer, "cls_token_id", None)
         self.prefix = [bos] if bos is not None else []
 
+    def _tail(self, task: str | None) -> list[int]:
+        key = task or UNKNOWN_TASK
+        cache = self.__dict__.setdefault("_tails", {})
+        if key not in cache:
+            cache[key] = self.tokenizer(f" task: {key}", add_special_tokens=False)["input_ids"]
+        return cache[key]
+
+    def _bodies(self, texts: Sequence[str], tasks: Sequence[str | None], reserve: int) -> list[list[int]]:
+        batch = self.tokenizer([clean_text(t, self.max_chars) for t in texts], add_special_tokens=False)["input_ids"]
+        out = []
+        for ids, task in zip(batch, tasks):
+            tail = self._tail(task)
+            keep = max(self.max_len - reserve - len(tail) - len(self.prefix), 8)
+            out.append(self.prefix + ids[-keep:] + tail)
+        return out
+
     def _body(self, text: str, task: str | None, reserve: int) -> list[int]:
-        tok = self.tokenizer
-        tail = tok(f" task: {task or UNKNOWN_TASK}", add_special_tokens=False)["input_ids"]
-        ids = tok(clean_text(text, self.max_chars), add_special_tokens=False)["input_ids"]
-        keep = max(self.max_len - reserve - len(tail) - len(self.prefix), 8)
-        return self.prefix + ids[-keep:] + tail
+        return self._bodies([text], [task], reserve)[0]
+
+    def scoring_batch(self, texts: Sequence[str], tasks: Sequence[str | None]) -> list[tuple[list[int], list[int]]]:
+        """Input ids and the positions of the K candidate slots, per text (one batched tokenizer call)."""
+        out = []
+        for body in self._bodies(texts, tasks, reserve=self.n_candidates + 2):
+            start = len(body) + 1
+            out.append((body + [self.q_id] + self.label_ids + [self.end_id], list(range(start, start + self.n_candidates))))
+        return out
 
     def scoring_ids(self, text: str, task: str | None = None) -> tuple[list[int], list[int]]:
         """Input ids and the positions of the K candidate slots."""
-        body = self._body(text, task, reserve=self.n_candidates + 2)
-        start = len(body) + 1
-        ids = body + [self.q_id] + self.label_ids + [self.end_id]
-        return ids, list(range(start, start + self.n_candidates))
+        return self.scoring_batch([text], [task])[0]
 
     def scoring_labels(self, ids: Sequence[int], slots: Sequence[int], correct: Sequence[float]) -> list[int]:
         """Causal-LM labels: the yes/no target of slot j at position slot_j + 1, -100 elsewhere."""

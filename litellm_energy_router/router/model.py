@@ -7,6 +7,7 @@ transformers, never TRL.
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,12 +20,17 @@ from .format import Layout
 _CL100K_EXACT_CHARS = 32_768
 
 
+@lru_cache(maxsize=1)
+def _cl100k() -> Any:
+    from bpe_openai import get_encoding
+
+    return get_encoding("cl100k_base")
+
+
 def count_prompt_tokens(text: str) -> int:
     """tiktoken ``cl100k_base`` token count (the unit of the energy profiles), bounded time: texts longer
     than 32 KiB are counted on their last 32 KiB and scaled by length."""
-    from bpe_openai import get_encoding
-
-    enc = get_encoding("cl100k_base")
+    enc = _cl100k()
     text = text.encode("utf-8", "replace").decode("utf-8", "replace")
     if len(text) <= _CL100K_EXACT_CHARS:
         return len(enc.encode(text))
@@ -57,7 +63,7 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
     import torch
 
     tasks = list(tasks) if tasks is not None else [None] * len(texts)
-    enc = [layout.scoring_ids(t, k) for t, k in zip(texts, tasks)]
+    enc = layout.scoring_batch(texts, tasks)
     out = np.zeros((len(texts), layout.n_candidates), dtype=np.float64)
     pad = layout.tokenizer.pad_token_id or 0
     for s in range(0, len(enc), batch_size):
@@ -82,6 +88,9 @@ class RouterModel:
     def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None, threads: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
         self.path = resolve(path)
         self.manifest: Manifest = read_manifest(self.path, expect_candidates)
