@@ -1,0 +1,218 @@
+"""The router at serving time: a loaded checkpoint, micro-batching, an LRU cache, hot reload.
+
+* ``await runtime.score(text, task)`` → ``Scored`` (P per candidate, Ê per candidate in J, version).
+  Concurrent calls within ``batch_wait_ms`` are scored in **one** forward pass, on a worker thread
+  (never on the event loop).
+* ``runtime.score_sync(...)`` for LiteLLM's sync paths.
+* Hot reload: the checkpoint path may be a pointer file or symlink; at most once per
+  ``poll_s`` a request checks whether it now names another checkpoint (or the manifest changed) and,
+  if so, loads it on a background thread and swaps it in. A broken checkpoint is refused (error
+  logged, ``energy_router_reloads_total{result="error"}``) and the old one keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..metrics import RELOADS
+from .checkpoint import MANIFEST, resolve
+
+log = logging.getLogger("litellm_energy_router")
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Router output for one prompt. ``P`` in [0, 1], ``E`` in joules, both in candidate order."""
+
+    candidates: tuple[str, ...]
+    P: np.ndarray
+    E: np.ndarray
+    version: str
+    e_ref_j: float
+
+
+class NoCheckpoint(RuntimeError):
+    """No usable checkpoint is loaded."""
+
+
+def _fingerprint(path: Path | None) -> tuple[str, float] | None:
+    if path is None:
+        return None
+    try:
+        d = resolve(path)
+        return str(d), (d / MANIFEST).stat().st_mtime
+    except (OSError, ValueError):
+        return None
+
+
+class RouterRuntime:
+    def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 2.0,
+                 cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
+                 expect_candidates: Sequence[str] | None = None, threads: int | None = None) -> None:  # fmt: skip
+        self.checkpoint = Path(checkpoint) if checkpoint else None
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.cache_size, self.max_batch, self.poll_s = cache_size, max_batch, poll_s
+        self.expect_candidates = list(expect_candidates) if expect_candidates else None
+        self.threads = threads
+        self._model = None
+        self._loaded: tuple[str, float] | None = None
+        self._cache: OrderedDict[str, Scored] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="energy-router")
+        self._reloading = threading.Lock()
+        self._next_poll = 0.0
+        self._pending: list[tuple[str, str | None, asyncio.Future]] = []
+        self._flush_scheduled = False
+        self.last_error: str | None = None
+        if self.checkpoint is not None:
+            self._load(_fingerprint(self.checkpoint))
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _load(self, fp: tuple[str, float] | None) -> bool:
+        from .model import RouterModel
+
+        if fp is None:
+            self.last_error = f"checkpoint {self.checkpoint} not found"
+            RELOADS.labels(result="missing").inc()
+            log.error("energy-router: %s; serving falls back", self.last_error)
+            return False
+        try:
+            model = RouterModel(fp[0], expect_candidates=self.expect_candidates, threads=self.threads)
+        except Exception as e:  # noqa: BLE001 - refuse any broken checkpoint, keep the old one
+            self.last_error = f"checkpoint {fp[0]} refused: {str(e).splitlines()[0]}"
+            RELOADS.labels(result="error").inc()
+            log.error("energy-router: %s", self.last_error)
+            self._loaded = fp  # do not retry the same broken files on every request
+            return False
+        self._model, self._loaded = model, fp
+        with self._cache_lock:
+            self._cache.clear()
+        self.last_error = None
+        RELOADS.labels(result="ok").inc()
+        log.info("energy-router: serving checkpoint %s (version %s)", fp[0], model.version)
+        return True
+
+    def maybe_reload(self, block: bool = False) -> None:
+        """Check the pointer at most once per ``poll_s``; reload in the background when it moved."""
+        now = time.monotonic()
+        if self.checkpoint is None or (now < self._next_poll and not block):
+            return
+        self._next_poll = now + self.poll_s
+        fp = _fingerprint(self.checkpoint)
+        if fp is None and self._model is not None and not self.checkpoint.exists():
+            self._model, self._loaded = None, None  # the checkpoint was removed: fail open from now on
+            self.last_error = f"checkpoint {self.checkpoint} was removed"
+            RELOADS.labels(result="missing").inc()
+            return
+        if fp == self._loaded or not self._reloading.acquire(blocking=False):
+            return
+
+        def run() -> None:
+            try:
+                self._load(fp)
+            finally:
+                self._reloading.release()
+
+        if block:
+            run()
+        else:
+            threading.Thread(target=run, name="energy-router-reload", daemon=True).start()
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def version(self) -> str | None:
+        return self._model.version if self._model is not None else None
+
+    # -- scoring ----------------------------------------------------------------------------------
+    @staticmethod
+    def _key(text: str, task: str | None) -> str:
+        return hashlib.sha256(f"{task}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _cached(self, key: str) -> Scored | None:
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
+
+    def _remember(self, key: str, s: Scored) -> None:
+        if self.cache_size <= 0:
+            return
+        with self._cache_lock:
+            self._cache[key] = s
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def _score_batch(self, items: Sequence[tuple[str, str | None]]) -> list[Scored]:
+        model = self._model
+        if model is None:
+            raise NoCheckpoint(self.last_error or "no checkpoint configured")
+        texts, tasks = [t for t, _ in items], [k for _, k in items]
+        P, E = model.score(texts, tasks), model.energy(texts, tasks)
+        cands, e_ref = tuple(model.candidates), float(model.manifest.knob["e_ref_j"])
+        return [Scored(cands, P[i], E[i], model.version, e_ref) for i in range(len(items))]
+
+    def score_sync(self, text: str, task: str | None = None) -> Scored:
+        self.maybe_reload()
+        key = self._key(text, task)
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        s = self._score_batch([(text, task)])[0]
+        self._remember(key, s)
+        return s
+
+    async def score(self, text: str, task: str | None = None) -> Scored:
+        self.maybe_reload()
+        key = self._key(text, task)
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        self._pending.append((text, task, fut))
+        if len(self._pending) >= self.max_batch:
+            self._flush(loop)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_later(self.batch_wait_s, self._flush, loop)
+        s = await fut
+        self._remember(key, s)
+        return s
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._flush_scheduled = False
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        job = loop.run_in_executor(self._executor, self._score_batch, [(t, k) for t, k, _ in batch])
+
+        def done(f: asyncio.Future) -> None:
+            err = f.exception()
+            for i, (_, _, fut) in enumerate(batch):
+                if fut.done():
+                    continue
+                if err is not None:
+                    fut.set_exception(err)
+                else:
+                    fut.set_result(f.result()[i])
+
+        job.add_done_callback(done)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,294 @@
+"""LiteLLM glue: pick one deployment per request with the learned router.
+
+One core (:class:`EnergyRouterCore`) serves both entry points:
+
+* :class:`EnergyRoutingStrategy` — SDK: a ``CustomRoutingStrategyBase`` for
+  ``router.register_plugin(strategy)`` (or the deprecated ``set_custom_routing_strategy``). It honours
+  cooldowns itself, because LiteLLM skips its healthy-deployment filtering for custom strategies.
+* :class:`EnergyRouterFilter` — proxy (and SDK): a ``CustomLogger`` whose ``async_filter_deployments``
+  narrows LiteLLM's already-healthy deployments of a model group to the chosen one, by
+  ``model_info.id``. Enable it in a proxy ``config.yaml`` with
+  ``litellm_settings.callbacks: ["litellm_energy_router.proxy.energy_router"]``.
+
+Candidates map to deployments by, in order: ``model_info.energy_router_candidate``; then
+``settings.router.match_by``: ``id`` (candidate ``deployment_id`` or name = ``model_info.id``) or
+``name`` (candidate name = ``litellm_params.model`` with or without its provider prefix).
+
+Fail-open: a router error, a timeout (``router.timeout_ms``), a missing checkpoint or no candidate in
+the pool → the configured ``router.fallback`` deployment, else LiteLLM's own choice; a warning at
+most once a minute and ``energy_router_fallbacks_total{reason}``. Never fails the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, Mapping, Sequence
+
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase
+
+from .decision import DECISION_KEY, KNOB_KEY, Decision
+from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
+from .router.decide import decide_lambda, decide_target
+from .router.extract import query_text
+from .router.runtime import RouterRuntime, Scored
+from .settings import Settings, load_settings
+
+log = logging.getLogger("litellm_energy_router")
+_KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
+
+
+def _md(request_kwargs: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """Metadata dicts of a request (SDK ``metadata``, proxy ``litellm_metadata``)."""
+    if not request_kwargs:
+        return []
+    out = []
+    for k in ("metadata", "litellm_metadata"):
+        v = request_kwargs.get(k)
+        if isinstance(v, Mapping):
+            out.append(v)
+    return out
+
+
+class EnergyRouterCore:
+    """Shared decision path of the strategy, the proxy filter and ``energy-router route``."""
+
+    def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None) -> None:
+        self.settings = settings or load_settings()
+        rs = self.settings.router
+        self.runtime = runtime or RouterRuntime(rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size)
+        self._by_id = {c.deployment_id: c.name for c in self.settings.candidates if c.deployment_id}
+        self._configured = {c.name for c in self.settings.candidates}
+        self._warn = RateLimitedWarning(log, 60.0)
+        self._rng = random.Random()
+
+    # -- request → knob, text ---------------------------------------------------------------------
+    def knob(self, request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None]:
+        """(λ, target accuracy): request metadata beats the per-key default, which beats the global one."""
+        k = self.settings.knob
+        lam, target = k.lambda_, k.target_accuracy
+        mds = _md(request_kwargs)
+        for md in mds:
+            for f in _KEY_FIELDS:
+                ov = k.per_key.get(str(md.get(f))) if md.get(f) is not None else None
+                if ov is not None:
+                    lam = ov.lambda_ if ov.lambda_ is not None else lam
+                    target = ov.target_accuracy if ov.target_accuracy is not None else target
+                    break
+        for md in mds:
+            req = md.get(KNOB_KEY)
+            if isinstance(req, Mapping):
+                if "lambda" in req:
+                    lam, target = float(req["lambda"]), None
+                if req.get("target_accuracy") is not None:
+                    target = float(req["target_accuracy"])
+        return lam, target
+
+    def _known(self) -> set[str]:
+        model = self.runtime.model
+        return self._configured or (set(model.candidates) if model is not None else set())
+
+    def candidate_of(self, deployment: Mapping[str, Any] | None) -> str | None:
+        """The candidate a deployment serves, or ``None`` when it is not one of the router's."""
+        if not deployment:
+            return None
+        info = deployment.get("model_info") or {}
+        if isinstance(info, Mapping) and info.get("energy_router_candidate"):
+            return str(info["energy_router_candidate"])
+        known = self._known()
+        if self.settings.router.match_by == "id":
+            dep_id = str(info.get("id")) if isinstance(info, Mapping) and info.get("id") is not None else ""
+            name = self._by_id.get(dep_id, dep_id)
+        else:
+            name = str((deployment.get("litellm_params") or {}).get("model", ""))
+            if name not in known and name.split("/", 1)[-1] in known:
+                name = name.split("/", 1)[-1]
+        return name if (name in known or not known) and name else None
+
+    # -- decision ---------------------------------------------------------------------------------
+    def _fallback(self, deployments: Sequence[Mapping[str, Any]], reason: str, detail: str = "") -> tuple[Any, Decision]:
+        FALLBACKS.labels(reason=reason).inc()
+        self._warn(reason, "energy-router: falling back (%s) %s", reason, detail)
+        fb = self.settings.router.fallback
+        chosen = None
+        if fb:
+            chosen = next((d for d in deployments if fb in (_dep_id(d), self.candidate_of(d))), None)
+        return chosen, Decision(candidate=self.candidate_of(chosen) if chosen else None,
+                                deployment_id=_dep_id(chosen), fallback=reason,
+                                router_version=self.runtime.version)  # fmt: skip
+
+    def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], lam: float, target: float | None,
+               t0: float) -> tuple[Any, Decision]:  # fmt: skip
+        by_cand: dict[str, list[Mapping[str, Any]]] = {}
+        for d in deployments:
+            c = self.candidate_of(d)
+            if c is not None:
+                by_cand.setdefault(c, []).append(d)
+        avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
+        if not avail:
+            return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
+        P, E = scored.P[avail][None, :], scored.E[avail][None, :]
+        j_best = int((decide_target(P, E, target) if target is not None else decide_lambda(P, E, lam, scored.e_ref_j))[0])
+        eps = self.settings.router.epsilon
+        j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
+        propensity = (1 - eps) * (j == j_best) + eps / len(avail)
+        cand = scored.candidates[avail[j]]
+        dep = self._rng.choice(by_cand[cand])
+        dt = time.perf_counter() - t0
+        DECISIONS.labels(candidate=cand).inc()
+        DECISION_SECONDS.observe(dt)
+        return dep, Decision(
+            candidate=cand, deployment_id=_dep_id(dep),
+            scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
+            energy_j={scored.candidates[i]: round(float(scored.E[i]), 3) for i in range(len(scored.candidates))},
+            lambda_=None if target is not None else lam, target_accuracy=target, propensity=round(propensity, 6),
+            router_version=scored.version, latency_ms=round(dt * 1000, 3),
+        )  # fmt: skip
+
+    def _prepare(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
+                 request_kwargs: Mapping[str, Any] | None) -> tuple[str | None, str | None]:  # fmt: skip
+        """(text, reason to pass through) for a request."""
+        if not any(self.candidate_of(d) is not None for d in deployments):
+            return None, "passthrough"  # a model group that is not the router's pool
+        prompt = (request_kwargs or {}).get("prompt")
+        text = query_text(messages, prompt=prompt, input=input)
+        return text, None if text is not None else "passthrough"
+
+    async def choose(self, deployments: Sequence[Mapping[str, Any]], messages: Any = None, input: Any = None,
+                     request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision | None]:  # fmt: skip
+        """(deployment or None for LiteLLM's own choice, decision or None when not routed)."""
+        t0 = time.perf_counter()
+        try:
+            text, skip = self._prepare(deployments, messages, input, request_kwargs)
+            if skip == "passthrough":
+                return None, None
+            lam, target = self.knob(request_kwargs)
+            scored = await asyncio.wait_for(self.runtime.score(text or ""), self.settings.router.timeout_ms / 1000)
+            return self.decide(scored, deployments, lam, target, t0)
+        except asyncio.TimeoutError:
+            return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
+        except Exception as e:  # noqa: BLE001 - fail open, never fail the request
+            return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    def choose_sync(self, deployments: Sequence[Mapping[str, Any]], messages: Any = None, input: Any = None,
+                    request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision | None]:  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            text, skip = self._prepare(deployments, messages, input, request_kwargs)
+            if skip == "passthrough":
+                return None, None
+            lam, target = self.knob(request_kwargs)
+            scored = self.runtime.score_sync(text or "")
+            if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
+                return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
+            return self.decide(scored, deployments, lam, target, t0)
+        except Exception as e:  # noqa: BLE001
+            return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def _reason(e: Exception) -> str:
+    from .router.runtime import NoCheckpoint
+
+    return "no_checkpoint" if isinstance(e, NoCheckpoint) else "error"
+
+
+def _dep_id(d: Mapping[str, Any] | None) -> str | None:
+    if not d:
+        return None
+    v = (d.get("model_info") or {}).get("id")
+    return str(v) if v is not None else None
+
+
+def attach(request_kwargs: dict[str, Any] | None, decision: Decision | None) -> None:
+    """Store the decision in the request metadata, where the energy callback finds it."""
+    if request_kwargs is None or decision is None:
+        return
+    for key in ("metadata", "litellm_metadata"):
+        md = request_kwargs.get(key)
+        if isinstance(md, dict):
+            md[DECISION_KEY] = decision.as_metadata()
+            return
+    request_kwargs["metadata"] = {DECISION_KEY: decision.as_metadata()}
+
+
+class EnergyRoutingStrategy(CustomRoutingStrategyBase):
+    """SDK routing strategy. ``router.register_plugin(EnergyRoutingStrategy(router, settings))``."""
+
+    def __init__(self, router: Any, settings: Settings | None = None, core: EnergyRouterCore | None = None) -> None:
+        self.router = router
+        self.core = core or EnergyRouterCore(settings)
+
+    def _healthy(self, model: str) -> list[dict[str, Any]]:
+        deps = list(self.router.registry().deployments(model) or [])
+        if not deps:
+            return []
+        ids = [str((d.get("model_info") or {}).get("id")) for d in deps]
+        try:
+            cooling = {i for i, _ in self.router.health().cooldowns.get_active_cooldowns(ids, None)}
+        except Exception:  # noqa: BLE001 - a cooldown store error must not fail routing
+            cooling = set()
+        healthy = [d for d, i in zip(deps, ids) if i not in cooling]
+        return healthy or deps
+
+    def _specific(self, model: str) -> dict[str, Any] | None:
+        d = self.router.registry().deployment_dict(model)
+        return d if isinstance(d, dict) else None
+
+    async def async_get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
+                                             input: str | list[object] | None = None,
+                                             specific_deployment: bool | None = False,
+                                             request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
+        if specific_deployment and (d := self._specific(model)) is not None:
+            return d
+        deps = self._healthy(model)
+        if not deps:
+            raise ValueError(f"energy-router: no deployments for model group {model!r}")
+        dep, decision = await self.core.choose(deps, messages, input, request_kwargs)
+        attach(request_kwargs, decision)  # type: ignore[arg-type]
+        return dep if dep is not None else random.choice(deps)
+
+    def get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
+                                 input: str | list[object] | None = None, specific_deployment: bool | None = False,
+                                 request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
+        if specific_deployment and (d := self._specific(model)) is not None:
+            return d
+        deps = self._healthy(model)
+        if not deps:
+            raise ValueError(f"energy-router: no deployments for model group {model!r}")
+        dep, decision = self.core.choose_sync(deps, messages, input, request_kwargs)
+        attach(request_kwargs, decision)  # type: ignore[arg-type]
+        return dep if dep is not None else random.choice(deps)
+
+
+class EnergyRouterFilter(CustomLogger):
+    """Proxy entry point: narrows a model group's healthy deployments to the router's choice."""
+
+    def __init__(self, settings: Settings | None = None, core: EnergyRouterCore | None = None) -> None:
+        super().__init__()
+        self._settings = settings
+        self._core = core
+
+    @property
+    def core(self) -> EnergyRouterCore:
+        if self._core is None:  # built on first use, so importing the proxy module stays cheap
+            self._core = EnergyRouterCore(self._settings)
+        return self._core
+
+    async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
+                                       request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list[dict]:  # fmt: skip
+        if not healthy_deployments:
+            return healthy_deployments
+        try:
+            dep, decision = await self.core.choose(healthy_deployments, messages, None, request_kwargs)
+            attach(request_kwargs, decision)
+        except Exception as e:  # noqa: BLE001 - e.g. a bad config: never fail the request
+            FALLBACKS.labels(reason="error").inc()
+            log.warning("energy-router: filter error %s", e)
+            return healthy_deployments
+        return [dep] if dep is not None else healthy_deployments
+
+
+__all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "attach"]

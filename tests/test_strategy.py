@@ -1,0 +1,199 @@
+"""The routing strategy and the filter with a real LiteLLM Router and a real HTTP backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import litellm
+from litellm import Router
+from litellm.integrations.custom_logger import CustomLogger
+
+from litellm_energy_router.decision import decision_from_kwargs
+from litellm_energy_router.metrics import FALLBACKS
+from litellm_energy_router.router.runtime import RouterRuntime
+from litellm_energy_router.settings import Settings
+from litellm_energy_router.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
+from litellm_energy_router.table import open_store
+
+from backend import Backend
+from router_fixtures import CANDS, train_planted
+
+PROOF = [{"role": "user", "content": "Give a proof about chess number 4242"}]
+EASY = [{"role": "user", "content": "Tell me about rivers number 4242"}]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("strategy")
+    store = open_store(f"sqlite:///{d / 't.db'}")
+    ck = train_planted(store, d / "router")
+    store.close()
+    return ck
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = Backend().start()
+    yield b
+    b.stop()
+
+
+def model_list(backend, group="pool"):
+    return [
+        {"model_name": group, "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+         "model_info": {"id": f"dep-{c}"}}
+        for c in CANDS
+    ]  # fmt: skip
+
+
+def settings(ckpt, **router):
+    return Settings.model_validate({
+        "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, **router},
+        "candidates": [{"name": c} for c in CANDS],
+        "knob": {"lambda": 0.05},
+    })  # fmt: skip
+
+
+class Recorder(CustomLogger):
+    def __init__(self):
+        super().__init__()
+        self.decisions = []
+
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
+        self.decisions.append(decision_from_kwargs(kwargs))
+
+    def log_success_event(self, kwargs, response_obj, start_time, end_time):
+        self.decisions.append(decision_from_kwargs(kwargs))
+
+
+def _delta(backend, before):
+    return {c: backend.count(c) - before[c] for c in CANDS}
+
+
+def _snap(backend):
+    return {c: backend.count(c) for c in CANDS}
+
+
+def test_strategy_routes_to_different_backends(ckpt, backend):
+    router = Router(model_list=model_list(backend))
+    strategy = EnergyRoutingStrategy(router, settings(ckpt))
+    router.register_plugin(strategy)
+    rec = Recorder()
+    litellm.callbacks = [rec]
+    try:
+        async def go():
+            b = _snap(backend)
+            await router.acompletion(model="pool", messages=PROOF)
+            assert _delta(backend, b) == {"small": 0, "medium": 0, "large": 1}
+            b = _snap(backend)
+            await router.acompletion(model="pool", messages=EASY)
+            assert _delta(backend, b) == {"small": 1, "medium": 0, "large": 0}
+            # per-request knob: a huge lambda sends even a proof to the cheapest candidate
+            b = _snap(backend)
+            await router.acompletion(model="pool", messages=PROOF, metadata={"energy_router": {"lambda": 100}})
+            assert _delta(backend, b) == {"small": 1, "medium": 0, "large": 0}
+            # a burst of concurrent calls is scored together and routed the same way
+            b = _snap(backend)
+            await asyncio.gather(*[router.acompletion(model="pool", messages=PROOF if i % 2 else EASY) for i in range(20)])
+            assert _delta(backend, b) == {"small": 10, "medium": 0, "large": 10}
+            await asyncio.sleep(0.5)
+
+        asyncio.run(go())
+        # sync path
+        b = _snap(backend)
+        router.completion(model="pool", messages=PROOF)
+        assert _delta(backend, b)["large"] == 1
+        # the decision travels to callbacks in the request metadata
+        import time
+
+        time.sleep(1.0)
+        got = [d for d in rec.decisions if d is not None]
+        assert got and got[0].candidate == "large" and got[0].router_version and 0 < got[0].propensity <= 1
+        assert set(got[0].scores) == set(CANDS)
+    finally:
+        litellm.callbacks = []
+
+
+def test_deprecated_alias_and_cooldown(ckpt, backend):
+    router = Router(model_list=model_list(backend))
+    strategy = EnergyRoutingStrategy(router, settings(ckpt))
+    router.set_custom_routing_strategy(strategy)
+    b = _snap(backend)
+    asyncio.run(router.acompletion(model="pool", messages=PROOF))
+    assert _delta(backend, b)["large"] == 1
+    # a cooled-down deployment is not used: the router's choice among the healthy ones is
+    router.health().cooldowns.add_deployment_to_cooldown("dep-large", 0, 429, 60)
+    b = _snap(backend)
+    asyncio.run(router.acompletion(model="pool", messages=PROOF))
+    assert _delta(backend, b)["large"] == 0 and sum(_delta(backend, b).values()) == 1
+
+
+def test_filter_callback_narrows_by_deployment_id(ckpt, backend):
+    filt = EnergyRouterFilter(settings(ckpt, match_by="id"))
+    # map candidates to deployment ids explicitly
+    filt.core._by_id.update({f"dep-{c}": c for c in CANDS})
+    router = Router(model_list=model_list(backend))
+    litellm.callbacks = [filt]
+    try:
+        b = _snap(backend)
+        asyncio.run(router.acompletion(model="pool", messages=PROOF))
+        asyncio.run(router.acompletion(model="pool", messages=EASY))
+        assert _delta(backend, b) == {"small": 1, "medium": 0, "large": 1}
+    finally:
+        litellm.callbacks = []
+
+
+@pytest.mark.parametrize("case", ["missing_checkpoint", "timeout", "error"])
+def test_fail_open(ckpt, backend, tmp_path, case):
+    s = settings(ckpt, fallback="dep-medium")
+    core = EnergyRouterCore(s)
+    if case == "missing_checkpoint":
+        core = EnergyRouterCore(settings(tmp_path / "nowhere", fallback="dep-medium"))
+    elif case == "timeout":
+        s.router.timeout_ms = 0.001
+        core.runtime._model.score = lambda *a, **k: (__import__("time").sleep(0.2), None)[1]
+    else:
+        core.runtime._model.score = lambda *a, **k: 1 / 0
+    reason = {"missing_checkpoint": "no_checkpoint", "timeout": "timeout", "error": "error"}[case]
+    before = FALLBACKS.labels(reason=reason)._value.get()
+    router = Router(model_list=model_list(backend))
+    router.register_plugin(EnergyRoutingStrategy(router, core=core))
+    b = _snap(backend)
+    resp = asyncio.run(router.acompletion(model="pool", messages=PROOF))
+    assert resp.choices[0].message.content == "answer from medium"
+    assert _delta(backend, b) == {"small": 0, "medium": 1, "large": 0}
+    assert FALLBACKS.labels(reason=reason)._value.get() == before + 1
+    # without a configured fallback, LiteLLM's own choice serves it
+    core.settings.router.fallback = None
+    b = _snap(backend)
+    asyncio.run(router.acompletion(model="pool", messages=PROOF))
+    assert sum(_delta(backend, b).values()) == 1
+
+
+def test_hot_reload_and_broken_checkpoint(ckpt, tmp_path):
+    import shutil
+
+    from litellm_energy_router.router.checkpoint import point_to
+
+    v1, v2, bad = tmp_path / "v1", tmp_path / "v2", tmp_path / "bad"
+    shutil.copytree(ckpt, v1)
+    shutil.copytree(ckpt, v2)
+    shutil.copytree(ckpt, bad)
+    import json
+
+    m = json.loads((v2 / "manifest.json").read_text())
+    m["version"] = "v2"
+    (v2 / "manifest.json").write_text(json.dumps(m))
+    (bad / "model.safetensors").write_bytes(b"garbage")
+    ptr = tmp_path / "current.json"
+    point_to(ptr, v1)
+    rt = RouterRuntime(ptr, poll_s=0.0)
+    first = rt.version
+    point_to(ptr, v2)
+    rt.maybe_reload(block=True)
+    assert rt.version == "v2" != first
+    point_to(ptr, bad)
+    rt.maybe_reload(block=True)
+    assert rt.version == "v2" and "refused" in rt.last_error  # old one keeps serving
+    assert rt.score_sync("Give a proof about x").P.shape == (3,)
