@@ -1,6 +1,7 @@
 """What the router reads from a request: the text to route on, whatever shape LiteLLM was given.
 
-* chat ``messages``: the last user turn, plus a bounded slice of the turns before it (context);
+* chat ``messages``: the last user turn, plus a bounded slice of the turns around it (up to 2 before,
+  and up to 2 after it, e.g. a tool call and its result; each cut to 1 KiB);
   content may be a string or a list of parts (text parts kept, images/audio ignored); tool calls and
   tool results contribute their text only as context;
 * system-only, empty or whitespace content: routed on whatever text exists (possibly ``""``);
@@ -66,9 +67,9 @@ def query_text(messages: Sequence[Any] | None = None, prompt: Any = None, input:
                 texts = [_message_text(m) for m in msgs]
                 return _tail(next((t for t in reversed(texts) if t.strip()), ""), max_chars)
             last = _tail(_message_text(msgs[idx]), max_chars)
-            context = [_tail(_message_text(m), CONTEXT_CHARS) for m in msgs[max(0, idx - CONTEXT_TURNS) : idx]]
-            context = [c for c in context if c.strip()]
-            text = ("\n\n".join(context) + "\n\n" + last) if context else last
+            before = [_tail(_message_text(m), CONTEXT_CHARS) for m in msgs[max(0, idx - CONTEXT_TURNS) : idx]]
+            after = [_tail(_message_text(m), CONTEXT_CHARS) for m in msgs[idx + 1 : idx + 1 + CONTEXT_TURNS]]
+            text = "\n\n".join(c for c in [*before, last, *after] if c.strip())
             return _tail(text, max_chars)
         if route_prompts:
             src = prompt if prompt is not None else input
