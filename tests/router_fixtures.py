@@ -11,8 +11,10 @@ ENERGY = {"small": 10.0, "medium": 30.0, "large": 90.0}
 TOPICS = ["apples", "rivers", "music", "trains", "clouds", "bread", "chess", "paint", "glass", "birds"]
 
 
-def planted_rows(n: int = 60, seed: int = 0):
-    """Queries containing "proof" are solved only by `large`; all others by every candidate."""
+def planted_rows(n: int = 60, seed: int = 0, names=None):
+    """Queries containing "proof" are solved only by `large`; all others by every candidate.
+    ``names`` renames (small, medium, large)."""
+    rename = dict(zip(CANDS, names or CANDS))
     rng = random.Random(seed)
     queries, runs = [], []
     for i in range(n):
@@ -23,15 +25,15 @@ def planted_rows(n: int = 60, seed: int = 0):
         queries.append(q)
         for c in CANDS:
             ok = 1.0 if (not hard or c == "large") else 0.0
-            runs.append({"query_id": q.id, "candidate": c, "source": "tournament", "score": ok,
+            runs.append({"query_id": q.id, "candidate": rename[c], "source": "tournament", "score": ok,
                          "energy_j": ENERGY[c], "prompt_tokens": 8, "completion_tokens": 20})  # fmt: skip
-    cands = [{"name": c} for c in CANDS]
+    cands = [{"name": rename[c]} for c in CANDS]
     return cands, queries, runs
 
 
-def train_planted(store, out_dir, n: int = 60):
+def train_planted(store, out_dir, n: int = 60, names=None):
     from litellm_energy_router.training.pipeline import TrainConfig, train
 
-    cands, queries, runs = planted_rows(n)
+    cands, queries, runs = planted_rows(n, names=names)
     store.write(queries, runs, candidates=cands)
     return train(store, out_dir, TrainConfig.quick(), log=lambda s: None)

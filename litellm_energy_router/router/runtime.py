@@ -113,6 +113,8 @@ class RouterRuntime:
         fp = _fingerprint(self.checkpoint)
         if fp is None and self._model is not None and not self.checkpoint.exists():
             self._model, self._loaded = None, None  # the checkpoint was removed: fail open from now on
+            with self._cache_lock:
+                self._cache.clear()
             self.last_error = f"checkpoint {self.checkpoint} was removed"
             RELOADS.labels(result="missing").inc()
             return
@@ -144,6 +146,8 @@ class RouterRuntime:
         return hashlib.sha256(f"{task}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
     def _cached(self, key: str) -> Scored | None:
+        if self._model is None:
+            raise NoCheckpoint(self.last_error or "no checkpoint configured")
         with self._cache_lock:
             hit = self._cache.get(key)
             if hit is not None:

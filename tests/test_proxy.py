@@ -1,0 +1,117 @@
+"""The real `litellm` proxy process with config_examples/proxy_config.yaml, local backends, HTTP calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from litellm_energy_router.router.checkpoint import point_to
+from litellm_energy_router.table import open_store
+
+from backend import Backend
+from router_fixtures import train_planted
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
+KEY = "sk-energy-router-test-0123456789"
+PROOF = "Give a proof about chess number 4242"
+EASY = "Tell me about rivers number 4242"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port, text, metadata=None):
+    body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+    if metadata:
+        body["metadata"] = metadata
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read()), r.headers.get("x-litellm-model-id")
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    d = tmp_path_factory.mktemp("proxy")
+    store = open_store(f"sqlite:///{d / 't.db'}")
+    v1 = train_planted(store, d / "v1", names=NAMES)
+    store.close()
+    pointer = d / "current.json"
+    point_to(pointer, v1)
+    backend = Backend().start()
+    port = _free_port()
+    env = {
+        **os.environ, "LITELLM_MASTER_KEY": KEY, "VLLM_API_KEY": "none",
+        "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
+        "LARGE_API_BASE": backend.base("large"), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
+        "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(pointer), "ENERGY_ROUTER_ROUTER__FALLBACK": "vllm-yi-34b",
+        "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "5000", "ENERGY_ROUTER_KNOB__LAMBDA": "0.05",
+    }  # fmt: skip
+    exe = str(Path(sys.executable).with_name("litellm"))
+    log = open(d / "proxy.log", "w")
+    proc = subprocess.Popen([exe, "--config", str(ROOT / "config_examples/proxy_config.yaml"), "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)  # fmt: skip
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"proxy exited: {(d / 'proxy.log').read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        raise RuntimeError(f"proxy not ready: {(d / 'proxy.log').read_text()[-3000:]}")
+    yield {"port": port, "backend": backend, "pointer": pointer, "v1": v1, "dir": d}
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    backend.stop()
+    log.close()
+
+
+def test_proxy_routing_knob_fallback_reload(proxy):
+    port, b = proxy["port"], proxy["backend"]
+    resp, dep = _post(port, PROOF)
+    assert dep == "vllm-llama-70b" and resp["choices"][0]["message"]["content"] == "answer from large"
+    _, dep = _post(port, EASY)
+    assert dep == "vllm-mistral-7b"
+    assert b.count("large") == 1 and b.count("small") == 1
+    # per-request knob in the request metadata
+    _, dep = _post(port, PROOF, metadata={"energy_router": {"lambda": 100}})
+    assert dep == "vllm-mistral-7b"
+    _, dep = _post(port, PROOF, metadata={"energy_router": {"target_accuracy": 0.8}})
+    assert dep == "vllm-llama-70b"
+    # checkpoint removed -> the configured fallback serves, the request still succeeds
+    proxy["pointer"].unlink()
+    time.sleep(1.5)
+    resp, dep = _post(port, PROOF)
+    assert dep == "vllm-yi-34b" and resp["choices"][0]["message"]["content"] == "answer from medium"
+    # a new checkpoint appears behind the pointer -> hot reload, routing resumes
+    v2 = proxy["dir"] / "v2"
+    shutil.copytree(proxy["v1"], v2)
+    point_to(proxy["pointer"], v2)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        _, dep = _post(port, PROOF)
+        if dep == "vllm-llama-70b":
+            break
+        time.sleep(1.0)
+    assert dep == "vllm-llama-70b"
