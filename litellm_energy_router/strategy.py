@@ -59,7 +59,9 @@ class EnergyRouterCore:
     def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None) -> None:
         self.settings = settings or load_settings()
         rs = self.settings.router
-        self.runtime = runtime or RouterRuntime(rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size)
+        self.runtime = runtime or RouterRuntime(
+            rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads
+        )
         self._by_id = {c.deployment_id: c.name for c in self.settings.candidates if c.deployment_id}
         self._configured = {c.name for c in self.settings.candidates}
         self._warn = RateLimitedWarning(log, 60.0)

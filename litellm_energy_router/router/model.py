@@ -59,25 +59,35 @@ def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tas
 
 def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                         batch_size: int = 64) -> np.ndarray:  # fmt: skip
-    """One forward pass per batch (right padding); returns logit(yes) − logit(no) per slot, [n, K]."""
+    """One forward pass per batch; returns logit(yes) − logit(no) per slot, [n, K].
+
+    Rows are padded on the LEFT with explicit ``position_ids`` (so every row sees the positions it had
+    unpadded, as in training), which puts the K slots at the same last positions of every row; models
+    that support ``logits_to_keep`` then compute the LM head only there, not over the whole sequence.
+    """
+    import inspect
+
     import torch
 
     tasks = list(tasks) if tasks is not None else [None] * len(texts)
     enc = layout.scoring_batch(texts, tasks)
-    out = np.zeros((len(texts), layout.n_candidates), dtype=np.float64)
+    k = layout.n_candidates
+    out = np.zeros((len(texts), k), dtype=np.float64)
     pad = layout.tokenizer.pad_token_id or 0
+    keep = "logits_to_keep" in inspect.signature(model.forward).parameters
     for s in range(0, len(enc), batch_size):
         chunk = enc[s : s + batch_size]
         width = max(len(ids) for ids, _ in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for i, (row, _) in enumerate(chunk):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
-        slots = torch.tensor([sl for _, sl in chunk])
+            ids[i, width - len(row) :] = torch.tensor(row)
+            mask[i, width - len(row) :] = 1
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        kw = {"logits_to_keep": k + 1} if keep else {}
         with torch.inference_mode():
-            logits = model(input_ids=ids, attention_mask=mask).logits
-        sel = logits[torch.arange(len(chunk))[:, None], slots]  # [b, K, V]
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **kw).logits
+        sel = logits[:, -(k + 1) : -1, :]  # the K slot positions (the last token is <er:end>)
         out[s : s + len(chunk)] = (sel[..., layout.yes_id] - sel[..., layout.no_id]).double().numpy()
     return out
 

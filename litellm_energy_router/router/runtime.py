@@ -1,8 +1,9 @@
 """The router at serving time: a loaded checkpoint, micro-batching, an LRU cache, hot reload.
 
 * ``await runtime.score(text, task)`` → ``Scored`` (P per candidate, Ê per candidate in J, version).
-  Concurrent calls within ``batch_wait_ms`` are scored in **one** forward pass, on a worker thread
-  (never on the event loop).
+  Scoring runs on a worker thread (never on the event loop). When idle, a request waits at most
+  ``batch_wait_ms`` for company; while a forward pass runs, arriving requests queue and the next
+  pass scores all of them at once (up to ``max_batch``), so a burst costs few forward passes.
 * ``runtime.score_sync(...)`` for LiteLLM's sync paths.
 * Hot reload: the checkpoint path may be a pointer file or symlink; at most once per
   ``poll_s`` a request checks whether it now names another checkpoint (or the manifest changed) and,
@@ -58,7 +59,7 @@ def _fingerprint(path: Path | None) -> tuple[str, float] | None:
 
 
 class RouterRuntime:
-    def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 2.0,
+    def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.5,
                  cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
                  expect_candidates: Sequence[str] | None = None, threads: int | None = None) -> None:  # fmt: skip
         self.checkpoint = Path(checkpoint) if checkpoint else None
@@ -75,6 +76,7 @@ class RouterRuntime:
         self._next_poll = 0.0
         self._pending: list[tuple[str, str | None, asyncio.Future]] = []
         self._flush_scheduled = False
+        self._busy = False
         self.last_error: str | None = None
         if self.checkpoint is not None:
             self._load(_fingerprint(self.checkpoint))
@@ -190,9 +192,11 @@ class RouterRuntime:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self._pending.append((text, task, fut))
-        if len(self._pending) >= self.max_batch:
+        if len(self._pending) >= self.max_batch and not self._busy:
             self._flush(loop)
-        elif not self._flush_scheduled:
+        elif not self._flush_scheduled and not self._busy:
+            # idle: score on the next loop turn (callers started in this turn join the batch);
+            # busy: the running pass flushes what accumulated when it ends (natural batching)
             self._flush_scheduled = True
             loop.call_later(self.batch_wait_s, self._flush, loop)
         s = await fut
@@ -201,12 +205,14 @@ class RouterRuntime:
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
-        batch, self._pending = self._pending, []
+        batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
         if not batch:
             return
+        self._busy = True
         job = loop.run_in_executor(self._executor, self._score_batch, [(t, k) for t, k, _ in batch])
 
         def done(f: asyncio.Future) -> None:
+            self._busy = False
             err = f.exception()
             for i, (_, _, fut) in enumerate(batch):
                 if fut.done():
@@ -215,6 +221,8 @@ class RouterRuntime:
                     fut.set_exception(err)
                 else:
                     fut.set_result(f.result()[i])
+            if self._pending:
+                self._flush(loop)
 
         job.add_done_callback(done)
 

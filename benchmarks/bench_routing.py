@@ -1,0 +1,145 @@
+"""Routing cost, measured in one run on this machine.
+
+    python benchmarks/bench_routing.py [--checkpoint DIR] [--calls 1000]
+
+1. Decision latency of the router (text extraction + one forward pass + decision), uncached prompts from
+   the bundled RouterBench rows: one request at a time, and a burst of 64 concurrent requests.
+2. End-to-end ``Router.acompletion`` per-call time against a local OpenAI-compatible backend, with the
+   energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers.
+
+Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
+max_len 128) with a few SFT steps: decision cost depends on the architecture, not on training length.
+Last line: ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from backend import Backend  # noqa: E402
+
+from litellm_energy_router.energy import load_profile  # noqa: E402
+from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench  # noqa: E402
+from litellm_energy_router.settings import Settings  # noqa: E402
+from litellm_energy_router.table import open_store  # noqa: E402
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs) * 1000, q))
+
+
+def build_checkpoint(d: Path) -> Path:
+    from litellm_energy_router.training.pipeline import TrainConfig, train
+
+    store = open_store(f"sqlite:///{d / 'bench.db'}")
+    import_routerbench(store, bundled_files(), load_profile())
+    cfg = TrainConfig()
+    cfg.sft.epochs = 0.05
+    ck = train(store, d / "router", cfg, log=lambda s: None)
+    store.close()
+    return ck
+
+
+async def main_async(args) -> None:
+    import litellm
+    from litellm import Router
+
+    from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
+
+    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+    litellm.suppress_debug_info = True
+    tmp = Path(tempfile.mkdtemp())
+    ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(tmp)
+    from litellm_energy_router.router.checkpoint import read_manifest
+
+    cands = read_manifest(ck).candidates
+    store = open_store(f"sqlite:///{tmp / 'texts.db'}")
+    import_routerbench(store, bundled_files()[-1:], load_profile())
+    texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
+    store.close()
+    backend = Backend().start()
+    model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
+                   "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
+    settings = Settings.model_validate({"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000},
+                                        "knob": {"lambda": 0.3}})  # fmt: skip
+    core = EnergyRouterCore(settings)
+    deps = model_list
+
+    def msgs(i):
+        return [{"role": "user", "content": f"{texts[i % len(texts)]} #{i}"}]
+
+    for i in range(20):  # warm-up
+        await core.choose(deps, msgs(i))
+    single = []
+    for i in range(args.decisions):
+        t0 = time.perf_counter()
+        await core.choose(deps, msgs(1000 + i))
+        single.append(time.perf_counter() - t0)
+    burst = []
+
+    async def one(i):
+        t0 = time.perf_counter()
+        await core.choose(deps, msgs(5000 + i))
+        burst.append(time.perf_counter() - t0)
+
+    for r in range(args.decisions // 64 or 1):
+        await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
+    print(f"decision single: p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})")
+    print(f"decision burst of 64: p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})")
+
+    shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
+    energy = Router(model_list=model_list)
+    energy.register_plugin(EnergyRoutingStrategy(energy, core=core))
+
+    async def seq(router, n, offset):
+        t0 = time.perf_counter()
+        for i in range(n):
+            await router.acompletion(model="pool", messages=msgs(offset + i))
+        return (time.perf_counter() - t0) / n
+
+    async def conc(router, n, offset, width=64):
+        sem = asyncio.Semaphore(width)
+
+        async def call(i):
+            async with sem:
+                await router.acompletion(model="pool", messages=msgs(offset + i))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[call(i) for i in range(n)])
+        return (time.perf_counter() - t0) / n
+
+    await seq(shuffle, 50, 0)
+    await seq(energy, 50, 0)
+    s_seq = await seq(shuffle, args.calls, 20_000)
+    e_seq = await seq(energy, args.calls, 40_000)
+    s_con = await conc(shuffle, args.calls, 60_000)
+    e_con = await conc(energy, args.calls, 80_000)
+    print(f"acompletion sequential: simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
+    print(f"acompletion 64 concurrent: simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
+    backend.stop()
+    print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--decisions", type=int, default=300)
+    asyncio.run(main_async(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
