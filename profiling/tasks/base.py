@@ -40,6 +40,7 @@ class TaskItem:
         prompt: the user message sent to candidates (also the query text in the table).
         reference: the gold answer as text (stored in the table's ``reference`` column), or None.
         data: whatever the grader needs (choices, tests, reference answer...).
+        key: the query's table key when it is not ``<task>:<id>`` (e.g. a production query id).
     """
 
     task: str
@@ -47,11 +48,12 @@ class TaskItem:
     prompt: str
     reference: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    key: str | None = None
 
     @property
     def query_id(self) -> str:
-        """Table key of the query: ``<task>:<id>``."""
-        return f"{self.task}:{self.id}"
+        """Table key of the query: ``key`` when set, else ``<task>:<id>``."""
+        return self.key or f"{self.task}:{self.id}"
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,10 @@ def extract_choice(text: str, choices: Sequence[str]) -> int | None:
         found = [f.upper() for f in found if f.upper() in valid]
         return LETTERS.index(found[-1]) if found else None
 
-    # case-sensitive letter after the keyword: "the answer is a fox" must not read as (A)
-    kw = [m.group(1) for m in _KEYWORD.finditer(text) if m.group(1).isupper()]
+    # a lower-case letter after the keyword only when nothing word-like follows it:
+    # "the answer is a fox" must not read as (A), "answer: b" does read as (B)
+    kw = [m.group(1) for m in _KEYWORD.finditer(text)
+          if m.group(1).isupper() or re.match(r"\s*(?:[\)\].:*\"']|$)", text[m.end():])]  # fmt: skip
     if (r := pick(kw)) is not None:
         return r
     if (m := _LEADING.match(text)) and m.group(1) in valid:
