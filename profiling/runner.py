@@ -347,8 +347,10 @@ class Tournament:
         self._queue = asyncio.Queue()
         writer = asyncio.create_task(self._writer())
         drive: Driver = driver or Tournament._litellm_driver
-        try:
-            if self.accountant.sequential if sequential is None else sequential:
+        seq = self.accountant.sequential if sequential is None else sequential
+
+        async def drive_all() -> None:
+            if seq:
                 for c in cands:
                     if todo[c.model_name]:
                         await drive(self, c, todo[c.model_name])
@@ -357,12 +359,21 @@ class Tournament:
                     for c in cands:
                         if todo[c.model_name]:
                             tg.create_task(drive(self, c, todo[c.model_name]))
+
+        drivers = asyncio.create_task(drive_all())
+        try:
+            await asyncio.wait({drivers, writer}, return_when=asyncio.FIRST_COMPLETED)
+            if writer.done():  # the table refused a write: stop asking candidates
+                writer.result()
+            drivers.result()
         except BaseException:
             self.summary.interrupted = True
-            if not writer.done():
-                writer.cancel()
+            for task in (drivers, writer):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(drivers, writer, return_exceptions=True)  # in-flight pairs end, unwritten
             try:
-                await asyncio.shield(asyncio.to_thread(self._flush_now))
+                await asyncio.shield(asyncio.to_thread(self._flush_now))  # finished pairs are kept
             except BaseException:  # noqa: BLE001  (cancelled again while flushing: the thread still commits)
                 pass
             raise

@@ -65,15 +65,6 @@ class SandboxResult:
     seconds: float
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the runner
-    except Exception:  # noqa: BLE001
-        pass
-
-
 class Sandbox:
     """Async runner of (code, tests) pairs; at most ``max_parallel`` at a time."""
 
@@ -135,16 +126,20 @@ class Sandbox:
         nonce = secrets.token_hex(16)
         spec = {
             "workdir": str(work), "isolation": isolation, "python_guard": cfg.python_guard, "probe": probe,
-            "cpu_s": int(cfg.timeout_s) + 1, "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb,
+            "cpu_s": int(cfg.timeout_s) + 1, "wall_s": cfg.timeout_s + 1, "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb,
         }  # fmt: skip
-        cmd = (self._unshare_cmd() if isolation == "namespaces" else []) + [sys.executable, "-I", str(HARNESS), json.dumps(spec)]
+        # die with the runner (PR_SET_PDEATHSIG via setpriv: a preexec_fn would force a slow fork of
+        # this large process and block the event loop)
+        setpriv = shutil.which("setpriv")
+        cmd = ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + (self._unshare_cmd() if isolation == "namespaces" else [])
+        cmd += [sys.executable, "-I", str(HARNESS), json.dumps(spec)]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         t0 = time.monotonic()
         try:
             with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
                 proc = await asyncio.create_subprocess_exec(
                     *cmd, stdin=asyncio.subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
-                    start_new_session=True, preexec_fn=_set_pdeathsig,
+                    start_new_session=True,
                 )  # fmt: skip
                 timed_out = False
                 try:

@@ -154,6 +154,11 @@ def main():
         if cfg["isolation"] == "namespaces":
             lock_down_filesystem(workdir)
         set_limits(cfg)
+        # self-destruct should the runner be gone (PID 1 of a namespace needs an explicit handler)
+        import signal
+
+        signal.signal(signal.SIGALRM, lambda *_: os._exit(124))
+        signal.alarm(max(1, int(cfg["wall_s"]) + 1))
         os.chdir(workdir)
         for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
             os.environ[var] = workdir

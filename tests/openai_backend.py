@@ -155,6 +155,10 @@ class Backend:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    async def _log(self, request: web.Request) -> web.Response:
+        since = int(request.query.get("since", 0))
+        return web.json_response({"log": self.log[since:], "judge_calls": self.judge_calls})
+
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> str:
         """Serve in a background thread; returns the base URL (``http://127.0.0.1:<port>/v1``)."""
@@ -165,6 +169,7 @@ class Backend:
             self._loop = loop
             app = web.Application()
             app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_get("/_log", self._log)
             runner = web.AppRunner(app, access_log=None)
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, "127.0.0.1", 0, backlog=256)
@@ -190,7 +195,35 @@ class Backend:
         if self._thread:
             self._thread.join(10)
 
+    @staticmethod
+    def fetch_log(url: str, since: int = 0) -> list[tuple[str, str, bool]]:
+        """The request log of a backend serving at ``url`` (e.g. one in another process)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{url.rsplit('/v1', 1)[0]}/_log?since={since}", timeout=30) as r:
+            return [tuple(x) for x in json.load(r)["log"]]
+
     def deployment(self, name: str, **extra: Any) -> dict[str, Any]:
         """A LiteLLM model_list entry pointing at this server for model ``name``."""
         return {"model_name": name, "litellm_params": {"model": f"openai/{name}", "api_base": self.url,
                                                        "api_key": "sk-test"}, **extra}  # fmt: skip
+
+
+def main() -> None:
+    """Serve in the foreground (for benchmarks: keeps the server off the client's GIL).
+
+    ``python tests/openai_backend.py '<accuracy json>' [ttft_s] [per_token_s]``; prints the base URL."""
+    import sys
+
+    acc = json.loads(sys.argv[1])
+    b = Backend(acc, ttft_s=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0,
+                per_token_s=float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)  # fmt: skip
+    print(b.start(), flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        b.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -269,3 +269,15 @@ def test_vllm_offline_driver_batches_and_splits_energy_by_tokens(backend, sqlite
     for r in rows:  # graded like any tournament row
         assert r["score"] == (1.0 if backend.correct(r["candidate"], r["query_id"], r["task"]) else 0.0)
     store.close()
+
+
+def test_example_config_parses(monkeypatch):
+    from litellm_energy_router.profiling.config import load_tournament_config
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-example")
+    cfg = load_tournament_config(Path(__file__).parents[1] / "config_examples" / "tournament.yaml")
+    assert [t.name for t in cfg.tasks] == SEVEN and cfg.judge.litellm_params["api_key"] == "sk-example"
+    assert cfg.concurrency_of(cfg.candidates[1]) == 16 and cfg.energy.meter == "estimate"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(ConfigError, match=r"judge.litellm_params.api_key.*OPENAI_API_KEY"):
+        load_tournament_config(Path(__file__).parents[1] / "config_examples" / "tournament.yaml")

@@ -18,7 +18,7 @@ from openai_backend import Backend
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
 TASKS = Path(__file__).parent / "data" / "tasks"
-ACC = {"small": {"mmlu": 0.5, "gsm8k": 0.3, "mbpp": 0.5}, "large": {"mmlu": 0.9, "gsm8k": 0.8, "mbpp": 0.9}}
+ACC = {"small": {"mmlu": 0.5, "gsm8k": 0.3, "mbpp": 0.5, "open": 0.5}, "large": {"mmlu": 0.9, "gsm8k": 0.8, "mbpp": 0.9, "open": 0.9}}
 KEYS = {"small": "mistralai/mistral-7b-chat", "large": "meta/llama-2-70b-chat"}
 
 
@@ -132,3 +132,25 @@ def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_b
     all_pairs = {(x["candidate"], x["query_id"]) for x in final}
     assert asked(mark) == all_pairs - have
     assert f"{total - len(have)} pairs run (0 failed), {len(have)} already in the table" in r.stdout
+
+
+def test_shadow_tournament_command(tmp_path, slow_backend):
+    import json
+
+    url = f"sqlite:///{tmp_path / 'shadow.db'}"
+    judge = {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": slow_backend.url, "api_key": "x"}}
+    cfg = write_config(tmp_path / "s.yaml", slow_backend, judge=judge, concurrency=4)
+    queue = tmp_path / "queue.jsonl"
+    queue.write_text("".join(json.dumps({"query_id": f"prod-{i}", "task": "chat", "text": f"Question {i}?", "call_id": f"c{i}",
+                                         "created": 1.7e9}) + "\n" for i in range(3)))  # fmt: skip
+    args = [EXE, "shadow-tournament", "--config", str(cfg), "--db", url, "--queue", str(queue)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "3 queued queries" in r.stdout and "6 pairs run (0 failed)" in r.stdout
+    rs = rows(url)
+    assert len(rs) == 6 and {x["source"] for x in rs} == {"shadow"} and {x["query_source"] for x in rs} == {"production"}
+    assert {x["query_id"] for x in rs} == {"prod-0", "prod-1", "prod-2"} and all(x["score"] in (0.0, 1.0) for x in rs)
+    no_judge = write_config(tmp_path / "nj.yaml", slow_backend)
+    r = subprocess.run([EXE, "shadow-tournament", "--config", str(no_judge), "--db", url, "--queue", str(queue)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "needs a judge deployment" in r.stderr and len(r.stderr.strip().splitlines()) == 1
