@@ -24,7 +24,7 @@ def test_seven_tasks_registered_and_load_test_files():
         assert isinstance(task, Task)
         items = task.load(TASKS / f"{name}.jsonl")
         assert len(items) == 8 and len({i.query_id for i in items}) == 8
-        assert all(i.query_id.startswith(f"{name}:") for i in items)
+        assert all(i.query_id.startswith(f"{name}:{i.id}:") and len(i.query_id.split(":")[2]) == 8 for i in items)
         msgs = task.messages(items[0])
         assert msgs[-1] == {"role": "user", "content": items[0].prompt}
 

@@ -14,6 +14,7 @@ New tasks subclass :class:`Task` and decorate the class with :func:`register_tas
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
@@ -52,8 +53,9 @@ class TaskItem:
 
     @property
     def query_id(self) -> str:
-        """Table key of the query: ``key`` when set, else ``<task>:<id>``."""
-        return self.key or f"{self.task}:{self.id}"
+        """Table key of the query: ``key`` when set, else ``<task>:<id>:<first 8 hex of SHA-256(prompt)>``
+        — another dataset source or prompt format never overwrites an earlier query with the same id."""
+        return self.key or f"{self.task}:{self.id}:{hashlib.sha256(self.prompt.encode('utf-8')).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
