@@ -1,6 +1,6 @@
 """Tournament throughput (pairs/s) against the local OpenAI-compatible backend, measured in one run.
 
-    python benchmarks/bench_tournament.py [--ttft-ms 20] [--per-token-ms 2] [--levels 1,8,32]
+    python benchmarks/bench_tournament.py [--ttft-ms 100] [--per-token-ms 10] [--levels 1,8,32]
 
 The backend (``tests/openai_backend.py``, aiohttp on 127.0.0.1) answers the committed task files
 (7 tasks x 8 items) for 3 candidates, with a simulated time to first token and per-token delay; it
@@ -74,8 +74,8 @@ def one_level(url: str, concurrency: int, tasks: list[str], workdir: Path) -> tu
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ttft-ms", type=float, default=20.0, help="backend time to first token, ms")
-    ap.add_argument("--per-token-ms", type=float, default=2.0, help="backend delay per streamed token, ms")
+    ap.add_argument("--ttft-ms", type=float, default=100.0, help="backend time to first token, ms")
+    ap.add_argument("--per-token-ms", type=float, default=10.0, help="backend delay per streamed token, ms")
     ap.add_argument("--levels", default="1,8,32", help="concurrency levels (requests in flight per candidate)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)

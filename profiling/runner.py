@@ -133,6 +133,7 @@ def build_router(config: TournamentConfig) -> Any:
     import litellm
 
     deployments = [*config.candidates, *([config.judge] if config.judge else [])]
+    deployments = [d for d in deployments if d.litellm_params.get("model")]  # vllm_offline candidates have none
     model_list = [{"model_name": d.model_name, "litellm_params": dict(d.litellm_params), "model_info": dict(d.model_info)}
                   for d in deployments]  # fmt: skip
     return litellm.Router(model_list=model_list, num_retries=config.generation.num_retries, timeout=config.generation.timeout_s)
