@@ -83,6 +83,7 @@ def run(cfg, store, jobs=None, **kw):
         t.close()
 
 
+@pytest.mark.slow
 def test_end_to_end_seven_tasks_three_candidates(backend, sqlite_url):
     cfg = config(backend)
     store = open_store(sqlite_url)

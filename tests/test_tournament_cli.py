@@ -92,6 +92,7 @@ def test_bad_configs_exit_2_with_one_line(tmp_path, slow_backend):
     assert rows(url) == []
 
 
+@pytest.mark.slow
 def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_backend):
     url = f"sqlite:///{tmp_path / 'kill.db'}"
     cfg = write_config(tmp_path / "t.yaml", slow_backend)
@@ -134,6 +135,7 @@ def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_b
     assert f"{total - len(have)} pairs run (0 failed), {len(have)} already in the table" in r.stdout
 
 
+@pytest.mark.slow
 def test_shadow_tournament_command(tmp_path, slow_backend):
     import json
 
