@@ -1,0 +1,166 @@
+"""The tournament config: candidates, tasks, sampling, concurrency, generation, energy, judge.
+
+Example (``config_examples/tournament.yaml``)::
+
+    candidates:                        # LiteLLM model_list entries (+ table metadata)
+      - model_name: mistral-7b
+        litellm_params: {model: hosted_vllm/mistralai/Mistral-7B-Instruct-v0.2, api_base: http://gpu1:8000/v1}
+        params_b: 7.2
+        energy_profile_key: mistralai/mistral-7b-chat
+    tasks: [mmlu, gsm8k, {name: mbpp, sample_size: 100}]
+    sample_size: 200                   # items per task (None = all)
+    seed: 0
+    concurrency: 8                     # requests in flight per candidate
+    generation: {temperature: 0.0}
+    energy: {meter: estimate}          # or nvml / agent / any registered meter
+    judge: {model_name: judge, litellm_params: {model: openai/gpt-4o, api_key: os.environ/OPENAI_API_KEY}}
+
+``os.environ/VAR`` values are resolved as in a LiteLLM config. Errors are one line naming the file
+and key (:class:`~litellm_energy_router.settings.ConfigError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from litellm_energy_router.settings import ConfigError, EnergySettings, TableSettings, _one_line, resolve_env_refs
+
+from .sandbox import SandboxConfig
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Deployment(_Model):
+    """A LiteLLM ``model_list`` entry. ``model_name`` is the candidate's key in the table."""
+
+    model_name: str = Field(min_length=1, max_length=200)
+    litellm_params: dict[str, Any] = Field(default_factory=dict, description="passed to litellm.Router as is")
+    model_info: dict[str, Any] = Field(default_factory=dict)
+
+
+class CandidateSpec(Deployment):
+    """A candidate: a deployment plus what the table records about it."""
+
+    model: str | None = Field(None, description="Hugging Face id or path; what vllm_offline mode loads")
+    params_b: float | None = Field(None, ge=0, description="total parameters, billions")
+    active_params_b: float | None = Field(None, ge=0, description="active parameters per token, billions")
+    hardware: str | None = None
+    energy_profile_key: str | None = Field(None, description="entry of the energy profile (default: model_name)")
+    concurrency: int | None = Field(None, ge=1, description="requests in flight for this candidate")
+
+
+class TaskSpec(_Model):
+    name: str
+    source: str | None = Field(None, description=".jsonl/.json file or HF dataset 'path[:config][@split]'")
+    sample_size: int | None = Field(None, ge=1, description="items drawn from this task (default: top level)")
+    max_tokens: int | None = Field(None, ge=1, description="generation budget, tokens (default: the task's)")
+
+
+class GenerationSettings(_Model):
+    max_tokens: int | None = Field(None, ge=1, description="tokens; None = each task's default")
+    temperature: float = Field(0.0, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    timeout_s: float = Field(120.0, gt=0, description="per request, seconds")
+    num_retries: int = Field(2, ge=0, description="LiteLLM retries per request")
+    extra: dict[str, Any] = Field(default_factory=dict, description="more litellm completion kwargs (seed, stop...)")
+
+
+class TournamentEnergy(EnergySettings):
+    """The settings' energy section, with any registered meter name allowed (plugins add meters)."""
+
+    meter: str = Field("estimate", description="'estimate' (profile x tokens) or a registered meter name")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for make_meter(meter, ...)")
+    gpu: str | None = Field(None, description="label written to the runs' gpu column, e.g. '1x H100 80GB'")
+
+
+class JudgeSpec(Deployment):
+    model_name: str = "judge"
+    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class TournamentConfig(_Model):
+    """A tournament: every (sampled) item of every task x every candidate."""
+
+    candidates: list[CandidateSpec] = Field(min_length=1)
+    tasks: list[TaskSpec] = Field(min_length=1)
+    sample_size: int | None = Field(None, ge=1, description="items per task; None = all")
+    seed: int = 0
+    concurrency: int = Field(4, ge=1, description="requests in flight per candidate")
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    energy: TournamentEnergy = Field(default_factory=TournamentEnergy)
+    judge: JudgeSpec | None = None
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    table: TableSettings | None = Field(None, description="default: the settings' table (ENERGY_ROUTER_TABLE__URL...)")
+    mode: Literal["litellm", "vllm_offline"] = Field("litellm", description="vllm_offline: one GPU, models one by one")
+    vllm: dict[str, Any] = Field(default_factory=dict, description="vllm.LLM(...) kwargs in vllm_offline mode")
+    batch_size: int = Field(64, ge=1, description="prompts per vLLM batch in vllm_offline mode")
+    prefill_token_weight: float = Field(
+        0.125, ge=0, description="energy of a prompt token relative to an output token when a batch's joules are split"
+    )
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        return [{"name": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _check(self) -> "TournamentConfig":
+        names = [c.model_name for c in self.candidates]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"candidate model_name {dup[0]!r} appears twice")
+        if self.judge and self.judge.model_name in names:
+            raise ValueError(f"judge model_name {self.judge.model_name!r} is also a candidate")
+        tasks = [t.name for t in self.tasks]
+        if len(set(tasks)) != len(tasks):
+            raise ValueError("a task is listed twice")
+        if self.mode == "litellm":
+            missing = [c.model_name for c in self.candidates if not c.litellm_params.get("model")]
+            if missing:
+                raise ValueError(f"candidate {missing[0]!r}: litellm_params.model is required")
+        elif missing := [c.model_name for c in self.candidates if not c.model]:
+            raise ValueError(f"candidate {missing[0]!r}: 'model' (HF id or path) is required in vllm_offline mode")
+        return self
+
+    def concurrency_of(self, cand: CandidateSpec) -> int:
+        return cand.concurrency or self.concurrency
+
+
+def load_tournament_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TournamentConfig:
+    """Read and validate a tournament YAML (``tournament:`` key if present, else the document)."""
+    origin = str(path)
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"{path}:{f' line {mark.line + 1}' if mark else ''} not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
+    data = doc.get("tournament", doc)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: config key 'tournament' must be a mapping")
+    data = {**data, **(overrides or {})}
+    try:
+        data = resolve_env_refs(data)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    return parse_tournament_config(data, origin)
+
+
+def parse_tournament_config(data: dict[str, Any], origin: str = "tournament config") -> TournamentConfig:
+    try:
+        return TournamentConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["type"] == "value_error" and not err["loc"]:
+            raise ConfigError(f"{origin}: {err['msg'].removeprefix('Value error, ')}") from None
+        raise ConfigError(_one_line(e, data, origin)) from None

@@ -1,0 +1,117 @@
+"""Shadow tournaments: label production queries by running them against every candidate.
+
+The serving callback appends a sample of production queries to the shadow queue (JSON Lines, format
+fixed in :class:`~litellm_energy_router.settings.ShadowSettings`)::
+
+    {"query_id": str, "task": str, "text": str, "call_id": str | null, "created": float (Unix s)}
+
+:func:`shadow_jobs` turns the queue into runner jobs; the runner writes the runs with
+``source="shadow"`` and the production ``query_id``, so the production row and its shadow rows join
+on one query. Production queries have no reference answer, so every shadow run is graded by the
+judge deployment (reference-free MT-Bench prompt, 1–10 mapped to [0, 1]). Entries already run for a
+candidate are skipped (resume), so the queue can be processed again at any time; a trailing line
+without its newline (an append in progress) is left for the next run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from litellm_energy_router.settings import PrivacySettings
+from litellm_energy_router.table import TableStore, make_query
+
+from .runner import Job
+from .tasks import Grade, GradeContext, HFSource, Task, TaskError, TaskItem
+
+
+class QueueError(ValueError):
+    """A malformed queue line; the message names the file, line and field."""
+
+
+class ShadowEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    query_id: str = Field(min_length=1, max_length=200)
+    task: str = Field(min_length=1, max_length=64)
+    text: str
+    call_id: str | None = Field(None, max_length=200)
+    created: float = Field(ge=0, description="Unix seconds")
+
+
+def read_queue(path: str | Path) -> list[ShadowEntry]:
+    """Entries of the queue file, first occurrence of each query_id, in file order ([] if absent)."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    lines = raw.split("\n")
+    lines = lines[:-1]  # the last element is "" or an incomplete append
+    out: dict[str, ShadowEntry] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = ShadowEntry.model_validate(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise QueueError(f"{p} line {n}: not valid JSON ({e.msg})") from None
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(x) for x in err["loc"]) or "<line>"
+            raise QueueError(f"{p} line {n}: field '{field}' = {err.get('input')!r}: {err['msg']}") from None
+        out.setdefault(entry.query_id, entry)
+    return list(out.values())
+
+
+class OpenQuestion(Task):
+    """A production query graded by the judge without a reference (not in the task registry)."""
+
+    name = "shadow"
+    hf = HFSource("", None, "")
+    max_tokens: ClassVar[int] = 512
+
+    def from_record(self, record: Mapping[str, Any], index: int) -> TaskItem:
+        e = ShadowEntry.model_validate(record)
+        return TaskItem(e.task, e.query_id, e.text, None, {}, key=e.query_id)
+
+    async def grade(self, item: TaskItem, answer: str, ctx: GradeContext) -> Grade:
+        if ctx.judge is None:
+            raise TaskError("a shadow tournament needs a judge deployment ('judge:' in the tournament config)")
+        return await ctx.judge.rate(item.prompt, answer)
+
+
+def existing_query_ids(store: TableStore, ids: Iterable[str]) -> set[str]:
+    """Which of ``ids`` already have a query row."""
+    wanted = sorted(set(ids))
+    engine = getattr(store, "engine", None)
+    if engine is None:
+        return {r["query_id"] for r in store.iter_runs() if r["query_id"] in set(wanted)}
+    from sqlalchemy import select
+
+    from litellm_energy_router.table import schema
+
+    found: set[str] = set()
+    with engine.connect() as conn:
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            found.update(x for (x,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk))))
+    return found
+
+
+def shadow_jobs(entries: list[ShadowEntry], store: TableStore, privacy: PrivacySettings, max_tokens: int | None = None) -> list[Job]:
+    """Jobs for queued production queries. A query row is written only when the callback has not
+    written it yet (as a production query, honouring the privacy settings)."""
+    task = OpenQuestion()
+    have = existing_query_ids(store, (e.query_id for e in entries))
+    jobs = []
+    for e in entries:
+        item = TaskItem(e.task, e.query_id, e.text, None, {}, key=e.query_id)
+        query = None if e.query_id in have else make_query(
+            e.query_id, e.task, e.text, store_text=privacy.store_text, salt=privacy.salt, source="production", created=e.created
+        )  # fmt: skip
+        jobs.append(Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id))
+    return jobs

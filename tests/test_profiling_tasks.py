@@ -1,0 +1,130 @@
+"""Tasks: loaders (committed test files), prompt formats, answer extraction, judge ratings, registry."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from litellm_energy_router.profiling.judge import Judge, judge_messages, parse_rating, rating_to_score
+from litellm_energy_router.profiling.tasks import GradeContext, Task, TaskError, get_task, sample_items, task_names
+from litellm_energy_router.profiling.tasks.choice import extract_choice
+from litellm_energy_router.profiling.tasks.gsm8k import extract_number
+from litellm_energy_router.profiling.tasks.mbpp import extract_code
+
+TASKS = Path(__file__).parent / "data" / "tasks"
+SEVEN = ["arc_challenge", "gsm8k", "hellaswag", "mbpp", "mmlu", "mt_bench", "winogrande"]
+
+
+def test_seven_tasks_registered_and_load_test_files():
+    assert task_names() == SEVEN
+    for name in SEVEN:
+        task = get_task(name)
+        assert isinstance(task, Task)
+        items = task.load(TASKS / f"{name}.jsonl")
+        assert len(items) == 8 and len({i.query_id for i in items}) == 8
+        assert all(i.query_id.startswith(f"{name}:{i.id}:") and len(i.query_id.split(":")[2]) == 8 for i in items)
+        msgs = task.messages(items[0])
+        assert msgs[-1] == {"role": "user", "content": items[0].prompt}
+
+
+def test_choice_prompt_maps_labels_and_gold():
+    arc = {i.id: i for i in get_task("arc_challenge").load(TASKS / "arc_challenge.jsonl")}
+    it = arc["T-ARC-004"]  # numeric labels "1".."4", answerKey "2"
+    assert it.reference == "B" and "B. chemical to light" in it.prompt
+    wg = get_task("winogrande").load(TASKS / "winogrande.jsonl")[1]
+    assert wg.reference == "B" and "A. trophy" in wg.prompt and "B. suitcase" in wg.prompt
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("The answer is (C).", 2), ("B", 1), ("Answer: D. zero", 3), ("**A**", 0), ("(B) Mercury", 1),
+        ("I think the correct option is C because it fits.", 2), ("answer: b", 1),
+        ("A good guess would be that the answer is D", 3), ("It is Mercury.", 1), ("no idea", None),
+        ("The answer is (E).", None), ("Between A and B, I pick B. Final answer: B", 1),
+    ],
+)  # fmt: skip
+def test_extract_choice(text, expected):
+    assert extract_choice(text, ["Venus", "Mercury", "Mars", "Earth"]) == expected
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("so 3 + 4 = 7\n#### 7", 7), ("The answer is $1,200.", 1200), ("We get 12 then 14 apples.", 14),
+        ("Final answer: -6", -6), ("\\boxed{3/4}", 0.75), ("The answer is 30 dollars, after 25% off 40.", 30),
+        ("nothing numeric", None),
+    ],
+)  # fmt: skip
+def test_extract_number(text, expected):
+    assert extract_number(text) == expected
+
+
+def test_extract_code():
+    assert extract_code("Sure!\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1"
+    assert extract_code("```\nprint(1)\n```\n```py\ndef g(): pass\n```") == "def g(): pass"
+    assert extract_code("[BEGIN]\ndef h(): return 2\n[DONE]") == "def h(): return 2"
+    assert extract_code("def k(): return 3") == "def k(): return 3"
+
+
+def test_judge_rating_parse_and_mapping():
+    assert parse_rating("Explanation... Rating: [[7]]") == 7
+    assert parse_rating("[[11]] no, final [[3]]") == 3
+    assert parse_rating("Rating: 9") == 9
+    assert parse_rating("great answer") is None
+    assert rating_to_score(1) == 0.0 and rating_to_score(10) == 1.0
+    msgs = judge_messages("Q?", "A!", reference="R")
+    assert "[The Start of Reference Answer]\nR" in msgs[-1]["content"]
+
+    seen = []
+
+    async def complete(messages):
+        seen.append(messages)
+        return "fine. Rating: [[10]]" if "good" in messages[-1]["content"] else "meh"
+
+    judge = Judge(complete)
+    mt = get_task("mt_bench")
+    item = mt.load(TASKS / "mt_bench.jsonl")[3]  # math: reference-guided prompt
+    g = asyncio.run(mt.grade(item, "a good answer", GradeContext(judge=judge)))
+    assert g.score == 1.0 and "Reference Answer" in seen[-1][-1]["content"]
+    g = asyncio.run(mt.grade(item, "bad", GradeContext(judge=judge)))
+    assert g.score is None and "no [[rating]]" in g.detail
+
+
+def test_gsm8k_and_choice_grading():
+    gsm = get_task("gsm8k")
+    item = gsm.load(TASKS / "gsm8k.jsonl")[4]  # 1,200 / 8 = 150
+    assert asyncio.run(gsm.grade(item, "Each class gets 150 pencils.\n#### 150", GradeContext())).score == 1.0
+    assert asyncio.run(gsm.grade(item, "#### 151", GradeContext())).score == 0.0
+    mmlu = get_task("mmlu")
+    item = mmlu.load(TASKS / "mmlu.jsonl")[0]
+    assert asyncio.run(mmlu.grade(item, "The answer is (B).", GradeContext())).score == 1.0
+    assert asyncio.run(mmlu.grade(item, "(A)", GradeContext())).score == 0.0
+
+
+def test_sample_is_reproducible_and_sorted():
+    items = get_task("mmlu").load(TASKS / "mmlu.jsonl")
+    a, b = sample_items(items, 3, seed=1), sample_items(list(reversed(items)), 3, seed=1)
+    assert [i.id for i in a] == [i.id for i in b] and len(a) == 3
+    assert len(sample_items(items, None, 0)) == 8 and len(sample_items(items, 50, 0)) == 8
+
+
+def test_bad_task_input_is_one_line_naming_file_line_field(tmp_path):
+    f = tmp_path / "mmlu.jsonl"
+    f.write_text('{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"question": "q2", "answer": 1}\n')
+    with pytest.raises(TaskError) as e:
+        get_task("mmlu").load(f)
+    assert str(e.value) == f"{f} line 2: task mmlu: missing field 'choices'"
+    f.write_text('{"question": "q", "choices": ["a", "b"], "answer": 0}\n{not json\n')
+    with pytest.raises(TaskError, match=r"line 2: not valid JSON"):
+        get_task("mmlu").load(f)
+    f.write_text('{"question": "q", "choices": ["a", "b"], "answer": 5}\n')
+    with pytest.raises(TaskError, match=r"line 1: task mmlu: gold answer index 5 out of range"):
+        get_task("mmlu").load(f)
+    with pytest.raises(TaskError, match="task file not found"):
+        get_task("gsm8k").load(tmp_path / "missing.jsonl")
+    with pytest.raises(TaskError) as e:
+        get_task("squad")
+    assert "'squad' is not registered" in str(e.value) and "mmlu" in str(e.value)

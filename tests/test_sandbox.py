@@ -1,0 +1,151 @@
+"""MBPP grading in the code sandbox: hazards score 0, leave the machine unchanged, and the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from litellm_energy_router.profiling.sandbox import Sandbox, SandboxConfig, SandboxError
+from litellm_energy_router.profiling.tasks import GradeContext, get_task
+
+TASKS = Path(__file__).parent / "data" / "tasks"
+GOOD = "def sum_squares(nums):\n    return sum(n * n for n in nums)\n"
+
+
+def _procs() -> set[int]:
+    """PIDs of running sandbox harness processes (and anything they started, which shares the cmdline)."""
+    out = set()
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            if b"sandbox_harness" in Path(d, "cmdline").read_bytes():
+                out.add(int(d.rsplit("/", 1)[1]))
+        except OSError:
+            pass
+    return out
+
+
+def _sandbox_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "er-sandbox-*")))
+
+
+@pytest.fixture
+def listener():
+    """A TCP listener on 127.0.0.1 that records whether anyone connected."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    s.settimeout(0.5)
+    yield s
+    s.close()
+
+
+def _no_connection(s: socket.socket) -> bool:
+    try:
+        conn, _ = s.accept()
+    except (socket.timeout, TimeoutError):
+        return True
+    conn.close()
+    return False
+
+
+def _hazards(sentinel: Path, port: int) -> dict[str, str]:
+    fence = lambda code: f"```python\n{code}\n```"  # noqa: E731
+    return {
+        "wrong": fence("def sum_squares(nums):\n    return sum(nums)"),
+        "infinite_loop": fence("def sum_squares(nums):\n    while True:\n        pass"),
+        "fork_bomb": fence("import os\nwhile True:\n    os.fork()\n" + GOOD),
+        "network": fence(
+            f"import socket, urllib.request\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'x')\n"
+            f"urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=2)\n" + GOOD
+        ),
+        "remove_outside": fence(f"import os\nos.remove({str(sentinel)!r})\n" + GOOD),
+        "early_exit": fence("import os\nos._exit(0)\n" + GOOD.replace("n * n", "n")),
+    }
+
+
+def test_mbpp_grader_hazards_score_zero_machine_unchanged(tmp_path, listener):
+    sentinel = tmp_path / "keep_me.txt"
+    sentinel.write_text("precious")
+    procs0, dirs0 = _procs(), _sandbox_dirs()
+    mbpp = get_task("mbpp")
+    item = next(i for i in mbpp.load(TASKS / "mbpp.jsonl") if i.id == "9201")
+    sandbox = Sandbox(SandboxConfig(timeout_s=3, max_parallel=2))
+    ctx = GradeContext(sandbox=sandbox)
+    answers = {"correct_first": f"```python\n{GOOD}```", **_hazards(sentinel, listener.getsockname()[1]),
+               "correct_after": f"Here you go:\n```python\n{GOOD}```"}  # fmt: skip
+
+    async def grade_all():
+        t0 = time.monotonic()
+        grades = await asyncio.gather(*(mbpp.grade(item, text, ctx) for text in answers.values()))
+        return dict(zip(answers, grades)), time.monotonic() - t0
+
+    grades, seconds = asyncio.run(grade_all())
+    scores = {k: g.score for k, g in grades.items()}
+    assert scores == {"correct_first": 1.0, "wrong": 0.0, "infinite_loop": 0.0, "fork_bomb": 0.0, "network": 0.0,
+                      "remove_outside": 0.0, "early_exit": 0.0, "correct_after": 1.0}, {k: g.detail for k, g in grades.items()}  # fmt: skip
+    assert "timed out" in grades["infinite_loop"].detail
+    assert seconds < 15  # the hanging program was killed at its 3 s limit; nothing waited on it longer
+    # the machine is unchanged: file intact, nobody connected, no process or temp dir left behind
+    assert sentinel.read_text() == "precious"
+    assert _no_connection(listener)
+    assert _procs() == procs0
+    assert _sandbox_dirs() == dirs0
+
+
+def test_os_layer_alone_contains_the_program(tmp_path, listener):
+    """With the Python guard off, the namespaces alone stop network, writes outside, and stray processes."""
+    sandbox = Sandbox(SandboxConfig(timeout_s=3, isolation="auto", python_guard=False))
+    try:
+        iso = asyncio.run(sandbox.isolation())
+    except SandboxError as e:
+        pytest.skip(f"no namespaces here: {e}")
+    assert iso == "namespaces"
+    sentinel = tmp_path / "keep_me.txt"
+    sentinel.write_text("precious")
+    port = listener.getsockname()[1]
+    procs0 = _procs()
+    progs = {
+        "network": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n",
+        "remove": f"import os\nos.remove({str(sentinel)!r})\n",
+        "write": f"open({str(tmp_path / 'new.txt')!r}, 'w').write('x')\n",
+        "orphans": "import os, time\nfor _ in range(20):\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n",
+        "ok": "x = 1\n",
+    }
+
+    async def run_all():
+        return await asyncio.gather(*(sandbox.run(code, "assert x == 1" if k == "ok" else "assert False") for k, code in progs.items()))
+
+    results = dict(zip(progs, asyncio.run(run_all())))
+    assert results["ok"].passed
+    assert "Network is unreachable" in results["network"].reason
+    assert "Read-only file system" in results["remove"].reason and "Read-only file system" in results["write"].reason
+    assert not results["orphans"].passed
+    time.sleep(0.2)
+    assert sentinel.read_text() == "precious" and not (tmp_path / "new.txt").exists()
+    assert _no_connection(listener)
+    assert _procs() == procs0  # the 20 detached sleepers died with the PID namespace
+
+
+def test_guard_off_without_namespaces_is_refused():
+    sandbox = Sandbox(SandboxConfig(isolation="process", python_guard=False))
+    with pytest.raises(SandboxError, match="python_guard=false needs"):
+        asyncio.run(sandbox.isolation())
+
+
+def test_process_isolation_still_grades_and_contains(tmp_path):
+    sentinel = tmp_path / "keep_me.txt"
+    sentinel.write_text("precious")
+    sandbox = Sandbox(SandboxConfig(timeout_s=3, isolation="process"))
+    ok = asyncio.run(sandbox.run(GOOD, "assert sum_squares([1, 2]) == 5"))
+    bad = asyncio.run(sandbox.run(f"import os\nos.remove({str(sentinel)!r})", "assert True"))
+    fork = asyncio.run(sandbox.run("import subprocess\nsubprocess.run(['true'])", "assert True"))
+    assert ok.passed and not bad.passed and not fork.passed
+    assert "not allowed" in bad.reason and "not allowed" in fork.reason
+    assert sentinel.read_text() == "precious"

@@ -1,0 +1,284 @@
+"""The tournament runner end to end: real LiteLLM Router, a real OpenAI-compatible HTTP server on
+127.0.0.1 whose answers are right with known probabilities, real graders, real table."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from litellm_energy_router.energy.meter import EnergyReading, register_meter
+from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.profiling.config import parse_tournament_config
+from litellm_energy_router.profiling.runner import Tournament, build_jobs
+from litellm_energy_router.profiling.shadow import read_queue, shadow_jobs
+from litellm_energy_router.profiling.vllm_offline import OfflineDriver
+from litellm_energy_router.settings import ConfigError, PrivacySettings
+from litellm_energy_router.table import Candidate, Run, make_query, open_store, text_hash
+
+from openai_backend import Backend
+
+TASKS = Path(__file__).parent / "data" / "tasks"
+SEVEN = ["mmlu", "arc_challenge", "hellaswag", "winogrande", "gsm8k", "mbpp", "mt_bench"]
+ACC = {
+    "small": {"mmlu": 0.4, "arc_challenge": 0.5, "hellaswag": 0.5, "winogrande": 0.5, "gsm8k": 0.2, "mbpp": 0.25,
+              "mt_bench": 0.3, "open": 0.3},
+    "medium": {"mmlu": 0.6, "arc_challenge": 0.7, "hellaswag": 0.7, "winogrande": 0.6, "gsm8k": 0.5, "mbpp": 0.5,
+               "mt_bench": 0.6, "open": 0.6},
+    "large": {"mmlu": 0.85, "arc_challenge": 0.9, "hellaswag": 0.9, "winogrande": 0.8, "gsm8k": 0.85, "mbpp": 0.8,
+              "mt_bench": 0.9, "open": 0.9},
+}  # fmt: skip
+PROFILE_KEY = {"small": "mistralai/mistral-7b-chat", "medium": "mistralai/mixtral-8x7b-chat", "large": "meta/llama-2-70b-chat"}
+
+
+@register_meter("standin-constant-power")
+class ConstantPowerStandIn:
+    """STAND-IN for a GPU energy meter (there is no GPU here): a GPU drawing a constant ``power_w``
+    watts, so cumulative joules = power_w x seconds since creation."""
+
+    name = "standin-constant-power"
+    method = "power_sampling"
+
+    def __init__(self, power_w: float = 100.0) -> None:
+        self.power_w = power_w
+        self.t0 = time.monotonic()
+
+    def read(self) -> EnergyReading:
+        t = time.monotonic()
+        return EnergyReading(t, {0: self.power_w * (t - self.t0)})
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = Backend(ACC, judge_model="judge-model")
+    b.start()
+    yield b
+    b.stop()
+
+
+def config(backend: Backend, tasks=SEVEN, cands=("small", "medium", "large"), model_prefix=None, **over):
+    extra = lambda c: {"model": f"{model_prefix}/{c}"} if model_prefix else {}  # noqa: E731
+    data = {
+        "candidates": [backend.deployment(c, energy_profile_key=PROFILE_KEY[c], **extra(c)) for c in cands],
+        "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl")} for t in tasks],
+        "judge": {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": backend.url, "api_key": "x"}},
+        "concurrency": 4, "generation": {"num_retries": 0}, "sandbox": {"timeout_s": 5},
+        **over,
+    }  # fmt: skip
+    return parse_tournament_config(data)
+
+
+def run(cfg, store, jobs=None, **kw):
+    t = Tournament(cfg, store, **kw)
+    try:
+        return asyncio.run(t.run(jobs if jobs is not None else build_jobs(cfg)))
+    finally:
+        t.close()
+
+
+@pytest.mark.slow
+def test_end_to_end_seven_tasks_three_candidates(backend, sqlite_url):
+    cfg = config(backend)
+    store = open_store(sqlite_url)
+    log0, judge0 = len(backend.log), backend.judge_calls
+    summary = run(cfg, store)
+    assert summary.complete and summary.written == 3 * 7 * 8
+    rows = list(store.iter_runs())
+    assert len(rows) == 168 and store.count_runs() == 168
+    intended = {(m, q): ok for m, q, ok in backend.log[log0:]}
+    assert len(intended) == 168  # every pair asked exactly once
+    profile = load_profile()
+    for r in rows:
+        # every grader scored every pair exactly as the server meant it (MT-Bench via the judge deployment)
+        assert r["score"] == (1.0 if intended[(r["candidate"], r["query_id"])] else 0.0), r
+        assert r["status"] == "success" and r["source"] == "tournament" and r["energy_method"] == "estimate"
+        assert 0 < r["ttft_s"] <= r["latency_s"] and r["prompt_tokens"] > 0 and r["completion_tokens"] > 0
+        expect = profile.estimate_j(PROFILE_KEY[r["candidate"]], r["prompt_tokens"], r["completion_tokens"])
+        assert r["energy_j"] == pytest.approx(expect)
+        assert r["avg_power_w"] == pytest.approx(r["energy_j"] / r["latency_s"])
+        assert r["text"] and r["task"] == r["query_id"].split(":")[0]
+    assert backend.judge_calls - judge0 == 3 * 8
+    # graded accuracy per candidate matches the server's setting within sampling error (3 sigma, n=56)
+    stats = {s.candidate: s for s in store.stats()}
+    for c, per_task in ACC.items():
+        p = sum(per_task[t] for t in SEVEN) / 7
+        assert abs(stats[c].accuracy - p) <= 3 * math.sqrt(p * (1 - p) / 56), (c, stats[c].accuracy, p)
+        assert summary.candidates[c].accuracy == pytest.approx(stats[c].accuracy)
+    assert stats["small"].accuracy < stats["medium"].accuracy < stats["large"].accuracy
+    assert stats["small"].mean_energy_j < stats["medium"].mean_energy_j < stats["large"].mean_energy_j
+    # a second run adds nothing and asks the server nothing
+    n_log, n_judge = len(backend.log), backend.judge_calls
+    again = run(cfg, store)
+    assert again.written == 0 and all(s.skipped == 56 and s.total == 0 for s in again.candidates.values())
+    assert store.count_runs() == 168 and len(backend.log) == n_log and backend.judge_calls == n_judge
+    store.close()
+
+
+def test_failed_requests_are_recorded_then_retried(backend, any_url):
+    cfg = config(backend, tasks=["mmlu", "gsm8k"], cands=("small", "medium"))
+    store = open_store(any_url)
+    backend.fail_models = {"medium"}
+    try:
+        first = run(cfg, store)
+    finally:
+        backend.fail_models = set()
+    assert first.candidates["medium"].failed == 16 and first.candidates["small"].failed == 0
+    rows = {(r["candidate"], r["query_id"]): r for r in store.iter_runs()}
+    assert len(rows) == 32
+    failed = [r for r in rows.values() if r["candidate"] == "medium"]
+    assert all(r["status"] == "failure" and r["score"] is None for r in failed)
+    n = len(backend.log)
+    second = run(cfg, store)
+    retried = backend.log[n:]
+    assert {m for m, _, _ in retried} == {"medium"} and len(retried) == 16  # only the failed pairs
+    assert second.candidates["small"].skipped == 16 and second.candidates["medium"].done == 16
+    rows = list(store.iter_runs())
+    assert len(rows) == 32 and all(r["status"] == "success" for r in rows)
+    store.close()
+
+
+def test_meter_windows_split_concurrent_energy_without_double_counting(sqlite_url):
+    slow = Backend(ACC, judge_model="judge-model", ttft_s=0.15)
+    slow.start()
+    try:
+        cfg = config(slow, tasks=["mmlu", "gsm8k"], cands=("small", "large"),
+                     energy={"meter": "standin-constant-power", "options": {"power_w": 100.0}, "gpu": "stand-in GPU"})  # fmt: skip
+        store = open_store(sqlite_url)
+        t0 = time.monotonic()
+        summary = run(cfg, store)
+        wall = time.monotonic() - t0
+    finally:
+        slow.stop()
+    rows = list(store.iter_runs())
+    assert summary.complete and len(rows) == 32
+    assert all(r["energy_method"] == "power_sampling" and r["gpu"] == "stand-in GPU" for r in rows)
+    total_j = sum(r["energy_j"] for r in rows)
+    busy_j = 100.0 * sum(r["latency_s"] for r in rows)  # what per-request windows would sum to
+    assert total_j <= 100.0 * wall  # conservation: never more than the meter measured
+    assert total_j < 0.6 * busy_j  # 4 requests overlapped and the window energy was split, not double-counted
+    assert all(0 < r["avg_power_w"] <= 100.0 + 1e-6 for r in rows)
+    # one candidate at a time: the candidates' request windows do not overlap
+    by = {c: [r for r in rows if r["candidate"] == c] for c in ("small", "large")}
+    spans = sorted((min(r["created"] - r["latency_s"] for r in v), max(r["created"] for r in v)) for v in by.values())
+    assert spans[0][1] <= spans[1][0] + 0.05
+    store.close()
+
+
+def test_config_errors_are_one_line(backend, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        Tournament(config(backend, energy={"meter": "no-such-meter"}), open_store(f"sqlite:///{tmp_path / 'a.db'}"))
+    assert str(e.value).startswith("energy meter 'no-such-meter' is not registered (known:") and "\n" not in str(e.value)
+    bad = config(backend)
+    bad.candidates[0].energy_profile_key = None  # 'small' is not in the bundled profile
+    with pytest.raises(ConfigError, match=r"no entry for candidate 'small'.*energy_profile_key"):
+        Tournament(bad, open_store(f"sqlite:///{tmp_path / 'b.db'}"))
+    with pytest.raises(ConfigError, match="mt_bench needs a judge"):
+        build_jobs(config(backend, judge=None))
+    with pytest.raises(ConfigError, match=r"candidate model_name 'small' appears twice"):
+        config(backend, cands=("small", "small"))
+
+
+def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_path):
+    store = open_store(sqlite_url)
+    privacy = PrivacySettings(store_text=False, salt="pepper")
+    # the serving callback already wrote prod-1 (hashed text, no text) with its production run
+    texts = {"prod-1": "Explain why the sea is salty.", "prod-2": "Give me three tips for a job interview."}
+    store.write(candidates=[Candidate(name="small")],
+                queries=[make_query("prod-1", "chat", texts["prod-1"], store_text=False, salt="pepper", source="production")],
+                runs=[Run(query_id="prod-1", candidate="small", source="production", latency_s=1.0, status="success")])  # fmt: skip
+    queue = tmp_path / "shadow.jsonl"
+    lines = [{"query_id": q, "task": "chat", "text": t, "call_id": f"call-{q}", "created": 1.7e9} for q, t in texts.items()]
+    queue.write_text("\n".join(json.dumps(x) for x in [*lines, lines[0]]) + '\n{"query_id": "prod-3", "ta')
+    entries = read_queue(queue)
+    assert [e.query_id for e in entries] == ["prod-1", "prod-2"]  # duplicate dropped, half-written line left
+    cfg = config(backend)
+    n = len(backend.log)
+    summary = run(cfg, store, source="shadow", jobs=shadow_jobs(entries, store, privacy))
+    assert summary.complete
+    shadow = [r for r in store.iter_runs(sources=["shadow"])]
+    assert len(shadow) == 6 and len(backend.log) - n == 6
+    for r in shadow:
+        want = backend.correct(r["candidate"], texts[r["query_id"]], "open")
+        assert r["score"] == (1.0 if want else 0.0) and r["call_id"] == f"call-{r['query_id']}"
+        assert r["query_source"] == "production" and r["text"] is None  # privacy kept; production row untouched
+        assert r["text_hash"] == text_hash(texts[r["query_id"]], "pepper")
+    assert len(list(store.iter_runs(sources=["production"]))) == 1
+    again = run(cfg, store, source="shadow", jobs=shadow_jobs(read_queue(queue), store, privacy))
+    assert again.written == 0 and len(backend.log) - n == 6
+    store.close()
+
+
+class StandInVLLMEngine:
+    """STAND-IN for ``vllm.LLM`` (vLLM cannot run without a GPU): answers each rendered prompt from
+    the test backend's answer table, with whitespace tokens."""
+
+    def __init__(self, backend: Backend, model: str) -> None:
+        self.backend, self.model = backend, model
+        self.batches: list[int] = []
+        self.unloaded = False
+
+    def get_tokenizer(self):
+        class Tok:
+            @staticmethod
+            def apply_chat_template(messages, tokenize=False, add_generation_prompt=True):
+                return messages[-1]["content"]
+
+        return Tok()
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+
+        self.batches.append(len(prompts))
+        time.sleep(0.05)
+        outs = []
+        for p, sp in zip(prompts, params):
+            text = self.backend.answer(self.model, p)[0]
+            out = NS(text=text, token_ids=list(range(min(len(text.split()), sp["max_tokens"]))))
+            outs.append(NS(prompt_token_ids=list(range(len(p.split()))), outputs=[out], metrics=None))
+        return outs
+
+
+def test_vllm_offline_driver_batches_and_splits_energy_by_tokens(backend, sqlite_url):
+    cfg = config(backend, tasks=["mmlu", "gsm8k"], cands=("small", "large"), batch_size=5, prefill_token_weight=0.25,
+                 energy={"meter": "standin-constant-power"}, mode="vllm_offline", model_prefix="stand-in")  # fmt: skip
+    engines = {}
+
+    def factory(cand, _cfg):
+        engines[cand.model_name] = StandInVLLMEngine(backend, cand.model_name)
+        return engines[cand.model_name]
+
+    driver = OfflineDriver(factory, params_factory=lambda _cfg, n: {"max_tokens": n},
+                           unload_fn=lambda e: setattr(e, "unloaded", True))  # fmt: skip
+    store = open_store(sqlite_url)
+    t = Tournament(cfg, store)
+    summary = asyncio.run(t.run(build_jobs(cfg), driver=driver, sequential=True))
+    assert summary.complete
+    assert all(e.unloaded and e.batches == [5, 5, 5, 1] for e in engines.values())
+    rows = list(store.iter_runs())
+    assert len(rows) == 32 and all(r["energy_method"] == "power_sampling" for r in rows)
+    # within a batch, joules are proportional to 0.25 * prompt tokens + output tokens
+    first = [r for r in rows if r["candidate"] == "small" and r["task"] == "mmlu" and r["query_id"].split(":")[1] in "01234"]
+    ratios = [r["energy_j"] / (0.25 * r["prompt_tokens"] + r["completion_tokens"]) for r in first]
+    assert len(first) == 5 and max(ratios) == pytest.approx(min(ratios))
+    for r in rows:  # graded like any tournament row
+        assert r["score"] == (1.0 if backend.correct(r["candidate"], r["query_id"], r["task"]) else 0.0)
+    store.close()
+
+
+def test_example_config_parses(monkeypatch):
+    from litellm_energy_router.profiling.config import load_tournament_config
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-example")
+    cfg = load_tournament_config(Path(__file__).parents[1] / "config_examples" / "tournament.yaml")
+    assert [t.name for t in cfg.tasks] == SEVEN and cfg.judge.litellm_params["api_key"] == "sk-example"
+    assert cfg.concurrency_of(cfg.candidates[1]) == 16 and cfg.energy.meter == "estimate"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(ConfigError, match=r"judge.litellm_params.api_key.*OPENAI_API_KEY"):
+        load_tournament_config(Path(__file__).parents[1] / "config_examples" / "tournament.yaml")
