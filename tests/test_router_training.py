@@ -128,3 +128,23 @@ def test_train_cli_quick(tmp_path):
     assert "calibration Brier" in r.stdout and (tmp_path / "ck" / "manifest.json").exists()
     empty = _cli("train", "--db", f"sqlite:///{tmp_path / 'empty.db'}", "--out", str(tmp_path / "ck2"), "--quick")
     assert empty.returncode == 2 and "fully labelled queries" in empty.stderr
+
+
+def test_grpo_reward_is_a_table_lookup_and_stage_runs(tmp_path):
+    from litellm_energy_router.training.grpo import GRPOStageConfig, make_reward
+    from litellm_energy_router.training.pipeline import TrainConfig, train
+    from router_fixtures import planted_rows
+
+    reward = make_reward([101, 102, 103], e_ref=90.0)
+    got = reward(prompts=["p"] * 3, completions=["a"] * 3, completion_ids=[[101], [103], [7]],
+                 correct=[[1, 0, 1]] * 3, joules=[[10, 30, 90]] * 3, lam=[0.5, 0.5, 0.5])  # fmt: skip
+    assert got == pytest.approx([1 - 0.5 * 10 / 90, 1 - 0.5 * 90 / 90, -1.0])
+    store = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    c, q, runs = planted_rows(30)
+    store.write(q, runs, candidates=c)
+    cfg = TrainConfig.quick()
+    cfg.grpo = GRPOStageConfig(steps=4, num_generations=3, prompts_per_step=2)
+    ck = train(store, tmp_path / "ck", cfg, log=lambda s: None)
+    m = read_manifest(ck)
+    assert len(m.knob["grpo_lambda_buckets"]) == 8 and m.knob["grpo_lambda_buckets"][0] == 0.0
+    assert RouterModel(ck).score(["Give a proof about x"]).shape == (1, 3)

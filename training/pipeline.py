@@ -20,6 +20,7 @@ from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone
 from .calibrate import fit_calibration
+from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
 from .matrix import Matrix, fit_energy_estimate, load_matrix
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
 
@@ -35,6 +36,8 @@ class TrainConfig:
     Attributes:
         backbone: which backbone to build (``tiny``, ``minilm``, ``hf:<id>``) and its size.
         sft: SFT stage hyper-parameters.
+        grpo: GRPO stage (λ-conditioned choice policy) after SFT, or ``None`` to skip it. Off by default:
+            it has not been shown to improve the held-out curve over SFT + calibration (see README).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the calibration.
         candidates: candidate names in slot order (default: all in the table, cheapest first).
@@ -44,6 +47,7 @@ class TrainConfig:
 
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
+    grpo: GRPOStageConfig | None = None
     max_len: int = 128
     calib_fraction: float = 0.2
     candidates: list[str] | None = None
@@ -80,15 +84,26 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     log(f"SFT: {len(fit)} queries x {k} candidates, backbone {cfg.backbone.name}, "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")  # fmt: skip
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
-    model.eval()
     t_sft = time.time() - t0
+    e_ref = float(m.E.mean(axis=0).max())
+    buckets = None
+    if cfg.grpo is not None:
+        model.eval()
+        z0 = compute_slot_logits(model, layout, cal.texts, cal.tasks)
+        est0 = fit_energy_estimate(m)
+        lam_max = float(lambda_grid(1 / (1 + np.exp(-z0)), est0.estimate(m.candidates, cal.prompt_tokens, cal.tasks), e_ref, 2)[-1])
+        buckets = lambda_buckets(lam_max)
+        log(f"GRPO: {cfg.grpo.steps} steps, lambda buckets up to {lam_max:.3g}")
+        model.train()
+        model = run_grpo(model, tok, layout, build_grpo_dataset(layout, fit.texts, fit.tasks, fit.Y, fit.E, buckets, cfg.seed),
+                         e_ref, cfg.grpo, str(out / "_grpo"))  # fmt: skip
+    model.eval()
     z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks)
     z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal))
     calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks)
     est = fit_energy_estimate(m)
     E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)
-    e_ref = float(m.E.mean(axis=0).max())
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
@@ -99,7 +114,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
                   "params": int(sum(p.numel() for p in model.parameters()))},
         max_len=cfg.max_len,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]), "e_ref_j": e_ref,
-              "target_min": 0.0, "target_max": 1.0},
+              "target_min": 0.0, "target_max": 1.0,
+              "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets]},
         energy=est, calibration=calibration,
         watermark={"max_run_id": m.max_run_id, "queries": len(m), "sources": list(cfg.sources)},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),

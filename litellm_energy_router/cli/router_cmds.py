@@ -25,6 +25,7 @@ def train_cmd(
     quick: bool = typer.Option(False, "--quick", help="seconds-long run for tests and smoke checks"),
     epochs: Optional[float] = typer.Option(None, "--epochs", help="SFT epochs (default from TrainConfig)"),
     candidates: Optional[str] = typer.Option(None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"),
+    grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
 ) -> None:
     """Train the LM router from the table (TRL SFT + calibration) and write a checkpoint."""
     from ..training.backbones import BackboneSpec
@@ -35,6 +36,10 @@ def train_cmd(
         cfg.backbone = BackboneSpec(name=backbone)
     if epochs is not None:
         cfg.sft.epochs = epochs
+    if grpo_steps > 0:
+        from ..training.grpo import GRPOStageConfig
+
+        cfg.grpo = GRPOStageConfig(steps=grpo_steps)
     if candidates:
         cfg.candidates = [c.strip() for c in candidates.split(",") if c.strip()]
     t0 = time.time()
