@@ -85,12 +85,55 @@ class RouterSettings(_Section):
 
 
 class EnergySettings(_Section):
-    """How joules are obtained."""
+    """How joules are obtained.
+
+    ``nvml`` and ``simulated`` meters are sampled in-process (the proxy runs on the GPU host); ``agent``
+    asks the GPU-node agent (``energy-router agent``) over HTTP; ``estimate`` uses the profile. Per-request
+    attribution weights: ``prefill_weight`` per prompt token and ``decode_weight`` per output token.
+    """
 
     meter: Literal["estimate", "nvml", "agent", "simulated"] = "estimate"
     profile: Path | None = Field(None, description="energy profile YAML; None = the bundled ML.ENERGY H100 profile")
-    agent_url: str | None = None
-    agent_token: str | None = None
+    agent_url: str | None = Field(None, description="GPU-node agent base URL, e.g. http://gpu-node:9400")
+    agent_token: str | None = Field(None, description="bearer token of the agent (client and server side)")
+    agent_timeout_s: float = Field(2.0, gt=0, description="HTTP timeout of one agent call, seconds")
+    gpus: list[int] | None = Field(None, description="GPU indices metered (nvml); None = all")
+    sample_hz: float = Field(10.0, ge=1, le=100, description="meter sampling rate for attribution, Hz")
+    prefill_weight: float = Field(0.125, ge=0, description="attribution weight of one prompt token (decode token = decode_weight)")
+    decode_weight: float = Field(1.0, gt=0, description="attribution weight of one output token")
+    idle_power_w: float | Literal["auto"] = Field(
+        0.0, description="static power line, W, charged to idle while requests run; 'auto' = lowest 1 s power seen"
+    )
+    history_s: float = Field(600.0, gt=0, description="seconds of meter intervals/requests kept for attribution")
+    settle_timeout_s: float = Field(30.0, gt=0, description="max seconds a row waits for its energy to settle")
+    fallback_to_estimate: bool = Field(True, description="use the profile estimate when a measured meter has no answer")
+
+    @field_validator("idle_power_w")
+    @classmethod
+    def _nonneg_power(cls, v: float | str) -> float | str:
+        if isinstance(v, (int, float)) and v < 0:
+            raise ValueError("must be >= 0 or 'auto'")
+        return v
+
+
+class WriterSettings(_Section):
+    """The callback's non-blocking table writer: bounded queue -> batched inserts; a local spool when
+    the table is unreachable, replayed exactly once when it returns."""
+
+    queue_size: int = Field(10_000, ge=1, description="rows held in memory before spilling to the spool")
+    batch_size: int = Field(500, ge=1, description="rows per table transaction")
+    flush_interval_s: float = Field(0.5, gt=0, description="max seconds a row waits before a batch is written")
+    spool_dir: Path = Field(Path("energy_router_spool"), description="directory of the append-only spool files")
+    retry_max_s: float = Field(5.0, gt=0, description="max backoff between reconnection attempts, seconds")
+    task: str = Field("production", min_length=1, max_length=64, description="task name of production queries")
+
+
+class FeedbackSettings(_Section):
+    """Quality labels for production rows, keyed by LiteLLM call id."""
+
+    token: str | None = Field(None, description="bearer token the feedback endpoint requires (use os.environ/...)")
+    host: str = "127.0.0.1"
+    port: int = Field(9401, ge=1, le=65535)
 
 
 class PrivacySettings(_Section):
@@ -120,6 +163,8 @@ class Settings(_Section):
     energy: EnergySettings = Field(default_factory=EnergySettings)
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
     shadow: ShadowSettings = Field(default_factory=ShadowSettings)
+    writer: WriterSettings = Field(default_factory=WriterSettings)
+    feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
 
 
 KnobSettings.model_rebuild()

@@ -9,6 +9,14 @@ A meter reports **cumulative** GPU energy. Energy over a window is the differenc
 Implementations register themselves with :func:`register_meter` under a short name (``nvml``,
 ``estimate``, ``agent``, ``simulated``...) and say in ``method`` how the joules were obtained — the
 value written to the table's ``energy_method`` column.
+
+**Per request.** Under continuous batching a request's energy is not the counter delta over its own
+window (other requests run at the same time). The callback therefore asks one
+:class:`RequestEnergyMeter` for ``energy_for_request(usage)``, whatever the meter behind it: the
+``estimate`` and ``agent`` meters answer directly, counter meters (``nvml``, ``simulated``) are wrapped
+in :class:`~.request_meter.AttributedMeter`, which splits each sampled interval's joules across the
+requests in flight by tokens processed (:mod:`.attribution`). Build it with
+:func:`~.request_meter.open_request_meter`.
 """
 
 from __future__ import annotations
@@ -78,3 +86,84 @@ def make_meter(name: str, **kwargs: Any) -> EnergyMeter:
 
 def registered_meters() -> list[str]:
     return sorted(_REGISTRY)
+
+
+class MeterError(RuntimeError):
+    """A meter cannot work here (no driver, agent unreachable...). One line naming the cause and the
+    fallback to configure."""
+
+
+@dataclass(frozen=True)
+class RequestUsage:
+    """What the proxy knows about one finished request.
+
+    Attributes:
+        request_id: id the GPU node knows the request by (LiteLLM call id, or the backend response id —
+            vLLM's response id is ``chatcmpl-<X-Request-Id>``).
+        candidate: candidate (table name) that served it.
+        start_s: request start, Unix seconds.
+        end_s: request end, Unix seconds.
+        first_token_s: time of the first output token, Unix seconds; ``None`` when unknown
+            (non-streaming calls).
+        prompt_tokens: prompt tokens (prefill).
+        completion_tokens: output tokens (decode).
+        backend_id: the backend's own response id, when different from ``request_id``.
+    """
+
+    request_id: str
+    candidate: str
+    start_s: float
+    end_s: float
+    first_token_s: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    backend_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestEnergy:
+    """Energy attributed to one request.
+
+    Attributes:
+        energy_j: joules (J) attributed to the request; ``None`` = no energy can be given (e.g. the
+            profile has no entry for the candidate) — final, unlike a ``None`` answer, which means
+            "ask again later".
+        method: how they were obtained (the table's ``energy_method``).
+        avg_power_w: ``energy_j`` over the request's duration, watts (W).
+        gpu: GPU model name(s), when known.
+        settled: ``False`` for a provisional value (gave up waiting for overlapping requests).
+    """
+
+    energy_j: float | None
+    method: EnergyMethod | None
+    avg_power_w: float | None = None
+    gpu: str | None = None
+    settled: bool = True
+
+    @classmethod
+    def unavailable(cls) -> "RequestEnergy":
+        return cls(energy_j=None, method=None)
+
+
+@runtime_checkable
+class RequestEnergyMeter(Protocol):
+    """The per-request energy API the callback uses, whatever the meter.
+
+    ``request_started`` is called on the serving hot path (must be cheap, never block);
+    ``energy_for_request`` is called from the writer thread (may block briefly, e.g. an HTTP call) and
+    returns ``None`` while the answer is not known yet (the writer asks again later).
+    """
+
+    name: str
+    method: EnergyMethod
+
+    def request_started(self, request_id: str, t_s: float) -> None:
+        """A request started at ``t_s`` (Unix s)."""
+        ...
+
+    def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
+        """Joules of one finished request; ``None`` = ask again later. ``final=True``: give the best
+        answer now (possibly ``settled=False``) or ``None`` when there is none."""
+        ...
+
+    def close(self) -> None: ...

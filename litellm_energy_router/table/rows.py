@@ -13,7 +13,7 @@ from typing import Any, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-EnergyMethod = Literal["nvml_counter", "power_sampling", "estimate", "agent"]
+EnergyMethod = Literal["nvml_counter", "power_sampling", "estimate", "agent", "simulated"]
 Source = Literal["tournament", "production", "shadow", "import"]
 ENERGY_METHODS: tuple[str, ...] = EnergyMethod.__args__  # type: ignore[attr-defined]
 SOURCES: tuple[str, ...] = Source.__args__  # type: ignore[attr-defined]

@@ -1,0 +1,375 @@
+"""Per-request energy under continuous batching: split each metered interval across the requests in
+flight, by tokens processed in it.
+
+Model (units: seconds, joules, watts, tokens):
+
+* A cumulative meter is sampled at ~10 Hz; consecutive samples close an **interval** ``k`` of length
+  ``dt_k`` (s) with energy ``E_k`` (J).
+* Each request is a set of **segments** ``(a, b, w)``: ``w`` weighted tokens processed uniformly over
+  ``[a, b]``, with ``w = prefill_weight * prompt_tokens + decode_weight * output_tokens``. Segments
+  come from live progress (``add_progress``: cumulative token counts at a time) or, for a finished
+  request, from its timings (``add_request``: prefill over ``[start, first_token]``, decode over
+  ``[first_token, end]``).
+* ``W_k`` is the weighted tokens processed in interval ``k``: the sum over known requests, or the
+  engine's aggregate token counters when sampled with the meter (vLLM ``/metrics``; never less than
+  what the known requests claim).
+* **Idle** ``I_k = E_k`` when ``W_k = 0``, else ``min(E_k, P_idle * dt_k)`` (the static-power line;
+  ``P_idle`` configured in W, ``"auto"`` = the lowest trailing-1 s power seen in the history).
+* A request's energy is ``sum_k w_rk * (E_k - I_k) / W_k`` over its intervals.
+
+Conservation: with ``W_k`` from the known requests, ``sum_r energy_r + sum_k I_k = sum_k E_k``
+exactly. With aggregate counters, energy of tokens no known request claims is reported as
+``unattributed`` (``requests + idle + unattributed = meter``).
+
+**Settlement.** A request's share depends on every request overlapping it. Its energy is final
+(``settled``) once the meter has been sampled past its end and — unless aggregate counters are
+available — every request that started before its end is known up to that end. ``final=True``
+answers with what is known.
+
+Memory is bounded: intervals and requests older than ``history_s`` are dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+_EPS = 1e-9
+
+
+@dataclass
+class _Interval:
+    t0: float
+    t1: float
+    energy_j: float
+    agg_w: float | None = None  # aggregate weighted tokens from engine counters
+    curve_w: float = 0.0  # sum of known requests' weighted tokens
+
+
+@dataclass
+class _Request:
+    start: float
+    known_until: float
+    finished: bool = False
+    end: float | None = None
+    prefill: float = 0.0  # cumulative tokens at known_until
+    decode: float = 0.0
+    segments: list[tuple[float, float, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Energy attributed to one request: joules (J), its span (Unix s), settled or provisional."""
+
+    request_id: str
+    energy_j: float
+    start_s: float
+    end_s: float
+    settled: bool
+
+    @property
+    def avg_power_w(self) -> float | None:
+        d = self.end_s - self.start_s
+        return self.energy_j / d if d > 0 else None
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Energy lines over a window, joules: ``requests + idle + unattributed == meter``."""
+
+    meter_j: float
+    requests_j: float
+    idle_j: float
+    unattributed_j: float
+    t0: float | None
+    t1: float | None
+
+
+class Attributor:
+    """Thread-safe attribution core shared by the GPU-node agent and in-process counter meters.
+
+    Args:
+        prefill_weight: weight of one prompt (prefill) token relative to ``decode_weight``.
+        decode_weight: weight of one output (decode) token.
+        idle_power_w: static power line, W; ``"auto"`` estimates it as the lowest trailing power over
+            ``floor_window_s`` seen in the history.
+        history_s: seconds of intervals and requests kept.
+        floor_window_s: window of the ``"auto"`` idle estimate, s (≥ the meter's update period).
+    """
+
+    def __init__(
+        self,
+        *,
+        prefill_weight: float = 0.125,
+        decode_weight: float = 1.0,
+        idle_power_w: float | Literal["auto"] = 0.0,
+        history_s: float = 600.0,
+        floor_window_s: float = 1.0,
+    ) -> None:
+        if prefill_weight < 0 or decode_weight <= 0:
+            raise ValueError("prefill_weight must be >= 0 and decode_weight > 0")
+        self.wp = float(prefill_weight)
+        self.wd = float(decode_weight)
+        self.idle_power_w = idle_power_w
+        self.history_s = float(history_s)
+        self.floor_window_s = float(floor_window_s)
+        self._lock = threading.Lock()
+        self._ivs: list[_Interval] = []
+        self._t1s: list[float] = []
+        self._last: tuple[float, float, float | None] | None = None  # (t, cumulative J, aggregate W)
+        self._reqs: dict[str, _Request] = {}
+        self._pending: list[tuple[float, float, float]] = []  # segments reaching past the last sample
+        self._started: deque[tuple[str, float]] = deque()  # lock-free inbox for request_started
+        self._trail: deque[float] = deque()
+        self._floor: float | None = None
+        self.dropped_intervals = 0
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def add_sample(
+        self, t: float, cumulative_j: float, prefill_total: float | None = None, decode_total: float | None = None
+    ) -> None:
+        """A meter reading at ``t`` (Unix s): cumulative J; optionally the engine's cumulative token
+        counters (prompt, generation) sampled at the same time."""
+        agg = None
+        if prefill_total is not None and decode_total is not None:
+            agg = self.wp * float(prefill_total) + self.wd * float(decode_total)
+        with self._lock:
+            if self._last is None:
+                self._last = (t, cumulative_j, agg)
+                return
+            t_prev, e_prev, agg_prev = self._last
+            if t <= t_prev:
+                return
+            de = cumulative_j - e_prev
+            if de < 0:  # counter reset (driver reload): restart from this reading
+                de = 0.0
+            w = None
+            if agg is not None and agg_prev is not None:
+                w = max(agg - agg_prev, 0.0)
+            iv = _Interval(t_prev, t, de, w)
+            self._ivs.append(iv)
+            self._t1s.append(t)
+            self._last = (t, cumulative_j, agg)
+            still = []
+            for seg in self._pending:
+                iv.curve_w += _overlap_w(seg, iv.t0, iv.t1)
+                if seg[1] > t:
+                    still.append(seg)
+            self._pending = still
+            self._update_floor()
+            self._prune(t)
+
+    def request_started(self, request_id: str, t: float) -> None:
+        """A request started at ``t`` (Unix s). Lock-free: safe on a serving hot path."""
+        self._started.append((request_id, t))
+
+    def add_progress(self, request_id: str, t: float, prompt_done: float, output_done: float, finished: bool = False) -> None:
+        """Live progress: cumulative prompt tokens prefilled and output tokens decoded by ``t``."""
+        with self._lock:
+            self._drain_started()
+            r = self._reqs.get(request_id)
+            if r is None:
+                r = self._reqs[request_id] = _Request(start=t, known_until=t)
+            if t >= r.known_until and not r.finished:
+                dp = max(prompt_done - r.prefill, 0.0)
+                dd = max(output_done - r.decode, 0.0)
+                self._add_segment(r, r.known_until, t, self.wp * dp + self.wd * dd)
+                r.prefill, r.decode = max(prompt_done, r.prefill), max(output_done, r.decode)
+                r.known_until = t
+            if finished:
+                r.finished, r.end = True, r.known_until
+
+    def add_request(
+        self,
+        request_id: str,
+        start: float,
+        end: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+        first_token: float | None = None,
+        prefill_fraction: float = 0.1,
+    ) -> bool:
+        """A finished request from its timings (Unix s). Prefill is spread over ``[start,
+        first_token]``; without a usable first-token time, over the first ``prefill_fraction`` of
+        the request. Returns ``False`` if the request was already known as finished."""
+        end = max(end, start)
+        if first_token is None or not (start <= first_token < end):
+            first_token = start + prefill_fraction * (end - start)
+        with self._lock:
+            self._drain_started()
+            r = self._reqs.get(request_id)
+            if r is not None and (r.finished or r.segments):
+                if not r.finished:
+                    r.finished, r.end = True, max(r.known_until, end)
+                    r.known_until = r.end
+                return False
+            r = self._reqs[request_id] = _Request(start=start, known_until=end, finished=True, end=end)
+            r.prefill, r.decode = float(prompt_tokens), float(completion_tokens)
+            self._add_segment(r, start, first_token, self.wp * prompt_tokens)
+            self._add_segment(r, first_token, end, self.wd * completion_tokens)
+            return True
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def knows(self, request_id: str) -> bool:
+        with self._lock:
+            self._drain_started()
+            r = self._reqs.get(request_id)
+            return r is not None and (r.finished or bool(r.segments))
+
+    def energy(self, request_id: str, *, final: bool = False) -> Attribution | None:
+        """Energy of a request; ``None`` when unknown, or not settled yet and not ``final``."""
+        with self._lock:
+            self._drain_started()
+            r = self._reqs.get(request_id)
+            if r is None or (not r.segments and not r.finished):
+                return None
+            end = r.end if r.end is not None else r.known_until
+            settled = self._settled(request_id, r, end)
+            if not settled and not final:
+                return None
+            floor = self._floor_w()
+            total = 0.0
+            for seg in r.segments:
+                for k in self._span(seg[0], seg[1]):
+                    iv = self._ivs[k]
+                    wk = _overlap_w(seg, iv.t0, iv.t1)
+                    if wk <= 0:
+                        continue
+                    W = _denominator(iv)
+                    if W <= _EPS:
+                        continue
+                    dyn = iv.energy_j - _idle(iv, W, floor)
+                    total += min(wk / W, 1.0) * dyn
+            return Attribution(request_id, total, r.start, end, settled)
+
+    def totals(self, t0: float | None = None, t1: float | None = None) -> Totals:
+        """Energy lines (J) over the closed intervals inside ``[t0, t1]`` (default: all history)."""
+        with self._lock:
+            floor = self._floor_w()
+            m = req = idle = un = 0.0
+            first = last = None
+            for iv in self._ivs:
+                if (t0 is not None and iv.t0 < t0 - _EPS) or (t1 is not None and iv.t1 > t1 + _EPS):
+                    continue
+                first = iv.t0 if first is None else first
+                last = iv.t1
+                W = _denominator(iv)
+                i = _idle(iv, W, floor)
+                dyn = iv.energy_j - i
+                known = dyn * min(iv.curve_w / W, 1.0) if W > _EPS else 0.0
+                m += iv.energy_j
+                idle += i
+                req += known
+                un += dyn - known
+            return Totals(m, req, idle, un, first, last)
+
+    def idle_power_floor_w(self) -> float:
+        with self._lock:
+            return self._floor_w()
+
+    def in_flight(self) -> int:
+        with self._lock:
+            self._drain_started()
+            return sum(1 for r in self._reqs.values() if not r.finished)
+
+    def last_sample_t(self) -> float | None:
+        with self._lock:
+            return self._last[0] if self._last else None
+
+    # -- internals (lock held) --------------------------------------------------------------------
+    def _drain_started(self) -> None:
+        while self._started:
+            rid, t = self._started.popleft()
+            if rid not in self._reqs:
+                self._reqs[rid] = _Request(start=t, known_until=t)
+
+    def _add_segment(self, r: _Request, a: float, b: float, w: float) -> None:
+        if w <= 0:
+            return
+        seg = (a, max(a, b), w)
+        r.segments.append(seg)
+        for k in self._span(seg[0], seg[1]):
+            iv = self._ivs[k]
+            iv.curve_w += _overlap_w(seg, iv.t0, iv.t1)
+        if self._last is None or seg[1] > self._last[0]:
+            self._pending.append(seg)
+
+    def _span(self, a: float, b: float) -> range:
+        """Indices of the closed intervals ``(t0, t1]`` a segment ``[a, b]`` touches (contiguous)."""
+        n = len(self._ivs)
+        if b - a <= _EPS:
+            k = bisect.bisect_left(self._t1s, a)
+            return range(k, k + 1) if k < n and self._ivs[k].t0 < a else range(0)
+        return range(bisect.bisect_right(self._t1s, a), min(bisect.bisect_left(self._t1s, b) + 1, n))
+
+    def _settled(self, rid: str, r: _Request, end: float) -> bool:
+        if self._last is None or self._last[0] < end:
+            return False
+        if not r.finished and r.known_until < end:
+            return False
+        lo = bisect.bisect_left(self._t1s, r.start)
+        hi = bisect.bisect_left(self._t1s, end)
+        span = self._ivs[lo : hi + 1]
+        if span and all(iv.agg_w is not None for iv in span):
+            return True  # aggregate counters: other requests do not matter
+        for oid, o in self._reqs.items():
+            if oid != rid and not o.finished and o.start < end and o.known_until < end:
+                return False
+        return True
+
+    def _floor_w(self) -> float:
+        if self.idle_power_w == "auto":
+            return self._floor or 0.0
+        return float(self.idle_power_w)
+
+    def _update_floor(self) -> None:
+        if self.idle_power_w != "auto":
+            return
+        # trailing power over >= floor_window_s ending at the newest interval
+        e = 0.0
+        t_end = self._ivs[-1].t1
+        for iv in reversed(self._ivs):
+            e += iv.energy_j
+            if t_end - iv.t0 >= self.floor_window_s - _EPS:
+                p = e / (t_end - iv.t0)
+                self._trail.append(p)
+                break
+        n_keep = max(1, len(self._ivs))
+        while len(self._trail) > n_keep:
+            self._trail.popleft()
+        self._floor = min(self._trail) if self._trail else None
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.history_s
+        n = bisect.bisect_right(self._t1s, horizon)
+        if n > max(64, len(self._ivs) // 10):
+            del self._ivs[:n]
+            del self._t1s[:n]
+            self.dropped_intervals += n
+            for rid in [rid for rid, r in self._reqs.items() if (r.end if r.finished else r.known_until) < horizon]:
+                del self._reqs[rid]
+
+
+def _overlap_w(seg: tuple[float, float, float], t0: float, t1: float) -> float:
+    """Weighted tokens of a uniform segment falling in ``(t0, t1]`` (an instant segment counts in the
+    interval that contains it)."""
+    a, b, w = seg
+    if b - a <= _EPS:
+        return w if t0 < a <= t1 else 0.0
+    ov = min(b, t1) - max(a, t0)
+    return w * ov / (b - a) if ov > 0 else 0.0
+
+
+def _denominator(iv: _Interval) -> float:
+    """Weighted tokens the interval's dynamic energy is divided by: the engine's aggregate when
+    known (never less than what known requests claim, so shares never exceed the interval)."""
+    return iv.curve_w if iv.agg_w is None else max(iv.agg_w, iv.curve_w)
+
+
+def _idle(iv: _Interval, W: float, floor_w: float) -> float:
+    if W <= _EPS:
+        return iv.energy_j
+    return min(iv.energy_j, floor_w * (iv.t1 - iv.t0))

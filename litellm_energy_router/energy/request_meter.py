@@ -1,0 +1,134 @@
+"""One object per process answers "how many joules did this request cost?", whatever the meter.
+
+:func:`open_request_meter` builds it from :class:`~litellm_energy_router.settings.EnergySettings`:
+
+* ``estimate`` -> :class:`~.estimate.EstimateMeter` (tokens x profile);
+* ``agent`` -> :class:`~.agent_client.AgentMeter` (asks the GPU-node agent);
+* ``nvml`` / ``simulated`` -> :class:`AttributedMeter`: the counter is sampled in a thread at
+  ``sample_hz`` and each interval is split across the requests in flight (:mod:`.attribution`).
+
+Measured meters fall back to the estimate (``energy_method = "estimate"``) when they have no answer
+(``fallback_to_estimate``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from .attribution import Attributor
+from .estimate import EstimateMeter
+from .meter import EnergyMeter, RequestEnergy, RequestEnergyMeter, RequestUsage, make_meter
+
+log = logging.getLogger("litellm_energy_router.energy")
+
+
+class AttributedMeter:
+    """A cumulative counter meter turned into a per-request meter by token-weighted attribution.
+
+    Args:
+        meter: any :class:`EnergyMeter` (``nvml``, ``simulated``...).
+        attributor: the attribution core (weights, idle line, history).
+        sample_hz: sampling rate, Hz; ``0`` = no thread (call :meth:`sample` yourself).
+        clock: Unix-seconds clock matching the request timestamps (``time.time``).
+    """
+
+    def __init__(
+        self, meter: EnergyMeter, attributor: Attributor, *, sample_hz: float = 10.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.meter = meter
+        self.attributor = attributor
+        self.name = meter.name
+        self.method = meter.method
+        self.gpu = getattr(meter, "gpu", None) or getattr(meter, "gpu_name", None)
+        self._clock = clock
+        self._stop = threading.Event()
+        self.sample()
+        self._thread = None
+        if sample_hz > 0:
+            self._thread = threading.Thread(target=self._run, args=(1.0 / sample_hz,), name=f"{self.name}-sampler", daemon=True)
+            self._thread.start()
+
+    def sample(self) -> None:
+        """Read the meter once and close an interval."""
+        r = self.meter.read()
+        self.attributor.add_sample(self._clock(), r.total_j)
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001 - keep sampling through transient driver errors
+                log.warning("energy meter %s: read failed: %s", self.name, e)
+
+    def request_started(self, request_id: str, t_s: float) -> None:
+        self.attributor.request_started(request_id, t_s)
+
+    def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
+        self.attributor.add_request(
+            usage.request_id, usage.start_s, usage.end_s, usage.prompt_tokens, usage.completion_tokens, usage.first_token_s
+        )
+        a = self.attributor.energy(usage.request_id, final=final)
+        if a is None:
+            return RequestEnergy.unavailable() if final else None
+        return RequestEnergy(a.energy_j, self.method, a.avg_power_w, self.gpu, a.settled)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self.meter.close()
+
+
+class FallbackMeter:
+    """``primary``, or the profile estimate when the primary has no energy for a request."""
+
+    def __init__(self, primary: RequestEnergyMeter, fallback: EstimateMeter) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.name = primary.name
+        self.method = primary.method
+
+    def request_started(self, request_id: str, t_s: float) -> None:
+        self.primary.request_started(request_id, t_s)
+
+    def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
+        e = self.primary.energy_for_request(usage, final=final)
+        if e is not None and e.energy_j is None:
+            return self.fallback.energy_for_request(usage, final=True)
+        return e
+
+    def close(self) -> None:
+        self.primary.close()
+        self.fallback.close()
+
+
+def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, **meter_kwargs: Any) -> RequestEnergyMeter:
+    """Build the per-request meter described by ``energy`` (an ``EnergySettings``).
+
+    ``meter_kwargs`` go to the meter's constructor (e.g. ``power_w`` for ``simulated``).
+    Raises :class:`~.meter.MeterError` when the meter cannot work here (e.g. no NVIDIA driver).
+    """
+    estimate = EstimateMeter(energy.profile)
+    if energy.meter == "estimate":
+        return estimate
+    if energy.meter == "agent":
+        from .agent_client import AgentMeter
+
+        primary: RequestEnergyMeter = AgentMeter(
+            energy.agent_url, token=energy.agent_token, timeout_s=energy.agent_timeout_s, **meter_kwargs
+        )
+    else:
+        if energy.meter == "nvml" and energy.gpus is not None:
+            meter_kwargs.setdefault("gpus", energy.gpus)
+        if energy.meter == "simulated":
+            meter_kwargs.setdefault("clock", clock)
+        counter = make_meter(energy.meter, **meter_kwargs)
+        attributor = Attributor(
+            prefill_weight=energy.prefill_weight, decode_weight=energy.decode_weight,
+            idle_power_w=energy.idle_power_w, history_s=energy.history_s,
+        )  # fmt: skip
+        primary = AttributedMeter(counter, attributor, sample_hz=energy.sample_hz, clock=clock)
+    return FallbackMeter(primary, estimate) if energy.fallback_to_estimate else primary
