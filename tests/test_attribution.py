@@ -173,6 +173,8 @@ def test_settlement_waits_for_overlapping_requests():
     prov = att.energy("a", final=True)
     assert prov is not None and not prov.settled
     att.add_request("b", 0.10, 0.35, 0, 10)
+    assert att.energy("b") is None  # the interval holding b's end is the newest one: wait a sample
+    att.add_sample(0.6, 100.0)
     a, b = att.energy("a"), att.energy("b")
     assert a.settled and b.settled
     assert a.energy_j + b.energy_j == pytest.approx(100.0)
@@ -183,6 +185,7 @@ def test_unknown_and_zero_token_requests():
     att.add_sample(0.0, 0.0)
     att.add_sample(1.0, 10.0)
     assert att.energy("nope") is None
+    att.add_sample(2.0, 10.0)
     att.add_request("z", 0.1, 0.5, 0, 0)
     z = att.energy("z")
     assert z is not None and z.energy_j == 0.0

@@ -21,10 +21,10 @@ Conservation: with ``W_k`` from the known requests, ``sum_r energy_r + sum_k I_k
 exactly. With aggregate counters, energy of tokens no known request claims is reported as
 ``unattributed`` (``requests + idle + unattributed = meter``).
 
-**Settlement.** A request's share depends on every request overlapping it. Its energy is final
-(``settled``) once the meter has been sampled past its end and — unless aggregate counters are
-available — every request that started before its end is known up to that end. ``final=True``
-answers with what is known.
+**Settlement.** A request's share depends on every request sharing its intervals. Its energy is
+final (``settled``) once the interval holding its end and the next one are closed and — unless
+aggregate counters are available — every request that started before that interval's end is known
+up to it. ``final=True`` answers with what is known.
 
 Memory is bounded: intervals and requests older than ``history_s`` are dropped.
 """
@@ -121,6 +121,7 @@ class Attributor:
         self._t1s: list[float] = []
         self._last: tuple[float, float, float | None] | None = None  # (t, cumulative J, aggregate W)
         self._reqs: dict[str, _Request] = {}
+        self._open: dict[str, _Request] = {}  # started, not finished
         self._pending: list[tuple[float, float, float]] = []  # segments reaching past the last sample
         self._started: deque[tuple[str, float]] = deque()  # lock-free inbox for request_started
         self._trail: deque[float] = deque()
@@ -172,7 +173,7 @@ class Attributor:
             self._drain_started()
             r = self._reqs.get(request_id)
             if r is None:
-                r = self._reqs[request_id] = _Request(start=t, known_until=t)
+                r = self._reqs[request_id] = self._open[request_id] = _Request(start=t, known_until=t)
             if t >= r.known_until and not r.finished:
                 dp = max(prompt_done - r.prefill, 0.0)
                 dd = max(output_done - r.decode, 0.0)
@@ -181,6 +182,7 @@ class Attributor:
                 r.known_until = t
             if finished:
                 r.finished, r.end = True, r.known_until
+                self._open.pop(request_id, None)
 
     def add_request(
         self,
@@ -194,7 +196,9 @@ class Attributor:
     ) -> bool:
         """A finished request from its timings (Unix s). Prefill is spread over ``[start,
         first_token]``; without a usable first-token time, over the first ``prefill_fraction`` of
-        the request. Returns ``False`` if the request was already known as finished."""
+        the request. When :meth:`request_started` saw the request later than ``start`` (the backend
+        call began after the proxy's own processing), the span starts there. Returns ``False`` if
+        the request was already known as finished."""
         end = max(end, start)
         if first_token is None or not (start <= first_token < end):
             first_token = start + prefill_fraction * (end - start)
@@ -205,7 +209,15 @@ class Attributor:
                 if not r.finished:
                     r.finished, r.end = True, max(r.known_until, end)
                     r.known_until = r.end
+                    self._open.pop(request_id, None)
                 return False
+            o = self._open.pop(request_id, None)
+            if o is not None and start < o.start <= end:
+                # started (request_started) later than the caller's start: the backend call began then.
+                # Using that time keeps settlement consistent: no request can later claim tokens in a
+                # span that was already settled.
+                start = o.start
+                first_token = max(first_token, start)
             r = self._reqs[request_id] = _Request(start=start, known_until=end, finished=True, end=end)
             r.prefill, r.decode = float(prompt_tokens), float(completion_tokens)
             self._add_segment(r, start, first_token, self.wp * prompt_tokens)
@@ -226,6 +238,8 @@ class Attributor:
             r = self._reqs.get(request_id)
             if r is None or (not r.segments and not r.finished):
                 return None
+            if not self._ivs or (r.end if r.end is not None else r.known_until) <= self._ivs[0].t0:
+                return None  # entirely before the kept history
             end = r.end if r.end is not None else r.known_until
             settled = self._settled(request_id, r, end)
             if not settled and not final:
@@ -266,6 +280,12 @@ class Attributor:
                 un += dyn - known
             return Totals(m, req, idle, un, first, last)
 
+    def covers(self, t: float) -> bool:
+        """True when the kept history starts before ``t`` (Unix s)."""
+        with self._lock:
+            first = self._ivs[0].t0 if self._ivs else (self._last[0] if self._last else None)
+            return first is not None and first < t
+
     def idle_power_floor_w(self) -> float:
         with self._lock:
             return self._floor_w()
@@ -273,7 +293,7 @@ class Attributor:
     def in_flight(self) -> int:
         with self._lock:
             self._drain_started()
-            return sum(1 for r in self._reqs.values() if not r.finished)
+            return len(self._open)
 
     def last_sample_t(self) -> float | None:
         with self._lock:
@@ -284,7 +304,7 @@ class Attributor:
         while self._started:
             rid, t = self._started.popleft()
             if rid not in self._reqs:
-                self._reqs[rid] = _Request(start=t, known_until=t)
+                self._reqs[rid] = self._open[rid] = _Request(start=t, known_until=t)
 
     def _add_segment(self, r: _Request, a: float, b: float, w: float) -> None:
         if w <= 0:
@@ -306,17 +326,19 @@ class Attributor:
         return range(bisect.bisect_right(self._t1s, a), min(bisect.bisect_left(self._t1s, b) + 1, n))
 
     def _settled(self, rid: str, r: _Request, end: float) -> bool:
-        if self._last is None or self._last[0] < end:
-            return False
         if not r.finished and r.known_until < end:
             return False
-        lo = bisect.bisect_left(self._t1s, r.start)
         hi = bisect.bisect_left(self._t1s, end)
+        if hi >= len(self._ivs) - 1:
+            return False  # the interval holding the end (and one more, as a margin) must be closed
+        lo = bisect.bisect_left(self._t1s, r.start)
         span = self._ivs[lo : hi + 1]
         if span and all(iv.agg_w is not None for iv in span):
             return True  # aggregate counters: other requests do not matter
-        for oid, o in self._reqs.items():
-            if oid != rid and not o.finished and o.start < end and o.known_until < end:
+        # every request that may put tokens into the intervals we touch must be known up to their end
+        cut = self._t1s[hi]
+        for oid, o in self._open.items():
+            if oid != rid and o.start < cut and o.known_until < cut:
                 return False
         return True
 
@@ -351,6 +373,7 @@ class Attributor:
             self.dropped_intervals += n
             for rid in [rid for rid, r in self._reqs.items() if (r.end if r.finished else r.known_until) < horizon]:
                 del self._reqs[rid]
+                self._open.pop(rid, None)  # never finished: stop waiting for it
 
 
 def _overlap_w(seg: tuple[float, float, float], t0: float, t1: float) -> float:

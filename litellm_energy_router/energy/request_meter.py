@@ -67,6 +67,8 @@ class AttributedMeter:
         self.attributor.request_started(request_id, t_s)
 
     def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
+        if not self.attributor.covers(usage.end_s):
+            return RequestEnergy.unavailable()  # before this meter started (or clocks disagree)
         self.attributor.add_request(
             usage.request_id, usage.start_s, usage.end_s, usage.prompt_tokens, usage.completion_tokens, usage.first_token_s
         )

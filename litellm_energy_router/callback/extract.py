@@ -1,0 +1,149 @@
+"""Turn a LiteLLM callback's ``kwargs`` into a :class:`PendingRow` (pure, cheap: runs on the serving
+event loop).
+
+Field sources (LiteLLM 1.110, verified against the installed package): ``kwargs["standard_logging_object"]``
+carries ``litellm_call_id``, ``id`` (the backend's response id), ``model_id`` (the deployment's
+``model_info.id``), ``model`` (e.g. ``openai/small``), ``prompt_tokens``, ``completion_tokens``,
+``startTime``/``endTime``/``completionStartTime`` (Unix s), ``messages`` and ``status``; the router's
+decision is read with :func:`~litellm_energy_router.decision.decision_from_kwargs`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from ..decision import decision_from_kwargs
+
+
+@dataclass(slots=True)
+class PendingRow:
+    """One served request, before its energy is known. Times are Unix seconds."""
+
+    call_id: str
+    candidate: str
+    status: str  # "success" | "failure"
+    text: str
+    start_s: float
+    end_s: float
+    first_token_s: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    propensity: float | None
+    deployment_id: str | None
+    backend_id: str | None
+    submitted_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "PendingRow":
+        return cls(**{f: d.get(f) for f in cls.__slots__})  # type: ignore[attr-defined]
+
+
+class CandidateMap:
+    """Served deployment -> candidate name, from settings ``candidates[].name / deployment_id / model``."""
+
+    def __init__(self, candidates: Iterable[Any] = ()) -> None:
+        self.by_id: dict[str, str] = {}
+        self.by_model: dict[str, str] = {}
+        self.names: set[str] = set()
+        self.info: dict[str, dict[str, Any]] = {}
+        for c in candidates:
+            self.names.add(c.name)
+            self.info[c.name] = {k: getattr(c, k) for k in ("model", "params_b", "active_params_b", "hardware")}
+            if c.deployment_id:
+                self.by_id[c.deployment_id] = c.name
+            if c.model:
+                self.by_model.setdefault(c.model, c.name)
+
+    def resolve(self, model_id: str | None, model: str | None, chosen: str | None, chosen_id: str | None) -> str | None:
+        if model_id and model_id in self.by_id:
+            return self.by_id[model_id]
+        if chosen and (chosen_id is None or chosen_id == model_id):
+            return chosen
+        if model:
+            if model in self.names:
+                return model
+            if model in self.by_model:
+                return self.by_model[model]
+            tail = model.split("/", 1)[-1]  # "openai/small" -> "small"
+            if tail in self.names:
+                return tail
+            return model
+        return None
+
+
+def query_text(messages: Any) -> str:
+    """The query as one string: the single message's text, else ``role: text`` lines."""
+    if isinstance(messages, str):
+        return messages
+    parts: list[tuple[str, str]] = []
+    for m in messages or ():
+        get = m.get if isinstance(m, Mapping) else (lambda k, d=None, _m=m: getattr(_m, k, d))
+        c = get("content")
+        if isinstance(c, list):
+            c = "\n".join(str(p.get("text", "")) for p in c if isinstance(p, Mapping) and p.get("type") == "text")
+        if c is None:
+            continue
+        parts.append((str(get("role", "user")), str(c)))
+    if len(parts) == 1:
+        return parts[0][1]
+    return "\n".join(f"{role}: {c}" for role, c in parts)
+
+
+def _ts(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, datetime):
+        return v.timestamp()
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(v: Any) -> int:
+    try:
+        return max(int(v or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def extract_row(
+    kwargs: Mapping[str, Any], start_time: Any, end_time: Any, status: str, cmap: CandidateMap
+) -> PendingRow | None:
+    """Build the pending row of one LiteLLM event; ``None`` when no deployment served it (nothing to
+    attribute: e.g. "no deployments available")."""
+    slo = kwargs.get("standard_logging_object") or {}
+    lp = kwargs.get("litellm_params") or {}
+    md = lp.get("metadata") or {}
+    call_id = slo.get("litellm_call_id") or kwargs.get("litellm_call_id")
+    if not call_id:
+        return None
+    model_id = slo.get("model_id") or (md.get("model_info") or {}).get("id") or (lp.get("model_info") or {}).get("id")
+    model = slo.get("model") or md.get("deployment") or kwargs.get("model")
+    decision = decision_from_kwargs(kwargs)
+    chosen = decision.candidate if decision else None
+    candidate = cmap.resolve(model_id, model, chosen, decision.deployment_id if decision else None)
+    if not candidate or (not model_id and status == "failure" and not decision):
+        return None
+    start = _ts(slo.get("startTime")) or _ts(start_time) or time.time()
+    end = _ts(slo.get("endTime")) or _ts(end_time) or start
+    first = _ts(slo.get("completionStartTime"))
+    if first is not None and not (start <= first <= end):
+        first = None
+    propensity = decision.propensity if decision and decision.candidate == candidate else None
+    if propensity is not None and not (0.0 < propensity <= 1.0):
+        propensity = None
+    messages = slo.get("messages") or kwargs.get("messages") or kwargs.get("input")
+    return PendingRow(
+        call_id=str(call_id), candidate=str(candidate), status="success" if status == "success" else "failure",
+        text=query_text(messages), start_s=start, end_s=max(end, start), first_token_s=first,
+        prompt_tokens=_int(slo.get("prompt_tokens")), completion_tokens=_int(slo.get("completion_tokens")),
+        propensity=propensity, deployment_id=str(model_id) if model_id else None,
+        backend_id=str(slo["id"]) if slo.get("id") else None,
+    )  # fmt: skip

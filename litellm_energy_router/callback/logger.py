@@ -1,0 +1,112 @@
+"""``EnergyLogger``: the LiteLLM callback that feeds production traffic into the tournament table.
+
+Register it with the SDK (``litellm.callbacks = [EnergyLogger()]``) or the proxy
+(``litellm_settings.callbacks: ["litellm_energy_router.callback.proxy.energy_logger"]``).
+
+LiteLLM (1.110) calls ``async_log_success_event`` / ``async_log_failure_event`` on the event loop for
+async calls and ``log_success_event`` / ``log_failure_event`` on its logging thread for sync calls,
+with keyword arguments ``kwargs, response_obj, start_time, end_time``; ``log_pre_api_call`` runs on the
+calling thread before each backend call. Every hook here only extracts fields and hands a row to the
+non-blocking :class:`~.writer.TableWriter`; none of them raises into LiteLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+import weakref
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from ..energy.meter import RequestEnergyMeter
+from ..energy.request_meter import open_request_meter
+from ..settings import Settings, load_settings
+from ..shadow import ShadowQueue
+from .extract import CandidateMap, extract_row
+from .metrics import metrics
+from .writer import TableWriter
+
+log = logging.getLogger("litellm_energy_router.callback")
+
+
+class EnergyLogger(CustomLogger):
+    """Records one production row per served request (success or failure).
+
+    Args:
+        settings: the settings tree (default: :func:`load_settings`, i.e. ``$ENERGY_ROUTER_CONFIG``).
+        meter: the per-request energy meter (default: built from ``settings.energy``).
+        table_url: overrides ``settings.table.url``.
+    """
+
+    def __init__(
+        self, settings: Settings | None = None, *, meter: RequestEnergyMeter | None = None, table_url: str | None = None,
+        **writer_kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.settings = settings or load_settings()
+        s = self.settings
+        logging.getLogger("litellm_energy_router").setLevel(s.privacy.log_level)
+        self.meter = meter if meter is not None else open_request_meter(s.energy)
+        self.cmap = CandidateMap(s.candidates)
+        shadow = None
+        if s.shadow.fraction > 0:
+            shadow = ShadowQueue(s.shadow.queue_path, s.shadow.fraction)
+            if not s.privacy.store_text:
+                log.warning("energy-router: shadow.fraction=%s writes query text to %s although privacy.store_text is false",
+                            s.shadow.fraction, s.shadow.queue_path)  # fmt: skip
+        self.writer = TableWriter(
+            table_url or s.table.url, self.meter, writer=s.writer, privacy=s.privacy, cmap=self.cmap, shadow=shadow,
+            settle_timeout_s=s.energy.settle_timeout_s, **writer_kwargs,
+        )  # fmt: skip
+        self._m = metrics()
+        self._closed = False
+        ref = weakref.ref(self)
+        atexit.register(lambda: (lambda o: o.close() if o is not None else None)(ref()))
+
+    # -- LiteLLM hooks ----------------------------------------------------------------------------
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+        try:
+            call_id = kwargs.get("litellm_call_id")
+            if call_id:
+                self.meter.request_started(call_id, time.time())
+        except Exception:  # noqa: BLE001 - never raise into LiteLLM
+            self._m.errors.inc()
+
+    def _handle(self, kwargs: Any, start_time: Any, end_time: Any, status: str) -> None:
+        try:
+            row = extract_row(kwargs, start_time, end_time, status, self.cmap)
+            if row is not None:
+                self.writer.submit(row)
+        except Exception as e:  # noqa: BLE001 - never raise into LiteLLM
+            self._m.errors.inc()
+            log.debug("energy-router: event not recorded: %s", e)
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._handle(kwargs, start_time, end_time, "success")
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._handle(kwargs, start_time, end_time, "failure")
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._handle(kwargs, start_time, end_time, "success")
+
+    def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._handle(kwargs, start_time, end_time, "failure")
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Write every row received so far (table or spool)."""
+        return self.writer.flush(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush, stop the writer and the meter. Called at interpreter exit too."""
+        if self._closed:
+            return
+        self._closed = True
+        self.writer.close(timeout)
+        try:
+            self.meter.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,396 @@
+"""The non-blocking table writer behind :class:`~.logger.EnergyLogger`.
+
+Flow: ``submit`` (serving thread, O(1), never blocks) -> bounded in-memory queue -> writer thread:
+energy from the per-request meter (rows wait up to ``settle_timeout_s`` for it) -> validated
+``Query``/``Run`` rows -> one table transaction per batch. When the table is unreachable, batches are
+appended to the local :class:`~.spool.Spool` and replayed, exactly once, when it returns; while a
+backlog exists new batches queue behind it, so rows reach the table in order. A full queue spills to
+the spool too: memory stays bounded and no row is dropped. ``close`` flushes everything (to the
+table, else the spool).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
+from ..shadow import ShadowQueue
+from ..table import BadRowError, Query, Run, TableError, make_query, open_store
+from .extract import CandidateMap, PendingRow
+from .metrics import metrics
+from .spool import Chunk, Spool
+
+log = logging.getLogger("litellm_energy_router.callback")
+
+_TRANSIENT = (TableError, DBAPIError, OSError, TimeoutError)
+
+
+def query_id_for(call_id: str) -> str:
+    """Production rows get one query per served request (the run key is (query_id, candidate,
+    source), so repeats of the same text stay separate rows); the text's salted hash is ``text_hash``."""
+    return f"prod-{call_id}"
+
+
+class TableWriter:
+    """Batched, spooling writer of production rows.
+
+    Args:
+        url: table URL.
+        meter: the per-request energy meter.
+        writer: ``WriterSettings`` (queue size, batch size, flush interval, spool dir, backoff, task).
+        privacy: ``PrivacySettings`` (store text or only its salted hash).
+        cmap: candidate metadata for candidate rows.
+        shadow: shadow-sampling queue, or ``None``.
+        settle_timeout_s: max seconds a row waits for settled energy, s.
+        store_factory: opens the table (tests inject failures).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        meter: RequestEnergyMeter,
+        *,
+        writer: Any,
+        privacy: Any,
+        cmap: CandidateMap | None = None,
+        shadow: ShadowQueue | None = None,
+        settle_timeout_s: float = 30.0,
+        store_factory: Callable[[str], Any] = open_store,
+        start: bool = True,
+    ) -> None:
+        self.url = url
+        self.meter = meter
+        self.cfg = writer
+        self.privacy = privacy
+        self.cmap = cmap or CandidateMap()
+        self.shadow = shadow
+        self.settle_timeout_s = settle_timeout_s
+        self.store_factory = store_factory
+        self.spool = Spool(writer.spool_dir)
+        self.m = metrics()
+        self._q: queue.Queue[PendingRow] = queue.Queue(maxsize=writer.queue_size)
+        self._pending: list[PendingRow] = []
+        self._ready: list[dict[str, Any]] = []
+        self._store: Any = None
+        self._known: set[str] | None = None
+        self._down_until = 0.0
+        self._backoff = 0.1
+        self._outage_logged = False
+        self._backlog = self.spool.has_backlog()
+        self._last_commit = time.monotonic()
+        self._last_orphan_scan = time.monotonic()
+        self._count_lock = threading.Lock()
+        self._cv = threading.Condition(self._count_lock)
+        self.submitted = 0
+        self.accounted = 0  # rows in the table or the spool
+        self.written = 0
+        self.spooled = 0
+        self.replayed = 0
+        self.max_in_memory = 0
+        self._flush_req = 0
+        self._stop = threading.Event()
+        self._close_deadline = float("inf")
+        self._thread = threading.Thread(target=self._run, name="energy-router-writer", daemon=True)
+        if start:
+            self._thread.start()
+
+    # -- serving side -----------------------------------------------------------------------------
+    def submit(self, row: PendingRow) -> None:
+        """Hand a row over. Never blocks, never raises: a full queue spills to the spool."""
+        row.submitted_s = time.time()
+        with self._count_lock:
+            self.submitted += 1
+        try:
+            self._q.put_nowait(row)
+        except queue.Full:
+            try:
+                self.spool.append([{"k": "pending", **row.to_json()}], sync=False)
+                self.m.spooled_total.inc()
+                self._backlog = True
+                self._account(1, spooled=True)
+            except Exception as e:  # noqa: BLE001 - disk full: nothing more we can do without blocking
+                log.error("energy-router writer: queue full and spool failed (%s); row %s lost", e, row.call_id)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Write everything submitted so far to the table or the spool (energy resolved now, with
+        what is known). Returns ``False`` on timeout."""
+        with self._cv:
+            target = self.submitted
+            self._flush_req += 1
+            ok = self._cv.wait_for(lambda: self.accounted >= target, timeout)
+            self._flush_req -= 1
+        return ok
+
+    def wait_replayed(self, timeout: float = 60.0) -> bool:
+        """Wait until the spool backlog is in the table (for tests and shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._backlog and not self.spool.has_backlog():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush and stop. Rows the table cannot take in ``timeout`` s stay in the spool."""
+        if not self._thread.is_alive():
+            self.spool.close()
+            return
+        self._close_deadline = time.monotonic() + timeout
+        self._stop.set()
+        self._thread.join(timeout + 5)
+        self.spool.close()
+        if self._store is not None:
+            self._store.close()
+
+    def _account(self, n: int, *, spooled: bool = False) -> None:
+        with self._cv:
+            self.accounted += n
+            if spooled:
+                self.spooled += n
+            self._cv.notify_all()
+
+    # -- writer thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            closing = self._stop.is_set()
+            urgent = closing or self._flush_req > 0
+            try:
+                self._take(0.0 if urgent else (0.02 if self._pending or self._ready else self.cfg.flush_interval_s))
+                self._resolve(final=urgent)
+                due = time.monotonic() - self._last_commit >= self.cfg.flush_interval_s
+                if self._ready and (urgent or due or len(self._ready) >= self.cfg.batch_size):
+                    batch, self._ready = self._ready, []
+                    self._commit(batch)
+                self._maybe_replay(closing)
+            except Exception:  # noqa: BLE001 - the writer thread must survive anything
+                log.exception("energy-router writer: unexpected error")
+                time.sleep(0.1)
+            self.m.queue_depth.set(self._q.qsize() + len(self._pending) + len(self._ready))
+            if closing:
+                if self._q.empty() and not self._pending and not self._ready and (not self._backlog or self._is_down()):
+                    return
+                if time.monotonic() > self._close_deadline:
+                    self._spool_everything()
+                    return
+
+    def _take(self, timeout: float) -> None:
+        try:
+            first = self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
+        except queue.Empty:
+            return
+        items = [first]
+        while len(items) < 2 * self.cfg.batch_size:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        for row in items:
+            self._shadow(row)
+        self._pending.extend(items)
+        self.max_in_memory = max(self.max_in_memory, self._q.qsize() + len(self._pending) + len(self._ready))
+
+    def _shadow(self, row: PendingRow) -> None:
+        if self.shadow is None or row.status != "success":
+            return
+        try:
+            self.shadow.maybe_enqueue(query_id_for(row.call_id), self.cfg.task, row.text, row.call_id, row.start_s)
+        except OSError as e:
+            log.warning("energy-router: shadow queue %s not writable: %s", self.shadow.path, e)
+
+    def _energy(self, row: PendingRow, final: bool) -> RequestEnergy | None:
+        usage = RequestUsage(
+            request_id=row.call_id, candidate=row.candidate, start_s=row.start_s, end_s=row.end_s,
+            first_token_s=row.first_token_s, prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens, backend_id=row.backend_id,
+        )  # fmt: skip
+        try:
+            return self.meter.energy_for_request(usage, final=final)
+        except Exception as e:  # noqa: BLE001 - a meter bug must not lose the row
+            log.warning("energy-router: meter %s failed for %s: %s", getattr(self.meter, "name", "?"), row.call_id, e)
+            return RequestEnergy.unavailable() if final else None
+
+    def _resolve(self, final: bool) -> None:
+        if not self._pending:
+            return
+        now = time.time()
+        overflow = len(self._pending) - self.cfg.queue_size
+        keep: list[PendingRow] = []
+        for i, row in enumerate(self._pending):
+            force = final or i < overflow or now - row.submitted_s > self.settle_timeout_s
+            e = self._energy(row, force)
+            if e is None:
+                keep.append(row)
+                continue
+            rec = self._record(row, e)
+            if rec is not None:
+                self._ready.append(rec)
+        self._pending = keep
+
+    def _record(self, row: PendingRow, e: RequestEnergy, *, account_reject: bool = True) -> dict[str, Any] | None:
+        try:
+            q: Query = make_query(
+                query_id_for(row.call_id), self.cfg.task, row.text, store_text=self.privacy.store_text,
+                salt=self.privacy.salt, source="production", created=row.start_s,
+            )  # fmt: skip
+            run = Run(
+                query_id=q.id, candidate=row.candidate, source="production", score=None,
+                latency_s=row.end_s - row.start_s,
+                ttft_s=(row.first_token_s - row.start_s) if row.first_token_s is not None else None,
+                prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
+                energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
+                energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=row.call_id,
+                status=row.status, created=row.end_s,
+            )  # fmt: skip
+        except ValidationError as err:
+            first = err.errors()[0]
+            msg = f"row for call {row.call_id!r}: field '{'.'.join(map(str, first['loc']))}': {first['msg']}"
+            log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
+            self.spool.reject([str(row.to_json())], msg)
+            self.m.rejected.inc()
+            if account_reject:
+                self._account(1)
+            return None
+        self.m.observe_row(row.candidate, e.method, e.energy_j)
+        cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
+        return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand}
+
+    # -- table / spool ----------------------------------------------------------------------------
+    def _is_down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def _mark_down(self, err: BaseException) -> None:
+        if not self._outage_logged:
+            log.warning("energy-router: table %s unreachable (%s); spooling to %s", self.url,
+                        str(err).splitlines()[0][:300], self.spool.dir)  # fmt: skip
+            self._outage_logged = True
+        if self._store is not None:
+            try:
+                self._store.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._store = None
+        self._down_until = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.cfg.retry_max_s)
+
+    def _mark_up(self) -> None:
+        if self._outage_logged:
+            log.warning("energy-router: table %s reachable again", self.url)
+        self._outage_logged = False
+        self._backoff = 0.1
+
+    def _get_store(self) -> Any:
+        if self._store is None:
+            self._store = self.store_factory(self.url)
+            self._known = None
+        if self._known is None:
+            self._known = {c.name for c in self._store.candidates()}
+        return self._store
+
+    def _commit(self, records: list[dict[str, Any]]) -> None:
+        if self._backlog or self._is_down():
+            self._to_spool(records)
+            return
+        try:
+            self._write(records)
+            self._mark_up()
+            self._account(len(records))
+        except _TRANSIENT as e:
+            self._mark_down(e)
+            self._to_spool(records)
+        self._last_commit = time.monotonic()
+
+    def _to_spool(self, records: list[dict[str, Any]]) -> None:
+        self.spool.append(records)
+        self._backlog = True
+        self.m.spooled_total.inc(len(records))
+        self._account(len(records), spooled=True)
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        """One transaction; a row the table rejects is isolated (bisection) and kept in rejected.jsonl."""
+        store = self._get_store()
+        known = self._known or set()
+        cands: dict[str, dict[str, Any]] = {}
+        for r in records:
+            if r["c"]["name"] not in known:
+                cands[r["c"]["name"]] = r["c"]
+        try:
+            store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records], candidates=list(cands.values()))
+        except (BadRowError, IntegrityError) as e:
+            self._known = None
+            if len(records) == 1:
+                msg = str(e).splitlines()[0][:300]
+                log.warning("energy-router: table rejected a row (%s); kept in %s", msg, self.spool.rejected_path)
+                self.spool.reject([str(records[0])], msg)
+                self.m.rejected.inc()
+                return
+            mid = len(records) // 2
+            self._write(records[:mid])
+            self._write(records[mid:])
+            return
+        known.update(cands)
+        self.written += len(records)
+        self.m.written.inc(len(records))
+
+    def _maybe_replay(self, closing: bool) -> None:
+        now = time.monotonic()
+        if not self._backlog and now - self._last_orphan_scan > 5.0:
+            self._last_orphan_scan = now
+            self._backlog = self.spool.has_backlog()  # adopts files left by dead processes
+        if not self._backlog or self._is_down():
+            return
+        budget = now + (5.0 if closing else 0.5)
+        while time.monotonic() < budget:
+            chunk = self.spool.read_chunk(self.cfg.batch_size)
+            if chunk is None:
+                self._backlog = False
+                break
+            if not self._replay(chunk):
+                break
+        self.m.spooled.set(self.spool.backlog_records() if self._backlog else 0)
+
+    def _replay(self, chunk: Chunk) -> bool:
+        pend = [r for r in chunk.records if r["k"] == "pending"]
+        if pend:
+            # resolve spilled rows once: converted rows go back to the spool, then the chunk is done
+            converted = []
+            for d in pend:
+                row = PendingRow.from_json({k: v for k, v in d.items() if k != "k"})
+                self._shadow(row)
+                rec = self._record(row, self._energy(row, True) or RequestEnergy.unavailable(), account_reject=False)
+                if rec is not None:
+                    converted.append(rec)
+            rows = [r for r in chunk.records if r["k"] == "row"]
+            self.spool.append(rows + converted)
+            self.spool.commit(chunk)
+            return True
+        try:
+            self._write(chunk.records)
+        except _TRANSIENT as e:
+            self._mark_down(e)
+            return False
+        self._mark_up()
+        self.spool.commit(chunk)
+        self.replayed += len(chunk.records)
+        return True
+
+    def _spool_everything(self) -> None:
+        """Close deadline passed: keep every in-memory row in the spool for the next process."""
+        rows = list(self._ready)
+        pend = list(self._pending)
+        while True:
+            try:
+                pend.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        recs = rows + [{"k": "pending", **p.to_json()} for p in pend]
+        if recs:
+            self._to_spool(recs)
+        self._ready, self._pending = [], []
+        log.warning("energy-router: writer closed with %d rows in the spool %s", len(recs), self.spool.dir)
