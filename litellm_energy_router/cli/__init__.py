@@ -59,6 +59,11 @@ from . import profiling_cmds  # noqa: E402  (tournament, shadow-tournament)
 
 profiling_cmds.register(app)
 
+from . import energy_cmds  # noqa: E402  (registers `agent` and the `feedback` group)
+
+app.command("agent")(energy_cmds.agent)
+app.add_typer(energy_cmds.feedback_app, name="feedback")
+
 
 def main(argv: list[str] | None = None) -> None:
     try:

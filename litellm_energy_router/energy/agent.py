@@ -62,8 +62,8 @@ def check_bind(host: str, token: str | None) -> None:
     """Raise :class:`BindError` for a non-loopback bind without a bearer token."""
     if not is_local(host) and not token:
         raise BindError(
-            f"agent: refusing to bind {host!r} without a bearer token (set --token or ENERGY_ROUTER_ENERGY__AGENT_TOKEN, "
-            "or bind 127.0.0.1)"
+            f"agent: refusing to bind {host!r} without a bearer token (set --token, ENERGY_ROUTER_AGENT_TOKEN or "
+            "energy.agent_token, or bind 127.0.0.1)"
         )
 
 

@@ -59,10 +59,10 @@ class NvmlMeter:
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as e:
-            raise MeterError(
-                f"energy meter 'nvml': NVML unavailable ({type(e).__name__}: {e}) — no NVIDIA driver on this host; "
-                "set energy.meter to 'estimate' (profile-based) or 'agent' (GPU-node agent)"
-            ) from None
+            reason = f"energy meter 'nvml': NVML unavailable ({type(e).__name__}: {e}) — no NVIDIA driver on this host"
+            err = MeterError(f"{reason}; set energy.meter to 'estimate' (profile-based) or 'agent' (GPU-node agent)")
+            err.reason = reason  # type: ignore[attr-defined]
+            raise err from None
         count = self.nvml.nvmlDeviceGetCount()
         self.indices = list(range(count)) if gpus is None else [int(i) for i in gpus]
         bad = [i for i in self.indices if not 0 <= i < count]

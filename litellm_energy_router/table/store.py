@@ -71,6 +71,8 @@ class TableStore(Protocol):
 
     def count_runs(self) -> int: ...
 
+    def runs_for_call(self, call_id: str) -> list[Run]: ...
+
     def close(self) -> None: ...
 
 
@@ -212,6 +214,13 @@ class SQLStore:
     def count_runs(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(schema.runs)).scalar_one())
+
+    def runs_for_call(self, call_id: str) -> list[Run]:
+        """Runs recorded for one LiteLLM call id (production rows), oldest first."""
+        cols = [schema.runs.c[n] for n in _RUN_FIELDS]
+        stmt = select(*cols).where(schema.runs.c.call_id == call_id).order_by(schema.runs.c.id)
+        with self.engine.connect() as conn:
+            return [Run(**dict(m)) for m in conn.execute(stmt).mappings()]
 
     def iter_runs(
         self, *, since_id: int | None = None, sources: Sequence[str] | None = None, batch: int = 5000

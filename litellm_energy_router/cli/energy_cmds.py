@@ -1,0 +1,142 @@
+"""``energy-router agent`` (the GPU-node energy agent) and ``energy-router feedback ...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
+
+feedback_app = typer.Typer(help="Quality labels for production rows, keyed by LiteLLM call id.", no_args_is_help=True)
+
+
+def agent(
+    host: str = typer.Option("127.0.0.1", "--host", help="bind address; anything but loopback needs --token"),
+    port: int = typer.Option(9400, "--port", help="TCP port (0: any free port)"),
+    token: Optional[str] = typer.Option(None, "--token", envvar="ENERGY_ROUTER_AGENT_TOKEN",
+                                        help="bearer token required on every endpoint (default: energy.agent_token)"),
+    meter: str = typer.Option("nvml", "--meter", help="nvml | simulated"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (default: energy.gpus or all)"),
+    vllm_metrics_url: Optional[str] = typer.Option(None, "--vllm-metrics-url",
+                                                   help="vLLM /metrics, e.g. http://127.0.0.1:8000/metrics (token counters)"),
+    sample_hz: Optional[float] = typer.Option(None, "--sample-hz", help="meter samples per second (default: energy.sample_hz)"),
+    history_s: Optional[float] = typer.Option(None, "--history-s", help="seconds of history kept (default: energy.history_s)"),
+    simulated_power_w: float = typer.Option(300.0, "--simulated-power-w", help="power of the simulated meter, W"),
+    config: Optional[Path] = ConfigOpt,
+) -> None:  # fmt: skip
+    """Run the GPU-node energy agent beside vLLM: samples the meter, attributes each interval's joules
+    to the requests in flight by tokens, serves GET /v1/energy/{request_id} and /metrics."""
+    import asyncio
+
+    from ..energy import MeterError, make_meter
+    from ..energy.agent import AgentConfig, BindError, EnergyAgent, check_bind, serve
+
+    s = settings_or_fail(config).energy
+    token = token or s.agent_token
+    try:
+        check_bind(host, token)
+    except BindError as e:
+        fail(str(e))
+    if meter not in ("nvml", "simulated"):
+        fail(f"--meter {meter!r}: the agent measures with 'nvml' (or 'simulated' for tests)")
+    try:
+        idx = [int(x) for x in gpus.split(",") if x.strip()] if gpus else s.gpus
+    except ValueError:
+        fail(f"--gpus {gpus!r}: expected comma-separated GPU indices, e.g. 0,1")
+    try:
+        m = make_meter("nvml", gpus=idx) if meter == "nvml" else make_meter("simulated", power_w=simulated_power_w)
+    except MeterError as e:
+        fail(f"{getattr(e, 'reason', e)}; the agent runs on a GPU host (--meter simulated for a test run)")
+    cfg = AgentConfig(
+        host=host, port=port, token=token, sample_hz=sample_hz or s.sample_hz, history_s=history_s or s.history_s,
+        prefill_weight=s.prefill_weight, decode_weight=s.decode_weight, idle_power_w=s.idle_power_w,
+        vllm_metrics_url=vllm_metrics_url,
+    )  # fmt: skip
+    ag = EnergyAgent(m, cfg)
+
+    def ready(p: int) -> None:
+        console.print(f"energy agent listening on http://{host}:{p} (meter {m.name}, {cfg.sample_hz:g} Hz)",
+                      highlight=False, soft_wrap=True)  # fmt: skip
+        console.file.flush()
+
+    try:
+        asyncio.run(serve(ag, ready=ready))
+    except OSError as e:
+        fail(f"agent: cannot listen on {host}:{port}: {e.strerror or e}")
+    finally:
+        m.close()
+
+
+@feedback_app.command("set")
+def feedback_set(
+    call_id: str = typer.Argument(..., help="LiteLLM call id (x-litellm-call-id / response._hidden_params)"),
+    score: str = typer.Argument(..., help="correctness in [0, 1]"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+) -> None:
+    """Score one production answer."""
+    from ..feedback import FeedbackError, apply_feedback
+    from ..table import TableError, open_store
+
+    try:
+        store = open_store(db_url(db, config))
+    except (TableError, ValueError) as e:
+        fail(str(e))
+    try:
+        n = apply_feedback(store, call_id, score)
+    except (FeedbackError, TableError) as e:
+        fail(str(e))
+    finally:
+        store.close()
+    console.print(f"scored {n} run(s) of call {call_id} = {float(score):g}", highlight=False)
+
+
+@feedback_app.command("serve")
+def feedback_serve(
+    host: Optional[str] = typer.Option(None, "--host", help="bind address (default: feedback.host)"),
+    port: Optional[int] = typer.Option(None, "--port", help="TCP port (default: feedback.port; 0: any free port)"),
+    token: Optional[str] = typer.Option(None, "--token", envvar="ENERGY_ROUTER_FEEDBACK_TOKEN",
+                                        help="bearer token (default: feedback.token); required"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+) -> None:  # fmt: skip
+    """Serve POST /v1/feedback {"call_id", "score"} (token-protected)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from ..feedback import feedback_app as make_app
+    from ..table import TableError, open_store
+
+    s = settings_or_fail(config)
+    token = token or s.feedback.token
+    if not token:
+        fail("feedback serve: a bearer token is required (--token, ENERGY_ROUTER_FEEDBACK_TOKEN or feedback.token)")
+    host = host or s.feedback.host
+    port = s.feedback.port if port is None else port
+    try:
+        store = open_store(db or s.table.url)
+    except (TableError, ValueError) as e:
+        fail(str(e))
+
+    async def main() -> None:
+        runner = web.AppRunner(make_app(store, token), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        p = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        console.print(f"feedback endpoint listening on http://{host}:{p}/v1/feedback", highlight=False, soft_wrap=True)
+        console.file.flush()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        fail(f"feedback serve: cannot listen on {host}:{port}: {e.strerror or e}")
+    finally:
+        store.close()

@@ -1,0 +1,92 @@
+"""Quality labels for production rows, keyed by LiteLLM call id.
+
+Production traffic has no ground truth; a user, an application or a reviewer can score an answer
+afterwards. ``apply_feedback(store, call_id, score)`` sets ``score`` (correctness in [0, 1]) on the
+call's successful production run(s); unknown ids and out-of-range scores are rejected before anything
+is written. Served over HTTP by :func:`feedback_app` (``energy-router feedback serve``), which always
+requires a bearer token::
+
+    POST /v1/feedback   {"call_id": "<litellm call id>", "score": 0.0..1.0}
+    -> 200 {"call_id": ..., "score": ..., "updated": n} | 400 | 401 | 404 unknown id | 409 | 422 | 503
+
+A row reaches the table a moment after its response (the writer batches): feedback sent before that
+gets 404 and can be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+from typing import Any
+
+from .table import TableError, TableStore
+
+
+class FeedbackError(ValueError):
+    """Rejected feedback; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, msg: str, status: int) -> None:
+        super().__init__(msg)
+        self.status = status
+
+
+def parse_score(value: Any) -> float:
+    """A correctness score in [0, 1]; anything else raises :class:`FeedbackError` (422)."""
+    if isinstance(value, bool):
+        raise FeedbackError(f"score {value!r} is not a number in [0, 1]", 422)
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise FeedbackError(f"score {value!r} is not a number in [0, 1]", 422) from None
+    if not math.isfinite(s) or not 0.0 <= s <= 1.0:
+        raise FeedbackError(f"score {value!r} is out of range [0, 1]", 422)
+    return s
+
+
+def apply_feedback(store: TableStore, call_id: str, score: Any) -> int:
+    """Label the successful production run(s) of ``call_id`` with ``score``. Returns rows updated."""
+    s = parse_score(score)
+    if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
+        raise FeedbackError(f"call id {call_id!r} is not a LiteLLM call id", 400)
+    runs = [r for r in store.runs_for_call(call_id) if r.source == "production"]
+    if not runs:
+        raise FeedbackError(f"unknown call id {call_id!r} (no production row yet)", 404)
+    ok = [r for r in runs if r.status != "failure"]
+    if not ok:
+        raise FeedbackError(f"call id {call_id!r} failed: there is no answer to score", 409)
+    store.write(runs=[r.model_copy(update={"score": s}) for r in ok])
+    return len(ok)
+
+
+def feedback_app(store: TableStore, token: str) -> Any:
+    """The aiohttp application of the feedback endpoint. ``token`` is required."""
+    from aiohttp import web
+
+    if not token:
+        raise ValueError("feedback endpoint: a bearer token is required (set feedback.token)")
+    expected = f"Bearer {token}".encode()
+
+    async def post(request: web.Request) -> web.Response:
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        try:
+            body = await request.json()
+            call_id, score = body["call_id"], body["score"]
+        except (ValueError, KeyError, TypeError):
+            return web.json_response({"error": 'body must be JSON {"call_id": str, "score": number}'}, status=400)
+        try:
+            n = await asyncio.to_thread(apply_feedback, store, call_id, score)
+        except FeedbackError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+        except TableError as e:
+            return web.json_response({"error": str(e)}, status=503)
+        return web.json_response({"call_id": call_id, "score": float(score), "updated": n})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/feedback", post)
+    app.router.add_get("/healthz", healthz)
+    return app

@@ -1,0 +1,185 @@
+"""The writer when the table goes away: PostgreSQL becomes unreachable in the middle of a burst
+(a TCP forwarder we control is cut; the shared server keeps running) and comes back -> every row
+exactly once, every request succeeded, memory bounded. Plus the spool's crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import litellm
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
+from litellm_energy_router.callback.spool import Spool
+from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
+from litellm_energy_router.table import open_store
+from openai_backend import OpenAIBackend, model_list
+from tcp_proxy import TCPProxy
+
+# The issue's acceptance burst is 5,000 requests; through a real LiteLLM Router that takes ~70-100 s on
+# two shared cores, so the default run uses 2,000 (same outage phases). ENERGY_ROUTER_BURST_N=5000 runs
+# the full burst.
+N = int(os.environ.get("ENERGY_ROUTER_BURST_N", "2000"))
+
+
+@pytest.fixture(autouse=True)
+def _reset_callbacks():
+    litellm.logging_callback_manager._reset_all_callbacks()
+    yield
+    litellm.logging_callback_manager._reset_all_callbacks()
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_postgres_outage_mid_burst(pg_url, tmp_path):
+    u = make_url(pg_url)
+    proxy = TCPProxy(u.host or "127.0.0.1", u.port or 5432)
+    proxied = u.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    s = Settings.model_validate({
+        "table": {"url": proxied}, "energy": {"meter": "estimate"},
+        "candidates": [{"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
+                       {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"}],
+        "writer": {"spool_dir": str(tmp_path / "spool"), "queue_size": 1000, "batch_size": 200,
+                   "flush_interval_s": 0.2, "retry_max_s": 0.5},
+    })  # fmt: skip
+    logger = EnergyLogger(s)
+    litellm.callbacks = [logger]
+    served: set[str] = set()
+    errors: list[BaseException] = []
+    phases: dict[str, float] = {}
+
+    async def burst(api_base: str) -> None:
+        router = litellm.Router(model_list=model_list(api_base))
+        sem = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            async with sem:
+                try:
+                    r = await router.acompletion(model="pool", messages=[{"role": "user", "content": f"q{i} " + "x " * (i % 9)}])
+                    served.add(r._hidden_params["litellm_call_id"])
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+                if i == N // 5:
+                    proxy.pause()  # the table becomes unreachable mid-burst
+                    phases["down"] = time.monotonic()
+                elif i == 3 * N // 5:
+                    proxy.resume()
+                    phases["up"] = time.monotonic()
+
+        await asyncio.gather(*(one(i) for i in range(N)))
+        deadline = time.monotonic() + 60
+        while logger.writer.submitted < N and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    try:
+        with OpenAIBackend(delay_s=0.0) as be:
+            asyncio.run(burst(be.api_base))
+        assert not errors and len(served) == N  # the outage never reached the serving path
+        assert logger.writer.submitted == N
+        assert logger.flush(60)
+        assert logger.writer.wait_replayed(60)
+        w = logger.writer
+        assert w.spooled > 0 and w.replayed > 0  # the outage really happened and was replayed
+        assert w.max_in_memory <= 2 * s.writer.queue_size + 2 * s.writer.batch_size
+        logger.close()
+    finally:
+        proxy.close()
+    eng = create_engine(pg_url)
+    with eng.connect() as c:
+        n, distinct = c.execute(text("select count(*), count(distinct call_id) from er_runs")).one()
+        ids = {r[0] for r in c.execute(text("select call_id from er_runs"))}
+        nq = c.execute(text("select count(*) from er_queries where source = 'production'")).scalar_one()
+    eng.dispose()
+    assert (n, distinct, nq) == (N, N, N)
+    assert ids == served
+    assert not list((tmp_path / "spool").glob("spool-*.jsonl"))  # nothing left behind
+
+
+def _row(i: int) -> PendingRow:
+    return PendingRow(call_id=f"call-{i}", candidate="mistralai/mistral-7b-chat", status="success", text=f"t{i}",
+                      start_s=1000.0 + i, end_s=1001.0 + i, first_token_s=None, prompt_tokens=10, completion_tokens=5,
+                      propensity=None, deployment_id="d", backend_id=None)  # fmt: skip
+
+
+def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):
+    spool_dir = tmp_path / "spool"
+    # a process spooled rows (one line torn by the crash) and died before replaying them
+    dead = Spool(spool_dir)
+    writer_cfg = WriterSettings(spool_dir=spool_dir, flush_interval_s=0.05)
+    tw = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings(), start=False)
+    recs = [tw._record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
+    recs.append({"k": "pending", **_row(50).to_json()})
+    dead.append(recs)
+    with open(dead.own, "a") as f:
+        f.write('{"k": "row", "q": {"id": "tor')  # torn write
+    dead._fh.close()  # the process is gone: its lock is released
+    dead._fh = None
+    tw.spool.close()
+
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings())
+    assert w.wait_replayed(30)
+    w.close()
+    store = open_store(sqlite_url)
+    runs = list(store.iter_runs())
+    store.close()
+    assert sorted(r["call_id"] for r in runs) == sorted(f"call-{i}" for i in range(51))
+    assert all(r["energy_method"] == "estimate" for r in runs)
+    rejected = [json.loads(x) for x in (spool_dir / "rejected.jsonl").read_text().splitlines()]
+    assert len(rejected) == 1 and "unparsable line" in rejected[0]["reason"]
+    assert not list(spool_dir.glob("spool-*.jsonl"))
+    # a second writer finds nothing to replay: exactly once
+    w2 = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings())
+    assert w2.wait_replayed(5)
+    w2.close()
+    store = open_store(sqlite_url)
+    assert store.count_runs() == 51
+    store.close()
+
+
+def tw_usage(i: int):
+    from litellm_energy_router.energy import RequestUsage
+
+    r = _row(i)
+    return RequestUsage(r.call_id, r.candidate, r.start_s, r.end_s, None, r.prompt_tokens, r.completion_tokens)
+
+
+def test_table_down_at_start_then_up(tmp_path):
+    """The table is unreachable when the writer starts (bad path), rows spool; once the store can be
+    opened they are written; close() flushes."""
+    target = tmp_path / "later" / "t.db"
+    url = f"sqlite:///{target}"
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
+    w = TableWriter(url, EstimateMeter(), writer=cfg, privacy=PrivacySettings())
+    for i in range(120):
+        w.submit(_row(i))
+    assert w.flush(10)
+    assert w.spooled == 120 and w.written == 0
+    target.parent.mkdir()
+    assert w.wait_replayed(20)
+    for i in range(120, 150):
+        w.submit(_row(i))
+    w.close()
+    store = open_store(url)
+    assert store.count_runs() == 150
+    store.close()
+
+
+def test_full_queue_spills_without_blocking(sqlite_url, tmp_path):
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", queue_size=10, batch_size=5, flush_interval_s=0.05)
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), start=False)
+    t = time.perf_counter()
+    for i in range(100):
+        w.submit(_row(i))  # the writer thread is not running: the queue fills after 10
+    assert time.perf_counter() - t < 1.0
+    assert w._q.qsize() == 10 and w.spooled == 90
+    w._thread.start()
+    w.close()
+    store = open_store(sqlite_url)
+    assert store.count_runs() == 100
+    store.close()
