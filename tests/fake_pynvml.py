@@ -27,7 +27,7 @@ import pynvml as _real
 @dataclass
 class FakeGPU:
     name: str = "NVIDIA H100 80GB HBM3"
-    power_w: Callable[[float], float] = lambda t: 300.0  # noqa: E731
+    power_w: Callable[[float], float] | float = 300.0  # W: a constant or a function of the clock
     has_counter: bool = True
     has_instant_field: bool = True
     counter_offset_mj: int = 3 * 2**40 + 123_456  # > 32 bits: catches 32-bit truncation
@@ -38,9 +38,14 @@ class FakeGPU:
 
     def energy_j(self, t: float) -> float:
         """Exact ∫ power from t0 to t, J (midpoint rule at integ_step_s)."""
+        if isinstance(self.power_w, (int, float)):
+            return float(self.power_w) * max(0.0, t - self._t0)
         n = max(0, round((t - self._t0) / self.integ_step_s))
         h = self.integ_step_s
-        return sum(self.power_w(self._t0 + (i + 0.5) * h) for i in range(n)) * h
+        return sum(self.power(self._t0 + (i + 0.5) * h) for i in range(n)) * h
+
+    def power(self, t: float) -> float:
+        return float(self.power_w) if isinstance(self.power_w, (int, float)) else self.power_w(t)
 
     def counter_mj(self, t: float) -> int:
         k = math.floor((t - self._t0) / self.update_s + 1e-9)  # last update tick
@@ -101,7 +106,7 @@ def make_fake_pynvml(gpus: list[FakeGPU], clock: Callable[[], float] = time.mono
         t = clock()
         lo = max(g._t0, t - g.avg_window_s)
         if t - lo < 1e-6:
-            return int(g.power_w(t) * 1000)
+            return int(g.power(t) * 1000)
         return int((g.energy_j(t) - g.energy_j(lo)) / (t - lo) * 1000)
 
     def nvmlDeviceGetFieldValues(h: int, field_ids: list) -> object:
@@ -112,7 +117,7 @@ def make_fake_pynvml(gpus: list[FakeGPU], clock: Callable[[], float] = time.mono
             if fid == _real.NVML_FI_DEV_POWER_INSTANT and g.has_instant_field:
                 values[i].nvmlReturn = _real.NVML_SUCCESS
                 values[i].valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
-                values[i].value.uiVal = int(g.power_w(clock()) * 1000)
+                values[i].value.uiVal = int(g.power(clock()) * 1000)
             else:
                 values[i].nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
         return values

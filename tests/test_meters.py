@@ -177,3 +177,25 @@ def test_open_request_meter_per_setting():
     if not _has_driver():
         with pytest.raises(MeterError, match="NVML unavailable"):
             open_request_meter(EnergySettings(meter="nvml"))
+
+
+def test_gpu_check_script_on_fake_nvml(monkeypatch, capsys):
+    """benchmarks/check_nvml_gpu.py end to end on the stand-in (the real run needs a GPU)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    fake = make_fake_pynvml([FakeGPU(power_w=220.0)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "check_nvml_gpu.py"
+    spec = importlib.util.spec_from_file_location("check_nvml_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(sys, "argv", ["check_nvml_gpu.py", "--seconds", "1.5"])
+    assert mod.main() == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    fields = dict(kv.split("=") for kv in last.split())
+    assert 90 <= float(fields["counter_update_ms"]) <= 110  # the ~100 ms counter granularity is seen
+    assert float(fields["counter_j"]) == pytest.approx(220.0 * float(fields["window_s"]), rel=0.15)
+    assert float(fields["rel_diff"]) < 0.15
+    assert float(fields["conservation_err"]) < 0.01
