@@ -164,15 +164,23 @@ def test_failures_and_store_text(sqlite_url, tmp_path):
 
         async def main():
             out = []
-            for i in range(30):
+            for i in range(15):
                 try:
                     await router.acompletion(model="pool", messages=[{"role": "user", "content": prompt(i)}])
                     out.append("ok")
                 except Exception:  # noqa: BLE001
                     out.append("err")
+            while logger.writer.submitted < 15:
+                await asyncio.sleep(0.05)
             return out
 
         outcomes = asyncio.run(main())
+        for i in range(15, 30):  # sync calls: the sync success/failure hooks
+            try:
+                router.completion(model="pool", messages=[{"role": "user", "content": prompt(i)}])
+                outcomes.append("ok")
+            except Exception:  # noqa: BLE001
+                outcomes.append("err")
         wait_submitted(logger, 30)
         assert logger.flush(30)
         logger.close()

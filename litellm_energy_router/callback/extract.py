@@ -61,10 +61,11 @@ class CandidateMap:
                 self.by_model.setdefault(c.model, c.name)
 
     def resolve(self, model_id: str | None, model: str | None, chosen: str | None, chosen_id: str | None) -> str | None:
+        """The served deployment's candidate: by ``model_info.id``, else by model string (with or
+        without the provider prefix); when the served model is not a configured candidate, the
+        router's choice if it names this deployment (or none); else the raw model string."""
         if model_id and model_id in self.by_id:
             return self.by_id[model_id]
-        if chosen and (chosen_id is None or chosen_id == model_id):
-            return chosen
         if model:
             if model in self.names:
                 return model
@@ -73,8 +74,9 @@ class CandidateMap:
             tail = model.split("/", 1)[-1]  # "openai/small" -> "small"
             if tail in self.names:
                 return tail
-            return model
-        return None
+        if chosen and (chosen_id is None or chosen_id == model_id):
+            return chosen
+        return model or None
 
 
 def query_text(messages: Any) -> str:
