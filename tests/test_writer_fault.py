@@ -85,6 +85,8 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
         assert logger.flush(60)
         assert logger.writer.wait_replayed(60)
         w = logger.writer
+        print(f"burst {N}: spooled {w.spooled}, replayed {w.replayed}, written {w.written}, "
+              f"max rows in memory {w.max_in_memory}, outage {phases['up'] - phases['down']:.1f} s")
         assert w.spooled > 0 and w.replayed > 0  # the outage really happened and was replayed
         assert w.max_in_memory <= 2 * s.writer.queue_size + 2 * s.writer.batch_size
         logger.close()
