@@ -42,7 +42,7 @@ from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter  # noqa: E402
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
-from openai_backend import OpenAIBackend, model_list  # noqa: E402
+from chat_backend import OpenAIBackend, model_list  # noqa: E402
 
 CANDIDATES = [{"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
               {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"}]  # fmt: skip

@@ -6,8 +6,9 @@ from datetime import datetime, timezone
 
 from prometheus_client import REGISTRY, generate_latest
 
-from litellm_energy_router.callback import CandidateMap, PendingRow, TableWriter, extract_row, query_text
+from litellm_energy_router.callback import CandidateMap, PendingRow, TableWriter, extract_row
 from litellm_energy_router.decision import DECISION_KEY, Decision
+from litellm_energy_router.router.extract import query_text as routed_text
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import CandidateSettings, PrivacySettings, WriterSettings
 
@@ -55,13 +56,19 @@ def test_extract_row_fields():
     assert extract_row({"standard_logging_object": {}}, None, None, "success", CMAP) is None
 
 
-def test_query_text():
-    assert query_text("plain") == "plain"
-    assert query_text([{"role": "user", "content": "only"}]) == "only"
+def test_row_text_is_what_the_router_reads():
     msgs = [{"role": "system", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "b"}]}]  # fmt: skip
-    assert query_text(msgs) == "system: be brief\nuser: a\nb"
-    assert query_text(None) == ""
+    r = extract_row(kwargs(messages=msgs), None, None, "success", CMAP)
+    assert r.text == routed_text(msgs) == "be brief\n\na\nb"
+    r = extract_row({**kwargs(messages=None), "prompt": "complete this"}, None, None, "success", CMAP)
+    assert r.text == "complete this"
+
+
+def test_model_info_tag_wins():
+    kw = kwargs(model_id="dep-small")
+    kw["litellm_params"]["metadata"]["model_info"] = {"id": "dep-small", "energy_router_candidate": "tagged-name"}
+    assert extract_row(kw, None, None, "success", CMAP).candidate == "tagged-name"
 
 
 def test_metrics_exposed(sqlite_url, tmp_path):

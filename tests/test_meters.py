@@ -38,8 +38,8 @@ def _has_driver() -> bool:
 
 
 def test_registry_lists_all_meters():
-    assert registered_meters() == ["agent", "estimate", "nvml", "simulated"]
-    with pytest.raises(ValueError, match="'nope' is not registered .*known: agent, estimate, nvml, simulated"):
+    assert {"agent", "estimate", "nvml", "simulated"} <= set(registered_meters())  # tests may register more
+    with pytest.raises(ValueError, match=r"'nope' is not registered \(known: .*agent, estimate, nvml, .*simulated"):
         make_meter("nope")
 
 

@@ -54,3 +54,17 @@ def test_writer_queues_each_sampled_success_once(sqlite_url, tmp_path):
     for r in want:
         assert by[r.call_id]["query_id"] == query_id_for(r.call_id)
         assert by[r.call_id]["text"] == r.text and by[r.call_id]["task"] == "production"
+
+
+def test_profiler_reads_our_queue(tmp_path):
+    """The contract with the shadow tournament (profiling.shadow.read_queue)."""
+    from litellm_energy_router.profiling.shadow import read_queue
+
+    path = tmp_path / "shadow.jsonl"
+    q = ShadowQueue(path, 1.0)
+    for i in range(3):
+        q.maybe_enqueue(query_id_for(f"c{i}"), "production", f"text {i}", f"c{i}", created=50.0 + i)
+    entries = read_queue(path)
+    assert [(e.query_id, e.task, e.text, e.call_id, e.created) for e in entries] == [
+        (f"prod-c{i}", "production", f"text {i}", f"c{i}", 50.0 + i) for i in range(3)
+    ]

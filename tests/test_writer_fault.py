@@ -19,7 +19,7 @@ from litellm_energy_router.callback.spool import Spool
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
 from litellm_energy_router.table import open_store
-from openai_backend import OpenAIBackend, model_list
+from chat_backend import OpenAIBackend, model_list
 from tcp_proxy import TCPProxy
 
 # The acceptance burst is 5,000 requests; through a real LiteLLM Router that takes ~70-100 s on

@@ -1,7 +1,7 @@
 """The LiteLLM callback (:class:`EnergyLogger`) and its non-blocking, spooling table writer."""
 
-from .extract import CandidateMap, PendingRow, extract_row, query_text
+from .extract import CandidateMap, PendingRow, extract_row
 from .logger import EnergyLogger
 from .writer import TableWriter, query_id_for
 
-__all__ = ["CandidateMap", "EnergyLogger", "PendingRow", "TableWriter", "extract_row", "query_id_for", "query_text"]
+__all__ = ["CandidateMap", "EnergyLogger", "PendingRow", "TableWriter", "extract_row", "query_id_for"]

@@ -16,6 +16,9 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from ..decision import decision_from_kwargs
+from ..router.extract import query_text as routed_text
+
+CANDIDATE_KEY = "energy_router_candidate"  # model_info key naming a deployment's candidate (as the strategy reads it)
 
 
 @dataclass(slots=True)
@@ -45,7 +48,8 @@ class PendingRow:
 
 
 class CandidateMap:
-    """Served deployment -> candidate name, from settings ``candidates[].name / deployment_id / model``."""
+    """Served deployment -> candidate name: the deployment's ``model_info.energy_router_candidate``,
+    else settings ``candidates[].deployment_id / name / model`` (see :meth:`resolve`)."""
 
     def __init__(self, candidates: Iterable[Any] = ()) -> None:
         self.by_id: dict[str, str] = {}
@@ -60,10 +64,15 @@ class CandidateMap:
             if c.model:
                 self.by_model.setdefault(c.model, c.name)
 
-    def resolve(self, model_id: str | None, model: str | None, chosen: str | None, chosen_id: str | None) -> str | None:
-        """The served deployment's candidate: by ``model_info.id``, else by model string (with or
-        without the provider prefix); when the served model is not a configured candidate, the
-        router's choice if it names this deployment (or none); else the raw model string."""
+    def resolve(
+        self, model_id: str | None, model: str | None, chosen: str | None, chosen_id: str | None, tagged: str | None = None
+    ) -> str | None:
+        """The served deployment's candidate: its ``model_info.energy_router_candidate`` (``tagged``),
+        else by ``model_info.id``, else by model string (with or without the provider prefix); when
+        the served model is not a configured candidate, the router's choice if it names this
+        deployment (or none); else the raw model string."""
+        if tagged:
+            return tagged
         if model_id and model_id in self.by_id:
             return self.by_id[model_id]
         if model:
@@ -79,22 +88,16 @@ class CandidateMap:
         return model or None
 
 
-def query_text(messages: Any) -> str:
-    """The query as one string: the single message's text, else ``role: text`` lines."""
+def query_text(kwargs: Mapping[str, Any], slo: Mapping[str, Any]) -> str:
+    """The query as stored in the table: the same text the router routes on
+    (:func:`litellm_energy_router.router.extract.query_text`: the last user turn with a little
+    context; a text-completion prompt or embedding input when there are no messages)."""
+    messages = slo.get("messages") or kwargs.get("messages")
     if isinstance(messages, str):
         return messages
-    parts: list[tuple[str, str]] = []
-    for m in messages or ():
-        get = m.get if isinstance(m, Mapping) else (lambda k, d=None, _m=m: getattr(_m, k, d))
-        c = get("content")
-        if isinstance(c, list):
-            c = "\n".join(str(p.get("text", "")) for p in c if isinstance(p, Mapping) and p.get("type") == "text")
-        if c is None:
-            continue
-        parts.append((str(get("role", "user")), str(c)))
-    if len(parts) == 1:
-        return parts[0][1]
-    return "\n".join(f"{role}: {c}" for role, c in parts)
+    text = routed_text(messages if isinstance(messages, (list, tuple)) else None, prompt=kwargs.get("prompt"),
+                       input=kwargs.get("input"), route_prompts=True)  # fmt: skip
+    return text or ""
 
 
 def _ts(v: Any) -> float | None:
@@ -126,11 +129,15 @@ def extract_row(
     call_id = slo.get("litellm_call_id") or kwargs.get("litellm_call_id")
     if not call_id:
         return None
-    model_id = slo.get("model_id") or (md.get("model_info") or {}).get("id") or (lp.get("model_info") or {}).get("id")
+    info = md.get("model_info") or lp.get("model_info") or {}
+    info = info if isinstance(info, Mapping) else {}
+    model_id = slo.get("model_id") or info.get("id")
+    tagged = info.get(CANDIDATE_KEY)
     model = slo.get("model") or md.get("deployment") or kwargs.get("model")
     decision = decision_from_kwargs(kwargs)
     chosen = decision.candidate if decision else None
-    candidate = cmap.resolve(model_id, model, chosen, decision.deployment_id if decision else None)
+    candidate = cmap.resolve(model_id, model, chosen, decision.deployment_id if decision else None,
+                             str(tagged) if tagged else None)  # fmt: skip
     if not candidate or (not model_id and status == "failure" and not decision):
         return None
     start = _ts(slo.get("startTime")) or _ts(start_time) or time.time()
@@ -141,10 +148,9 @@ def extract_row(
     propensity = decision.propensity if decision and decision.candidate == candidate else None
     if propensity is not None and not (0.0 < propensity <= 1.0):
         propensity = None
-    messages = slo.get("messages") or kwargs.get("messages") or kwargs.get("input")
     return PendingRow(
         call_id=str(call_id), candidate=str(candidate), status="success" if status == "success" else "failure",
-        text=query_text(messages), start_s=start, end_s=max(end, start), first_token_s=first,
+        text=query_text(kwargs, slo), start_s=start, end_s=max(end, start), first_token_s=first,
         prompt_tokens=_int(slo.get("prompt_tokens")), completion_tokens=_int(slo.get("completion_tokens")),
         propensity=propensity, deployment_id=str(model_id) if model_id else None,
         backend_id=str(slo["id"]) if slo.get("id") else None,
