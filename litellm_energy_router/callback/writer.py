@@ -301,7 +301,9 @@ class TableWriter:
             self._write(records)
             self._mark_up()
             self._account(len(records))
-        except _TRANSIENT as e:
+        except Exception as e:  # noqa: BLE001 - unreachable table (or anything unforeseen): keep the rows
+            if not isinstance(e, _TRANSIENT):
+                log.exception("energy-router: unexpected error writing %d rows; spooling them", len(records))
             self._mark_down(e)
             self._to_spool(records)
         self._last_commit = time.monotonic()
@@ -372,7 +374,9 @@ class TableWriter:
             return True
         try:
             self._write(chunk.records)
-        except _TRANSIENT as e:
+        except Exception as e:  # noqa: BLE001 - the chunk stays in the spool; retried after a backoff
+            if not isinstance(e, _TRANSIENT):
+                log.exception("energy-router: unexpected error replaying %s", chunk.path.name)
             self._mark_down(e)
             return False
         self._mark_up()

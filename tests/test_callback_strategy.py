@@ -1,0 +1,72 @@
+"""The energy callback behind the real routing strategy: the decision the strategy attaches to the
+request (candidate, propensity) lands in the production rows."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import litellm
+import pytest
+from litellm import Router
+
+from backend import Backend
+from litellm_energy_router.callback import EnergyLogger
+from litellm_energy_router.settings import Settings
+from litellm_energy_router.strategy import EnergyRoutingStrategy
+from litellm_energy_router.table import open_store
+from router_fixtures import CANDS, train_planted
+
+
+@pytest.fixture(autouse=True)
+def _reset_callbacks():
+    litellm.logging_callback_manager._reset_all_callbacks()
+    yield
+    litellm.logging_callback_manager._reset_all_callbacks()
+
+
+@pytest.mark.slow
+def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url):
+    store = open_store(f"sqlite:///{tmp_path / 'train.db'}")
+    ckpt = train_planted(store, tmp_path / "router")
+    store.close()
+    backend = Backend(delay_s=0.01).start()
+    try:
+        s = Settings.model_validate({
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
+            "knob": {"lambda": 0.05}, "table": {"url": sqlite_url}, "energy": {"meter": "simulated"},
+            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
+        })  # fmt: skip
+        model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                       "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+        router = Router(model_list=model_list)
+        router.register_plugin(EnergyRoutingStrategy(router, s))
+        logger = EnergyLogger(s)
+        litellm.callbacks = [logger]
+        texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(40)]
+        served = {}
+
+        async def go():
+            async def one(t):
+                r = await router.acompletion(model="pool", messages=[{"role": "user", "content": t}])
+                served[r._hidden_params["litellm_call_id"]] = t
+
+            await asyncio.gather(*(one(t) for t in texts))
+            while logger.writer.submitted < len(texts):
+                await asyncio.sleep(0.05)
+
+        asyncio.run(go())
+        time.sleep(0.3)
+        assert logger.flush(30)
+        logger.close()
+    finally:
+        backend.stop()
+    store = open_store(sqlite_url)
+    rows = {r["call_id"]: r for r in store.iter_runs()}
+    store.close()
+    assert set(rows) == set(served)
+    for cid, text in served.items():
+        r = rows[cid]
+        assert r["candidate"] == ("large" if "proof" in text else "small")
+        assert r["propensity"] == pytest.approx(1.0)  # epsilon 0: the policy picks it for sure
+        assert r["energy_method"] == "simulated" and r["energy_j"] is not None
