@@ -185,3 +185,33 @@ def test_full_queue_spills_without_blocking(sqlite_url, tmp_path):
     store = open_store(sqlite_url)
     assert store.count_runs() == 100
     store.close()
+
+
+def test_unforeseen_store_error_keeps_rows(sqlite_url, tmp_path):
+    """A store that raises something unexpected once: the batch goes to the spool, then in."""
+    calls = {"n": 0}
+
+    class Flaky:
+        def __init__(self, url):
+            self.s = open_store(url)
+
+        def write(self, *a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("driver bug")
+            return self.s.write(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Flaky)
+    for i in range(30):
+        w.submit(_row(i))
+    assert w.flush(10)
+    assert w.wait_replayed(10)
+    w.close()
+    assert w.spooled == 30 and w.replayed == 30
+    store = open_store(sqlite_url)
+    assert store.count_runs() == 30
+    store.close()
