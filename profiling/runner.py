@@ -63,6 +63,7 @@ class Generation:
     error: str | None = None
     energy_j: float | None = None
     energy_method: str | None = None
+    energy_window_s: float | None = None  # seconds the energy was metered over (for average power)
 
 
 @dataclass
@@ -237,6 +238,7 @@ class Tournament:
 
         async def worker() -> None:
             for job in pending:  # shared iterator: each job is taken by exactly one worker
+                t_begin = time.perf_counter()
                 handle = self.accountant.begin()
                 gen = Generation(error="not started")
                 try:
@@ -244,6 +246,7 @@ class Tournament:
                 finally:
                     energy = self.accountant.end(handle, cand.model_name, gen.prompt_tokens, gen.completion_tokens)
                 gen.energy_j, gen.energy_method = energy, (self.accountant.method if energy is not None else None)
+                gen.energy_window_s = time.perf_counter() - t_begin
                 await self.finish(cand, job, gen)
 
         async with asyncio.TaskGroup() as tg:
@@ -262,7 +265,8 @@ class Tournament:
                 raise  # configuration problems stop the tournament
             except Exception as e:  # noqa: BLE001  (judge request failed, ...)
                 grade = Grade(None, f"grading failed: {_first_line(e)}")
-        power = gen.energy_j / gen.latency_s if gen.energy_j is not None and gen.latency_s else None
+        window = gen.energy_window_s or gen.latency_s
+        power = gen.energy_j / window if gen.energy_j is not None and window else None
         run = Run(
             query_id=job.item.query_id, candidate=cand.model_name, source=self.source, score=grade.score,
             latency_s=gen.latency_s, ttft_s=gen.ttft_s, prompt_tokens=gen.prompt_tokens,
