@@ -100,7 +100,7 @@ def write_pareto(ev: Evaluation, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(11, 6))
     ax.scatter(ev.static_energy, ev.static_accuracy, color="black", zorder=5, label="always one candidate")
     for c, x, y in zip(ev.candidates, ev.static_energy, ev.static_accuracy):
         ax.annotate(_short(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
@@ -126,7 +126,7 @@ def write_pareto(ev: Evaluation, path: Path) -> None:
     ax.set_ylabel("accuracy")
     ax.set_xlim(0, ev.x_max * 1.05)
     ax.set_title("accuracy vs energy (dots: operating points; lines: hulls)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -160,8 +160,8 @@ def write_phase(ev: Evaluation, path: Path) -> None:
         ax.set_ylabel("routing share")
         ax.set_ylim(0, 1)
     if routers:
-        axes.ravel()[0].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+        fig.legend(*axes.ravel()[0].get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=min(len(ev.candidates), 6))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
