@@ -7,7 +7,7 @@ are imported into a temporary SQLite table and read back through it. Per method:
 to reach the best single model's (Yi-34B's) pooled accuracy and the saving vs Yi's mean J, and the
 accuracy at half Yi's joules; plus the zero router (static hull), random and the oracle.
 Hyperparameters are tuned by inner CV on training folds only. Query embeddings (MiniLM) are cached
-under $ENERGY_ROUTER_CACHE (first run: a few minutes on 2 cores to embed 2,217 queries).
+under $XDG_CACHE_HOME/litellm-energy-router (first run: a few minutes on 2 cores to embed 2,217 queries).
 
 Last line: ``aiq <method>=<value> ...`` for every method and reference point.
 """
@@ -52,7 +52,7 @@ def main() -> None:
     m = routerbench_matrix()
     print(m.summary())
     ev = cross_validate(baseline_factories(a.methods.split(",")), m, folds=a.folds, seed=a.seed,
-                        progress=lambda s: print(s, file=sys.stderr, flush=True))  # fmt: skip
+                        progress=lambda i, n, s: print(f"[{i + 1}/{n}] {s}", file=sys.stderr, flush=True))  # fmt: skip
     print_table(ev)
     for n in ev.notes:
         print("note:", n)

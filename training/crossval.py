@@ -40,13 +40,14 @@ def cross_validate(
     seed: int = 0,
     profile: Any = None,
     n_points: int = 41,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> Evaluation:
     """Cross-validate ``methods`` (name → factory, or one factory, named "router") on ``matrix``
     (default: the bundled RouterBench development rows) with ``folds`` folds by query, stratified by task.
 
     Returns the :class:`~.evaluate.Evaluation` of the pooled held-out predictions, with per-fold AIQ,
     and notes giving each method's fit time, held-out Brier score and tuned hyperparameters.
+    ``progress(done, total, label)`` is called before each (fold, method) fit.
     """
     if callable(methods) and not isinstance(methods, Mapping):
         methods = {"router": methods}
@@ -62,9 +63,9 @@ def cross_validate(
         est = EnergyEstimator.fit(train, profile)
         e_refs.append(est.e_ref)
         e_default = est.predict_matrix(test)
-        for name, factory in methods.items():
+        for j, (name, factory) in enumerate(methods.items()):
             if progress:
-                progress(f"fold {f + 1}/{folds}: {name}")
+                progress(f * len(methods) + j, folds * len(methods), f"fold {f + 1}/{folds}: {name}")
             t0 = time.perf_counter()
             pred = factory().fit(train)
             p = np.asarray(pred.predict_proba(test), dtype=np.float64)

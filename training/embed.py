@@ -30,9 +30,9 @@ def query_block(text: str | None) -> str:
 
 
 def default_cache_dir() -> Path:
-    """``$ENERGY_ROUTER_CACHE/embeddings`` or ``~/.cache/litellm-energy-router/embeddings``."""
-    root = os.environ.get("ENERGY_ROUTER_CACHE") or Path.home() / ".cache" / "litellm-energy-router"
-    return Path(root) / "embeddings"
+    """``$XDG_CACHE_HOME/litellm-energy-router/embeddings`` (default ``~/.cache/...``)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "litellm-energy-router"
+    return root / "embeddings"
 
 
 @runtime_checkable

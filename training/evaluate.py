@@ -11,7 +11,8 @@ Definitions (energy in mean J per query, accuracy = mean score):
   (what random mixtures of static models reach).
 * **random** — each query sent to a candidate drawn uniformly (expected value, one point).
 * **oracle** — per query the cheapest candidate (true J) among those with the best score; a query no
-  candidate answers goes to the cheapest.
+  candidate answers goes to the cheapest. That is the λ = 0 end of the oracle *curve*: the decision rule
+  swept with ``P = Y`` and ``Ê = E``, the frontier no router can pass.
 * **AIQ** (RouterBench) — area under the non-decreasing concave hull of a curve's (J, accuracy) points
   over [0, x_max], divided by x_max; x_max is the pool's largest always-one-model mean J; the hull is 0
   below its cheapest point and flat after its last.
@@ -287,8 +288,11 @@ def evaluate(
     eye = np.eye(K)
     add("zero router (static hull)", Curve("zero router (static hull)", "static", np.arange(K), se, sa, eye), "zero")
     add("random", Curve("random", "random", np.array([0.0]), np.array([se.mean()]), np.array([sa.mean()]), np.full((1, K), 1 / K)), "random")
-    oc = oracle_choices(Y, E)
-    add("oracle", Curve.from_choices("oracle", "oracle", [0.0], oc[None, :], Y, E), "oracle")
+    # the oracle knows Y and the true E: at λ = 0 it sends each query to the cheapest candidate with the
+    # best score; its λ sweep is the frontier no router can pass (it maximises Y − λ·E per query)
+    ocurve, _ = sweep_lambda(Y, E, Y, E, x_max, max(n_points, 201), "oracle")
+    ocurve.mode = "oracle"
+    add("oracle", ocurve, "oracle")
     for name, (P, Ehat) in routers.items():
         P, Ehat = np.asarray(P, dtype=np.float64), np.asarray(Ehat, dtype=np.float64)
         if P.shape != (n, K) or Ehat.shape != (n, K):

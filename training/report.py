@@ -17,7 +17,8 @@ from .evaluate import Evaluation, MethodResult
 DEFINITIONS = """\
 Definitions. Energy is the mean true joules per query (J), accuracy the mean score. The zero router is
 the non-decreasing concave hull of the always-one-candidate points; random sends each query to a uniformly
-drawn candidate; the oracle sends each query to the cheapest candidate with the best score. AIQ = area
+drawn candidate; the oracle sends each query to the cheapest candidate with the best score (its curve: the
+decision rule swept with the true outcomes and joules, an upper bound for every router). AIQ = area
 under a curve's non-decreasing concave hull over [0, x_max] / x_max (0 below its cheapest point, flat
 after its last), x_max = the largest always-one-candidate mean J. "J at best acc" = the J a hull needs to
 reach the most accurate single candidate's pooled accuracy (savings vs that candidate's J); "acc at half J"
@@ -115,8 +116,9 @@ def write_pareto(ev: Evaluation, path: Path) -> None:
         elif m.kind == "random":
             ax.scatter(m.curve.energy_j, m.curve.accuracy, marker="x", color="grey", s=60, label=f"random (AIQ {m.aiq:.3f})")
         elif m.kind == "oracle":
-            ax.scatter(m.curve.energy_j, m.curve.accuracy, marker="*", color="gold", edgecolor="k", s=160,
-                       label=f"oracle (AIQ {m.aiq:.3f})", zorder=6)  # fmt: skip
+            ax.plot(*hull_line(m), "-", color="goldenrod", lw=1, label=f"oracle (AIQ {m.aiq:.3f})")
+            ax.scatter(m.curve.energy_j[:1], m.curve.accuracy[:1], marker="*", color="gold", edgecolor="k", s=160,
+                       label="oracle: cheapest correct", zorder=6)  # fmt: skip
     for m in _routers(ev):
         (line,) = ax.plot(m.curve.energy_j, m.curve.accuracy, ".", ms=4, alpha=0.6)
         ax.plot(*hull_line(m), "-", lw=1.5, color=line.get_color(), label=f"{m.name} (AIQ {m.aiq:.3f})")
