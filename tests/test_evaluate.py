@@ -3,15 +3,16 @@ query, the routing-time energy estimator, the table matrix, and the report files
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from litellm_energy_router.energy.profile import EnergyProfile, ModelEnergy
 from litellm_energy_router.router.decide import decide_lambda, lambda_breakpoints, lambda_grid
 from litellm_energy_router.table import Candidate, Run, make_query, open_store
-from litellm_energy_router.training.data import EnergyEstimator, MatrixError, holdout_split, kfold, load_matrix
+from litellm_energy_router.router.checkpoint import EnergyEstimate
+from litellm_energy_router.training.data import (
+    MatrixError, estimate_energy, fit_energy_estimate, holdout_split, kfold, load_matrix,
+)
 from litellm_energy_router.training.evaluate import (
     Curve, aiq, evaluate, hull_value, joules_at_accuracy, oracle_choices, pareto_hull, phase_transition, write_report,
 )  # fmt: skip
@@ -230,27 +231,28 @@ def test_load_matrix_and_energy_estimator(sqlite_url):
     assert m.Y[i0, 0] == 1.0 and m.E[i0, 0] == 2.0  # the newest run wins
     assert m.prompt_tokens[i0] == 100
     assert m.subset([0, 1]).n == 2
-    est = EnergyEstimator.fit(m, _profile())
-    assert est.origin == {"small": "profile", "other": "fitted", "big": "profile"}
-    k_other = m.candidates.index("other")
-    assert est.j_prompt[k_other] == pytest.approx(0.02, rel=1e-6) and est.j_output[k_other] == pytest.approx(0.5, rel=1e-6)
-    Eh = est.predict_matrix(m)
+    assert m.max_run_id == store.count_runs()  # the watermark covers every run read
+    est = fit_energy_estimate(m, _profile())
+    # small/big from the profile, "other" (not in it) fitted from the rows' (tokens, J)
+    assert est.j_per_prompt_token["small"] == 0.01 and est.j_per_output_token["big"] == 1.0
+    assert est.j_per_prompt_token["other"] == pytest.approx(0.02, rel=1e-6)
+    assert est.j_per_output_token["other"] == pytest.approx(0.5, rel=1e-6)
+    Eh = estimate_energy(est, m)
     chat = m.tasks == "chat"
-    assert est.out_tokens["chat"][2] == pytest.approx(m.T[chat, 2].mean())
+    assert est.output_tokens["chat"]["big"] == pytest.approx(m.T[chat, 2].mean())
     assert Eh[chat, 2] == pytest.approx(m.prompt_tokens[chat] * 0.05 + m.T[chat, 2].mean() * 1.0)
-    unknown = est.predict([100.0], ["never-seen"])
+    unknown = est.estimate(m.candidates, [100], ["never-seen"])
     assert unknown[0, 2] == pytest.approx(100 * 0.05 + np.mean(m.T[:, 2]) * 1.0)
-    back = EnergyEstimator.from_dict(json.loads(json.dumps(est.to_dict())))
-    assert np.allclose(back.predict_matrix(m), Eh) and back.e_ref == est.e_ref
-    with pytest.raises(MatrixError, match="field"):
-        EnergyEstimator.from_dict({"candidates": ["a"]})
+    back = EnergyEstimate.model_validate_json(est.model_dump_json())  # what the checkpoint manifest holds
+    assert np.allclose(estimate_energy(back, m), Eh)
+    assert m.take([0, 1]).n == 2 and len(m) == 39
     with pytest.raises(MatrixError, match="'nope'"):
         load_matrix(store, ["small", "nope"])
     store.close()
 
 
 def test_empty_table_is_a_clear_error(sqlite_url):
-    with pytest.raises(MatrixError, match="no labelled runs"):
+    with pytest.raises(MatrixError, match="0 fully labelled queries"):
         load_matrix(open_store(sqlite_url))
 
 

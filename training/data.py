@@ -1,15 +1,16 @@
-"""The tournament table as a dense matrix, query-level splits, and the routing-time energy estimator.
+"""The tournament table as a dense matrix, query-level splits, and the routing-time energy estimate.
 
-numpy only at module level: serving code may import :class:`EnergyEstimator` (it is serialised into a
-checkpoint manifest with :meth:`EnergyEstimator.to_dict`).
+numpy (and the serving package's pydantic types) only at module level: no torch, no scikit-learn.
 
 Units: energy in joules (J), tokens as counts, scores (correctness) in [0, 1].
 
 * :func:`load_matrix` — one row per query, one column per candidate: correctness ``Y[n, K]``, true
   energy ``E[n, K]`` (J), completion tokens ``T[n, K]``, plus id, task, text and prompt tokens.
 * :func:`kfold` / :func:`holdout_split` — splits **by query** (a query is never in train and test).
-* :class:`EnergyEstimator` — ``Ê[n, K]`` from what is known at routing time: the prompt length and the
-  task. ``Ê_j = prompt_tokens · j_prompt_j + expected_output_tokens_j(task) · j_output_j``.
+* :func:`fit_energy_estimate` — fits the checkpoint's
+  :class:`~litellm_energy_router.router.checkpoint.EnergyEstimate`: ``Ê[n, K]`` from what is known at
+  routing time, the prompt length and the task:
+  ``Ê_j = prompt_tokens · j_prompt_j + expected_output_tokens_j(task) · j_output_j``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-UNKNOWN_TASK = "*"
+from litellm_energy_router.router.checkpoint import EnergyEstimate
 
 
 class MatrixError(ValueError):
@@ -46,9 +47,13 @@ class TableMatrix:
     E: np.ndarray  # [n, K] float, J
     T: np.ndarray  # [n, K] float, completion tokens (NaN = unknown)
     dropped: dict[str, int] = field(default_factory=dict)
+    max_run_id: int = 0  # training-data watermark: the largest run id read
 
     @property
     def n(self) -> int:
+        return len(self.ids)
+
+    def __len__(self) -> int:
         return len(self.ids)
 
     @property
@@ -61,8 +66,10 @@ class TableMatrix:
         return TableMatrix(
             candidates=list(self.candidates), ids=self.ids[idx], tasks=self.tasks[idx],
             texts=[self.texts[i] for i in idx], prompt_tokens=self.prompt_tokens[idx],
-            Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped),
+            Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped), max_run_id=self.max_run_id,
         )  # fmt: skip
+
+    take = subset
 
     def task_names(self) -> list[str]:
         return sorted(set(self.tasks.tolist()))
@@ -75,21 +82,24 @@ class TableMatrix:
 def load_matrix(
     store: Any,
     candidates: Sequence[str] | None = None,
-    *,
     sources: Sequence[str] | None = None,
+    since_id: int | None = None,
 ) -> TableMatrix:
-    """Read ``store.iter_runs(sources=...)`` into a :class:`TableMatrix`.
+    """Read ``store.iter_runs(sources=..., since_id=...)`` into a :class:`TableMatrix`.
 
     A query is kept only when every candidate has a labelled run (score and energy present) for it;
     the counts of dropped queries are in ``matrix.dropped``. When a (query, candidate) pair has several
-    runs (several sources), the most recently written one (largest run id) wins. ``candidates``
-    default: every candidate with a labelled run, ordered by mean energy ascending.
+    runs (several sources), the most recently updated one wins. ``candidates`` default: every candidate
+    with a labelled run, ordered by mean energy ascending. Queries stored without text (privacy) are
+    kept with ``text=None``.
     """
     best: dict[tuple[str, str], dict[str, Any]] = {}
     qinfo: dict[str, tuple[str, str | None]] = {}
     ptoks: dict[str, list[int]] = {}
     wanted = set(candidates) if candidates is not None else None
-    for r in store.iter_runs(sources=sources):
+    max_id = 0
+    for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
+        max_id = max(max_id, int(r["id"]))
         if wanted is not None and r["candidate"] not in wanted:
             continue
         qid = r["query_id"]
@@ -99,11 +109,11 @@ def load_matrix(
         if r.get("score") is None or r.get("energy_j") is None:
             continue
         key = (qid, r["candidate"])
-        if key not in best or r["id"] > best[key]["id"]:
+        if key not in best or (r.get("updated") or 0, r["id"]) >= (best[key].get("updated") or 0, best[key]["id"]):
             best[key] = r
     if not best:
-        raise MatrixError(f"table {getattr(store, 'url', '?')}: no labelled runs (score and energy_j) "
-                          f"{'for sources ' + ','.join(sources) if sources else ''}".rstrip())
+        src = f" from sources {','.join(sources)}" if sources else ""
+        raise MatrixError(f"table {getattr(store, 'url', '?')}: 0 fully labelled queries (no run with score and energy_j{src})")
     if candidates is None:
         energy: dict[str, list[float]] = {}
         for (_, c), r in best.items():
@@ -148,10 +158,10 @@ def load_matrix(
         E.append(e)
         T.append(t)
     if not ids:
-        raise MatrixError(f"table {getattr(store, 'url', '?')}: no query has labelled runs for all {K} candidates {cands}")
+        raise MatrixError(f"table {getattr(store, 'url', '?')}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})")
     return TableMatrix(
         candidates=cands, ids=np.array(ids, dtype=object), tasks=np.array(tasks, dtype=object), texts=texts,
-        prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped,
+        prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped, max_run_id=max_id,
     )  # fmt: skip
 
 
@@ -216,100 +226,50 @@ def _fit_nonneg_2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float,
     return (c, 0.0) if j == 0 else (0.0, c)
 
 
-@dataclass
-class EnergyEstimator:
-    """Routing-time energy estimate ``Ê[n, K]`` (J).
+def fit_energy_estimate(m: TableMatrix, profile: Any | None = None) -> EnergyEstimate:
+    """Fit the routing-time energy estimate on the rows of ``m`` (training rows only).
 
-    ``Ê_j = prompt_tokens · j_prompt[j] + out_tokens[task][j] · j_output[j]``. Expected output tokens are
-    the training mean per (task, candidate), falling back to the candidate's mean over all tasks
-    (``out_tokens["*"]``) for an unknown task. J/token come from the energy profile, or are fitted by
-    non-negative least squares on the table's rows for a candidate the profile lacks.
+    J per prompt / output token come from ``profile`` (an
+    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None`` loads the bundled one), or,
+    for a candidate the profile lacks, from non-negative least squares of the rows' energy (J) on their
+    (prompt tokens, completion tokens). Expected output tokens are the mean per (task, candidate), with the
+    per-candidate mean for unknown tasks; a run without completion tokens counts with the output tokens
+    its energy implies.
     """
+    if profile is None:
+        from litellm_energy_router.energy.profile import load_profile
 
-    candidates: list[str]
-    j_prompt: list[float]  # J per prompt token
-    j_output: list[float]  # J per output token
-    out_tokens: dict[str, list[float]]  # task -> expected output tokens per candidate; "*" = all tasks
-    e_ref: float  # J: reference energy (mean Ê of the most expensive candidate on the training rows)
-    origin: dict[str, str] = field(default_factory=dict)  # candidate -> "profile" | "fitted"
+        profile = load_profile()
+    models = getattr(profile, "models", {}) or {}
+    jp: dict[str, float] = {}
+    jo: dict[str, float] = {}
+    for k, c in enumerate(m.candidates):
+        if c in models:
+            jp[c], jo[c] = float(models[c].j_per_prompt_token), float(models[c].j_per_output_token)
+            continue
+        t = m.T[:, k]
+        known = ~np.isnan(t)
+        if known.sum() < 2:
+            raise MatrixError(f"candidate {c!r}: not in the energy profile and its runs have no completion_tokens to fit J/token from")
+        a, b = _fit_nonneg_2(m.prompt_tokens[known], t[known], m.E[known, k])
+        if b <= 0:  # energy does not grow with output here: keep a per-token rate from the means
+            a, b = 0.0, float(np.mean(m.E[known, k])) / max(float(np.mean(t[known])), 1.0)
+        jp[c], jo[c] = a, b
+    jp_a = np.array([jp[c] for c in m.candidates])
+    jo_a = np.array([jo[c] for c in m.candidates])
+    T = m.T.copy()
+    miss = np.isnan(T)
+    if miss.any():
+        implied = np.maximum(m.E - m.prompt_tokens[:, None] * jp_a[None, :], 0.0) / jo_a[None, :]
+        T[miss] = implied[miss]
+    per_task = {}
+    for task in m.task_names():
+        rows = m.tasks == task
+        per_task[task] = {c: float(T[rows, k].mean()) for k, c in enumerate(m.candidates)}
+    any_ = {c: float(T[:, k].mean()) for k, c in enumerate(m.candidates)}
+    return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_)
 
-    @classmethod
-    def fit(cls, m: TableMatrix, profile: Any | None = None) -> "EnergyEstimator":
-        """Learn expected output tokens from ``m`` (training rows only); J/token from ``profile``
-        (an :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None`` loads the bundled one)."""
-        if profile is None:
-            from litellm_energy_router.energy.profile import load_profile
 
-            profile = load_profile()
-        models = getattr(profile, "models", {}) or {}
-        jp, jo, origin = [], [], {}
-        out: dict[str, list[float]] = {}
-        for k, c in enumerate(m.candidates):
-            t = m.T[:, k]
-            known = ~np.isnan(t)
-            if c in models:
-                jp.append(float(models[c].j_per_prompt_token))
-                jo.append(float(models[c].j_per_output_token))
-                origin[c] = "profile"
-            else:
-                if known.sum() < 2:
-                    raise MatrixError(f"candidate {c!r}: not in the energy profile and its runs have no completion_tokens to fit J/token from")
-                a, b = _fit_nonneg_2(m.prompt_tokens[known], t[known], m.E[known, k])
-                if b <= 0:  # energy does not grow with output: keep a per-token rate from the mean
-                    b = float(np.mean(m.E[known, k])) / max(float(np.mean(t[known])), 1.0)
-                    a = 0.0
-                jp.append(a)
-                jo.append(b)
-                origin[c] = "fitted"
-        jp_a, jo_a = np.array(jp), np.array(jo)
-        # expected output tokens; where completion tokens are unknown, back them out of the energy
-        T = m.T.copy()
-        miss = np.isnan(T)
-        if miss.any():
-            implied = np.maximum(m.E - m.prompt_tokens[:, None] * jp_a[None, :], 0.0) / jo_a[None, :]
-            T[miss] = implied[miss]
-        out[UNKNOWN_TASK] = [float(v) for v in T.mean(axis=0)]
-        for task in m.task_names():
-            rows = m.tasks == task
-            out[task] = [float(v) for v in T[rows].mean(axis=0)]
-        est = cls(list(m.candidates), jp, jo, out, e_ref=1.0, origin=origin)
-        est.e_ref = float(est.predict(m.prompt_tokens, m.tasks).mean(axis=0).max())
-        return est
-
-    def predict(self, prompt_tokens: Sequence[float] | np.ndarray, tasks: Iterable[str | None]) -> np.ndarray:
-        """``Ê[n, K]`` in J for prompts of ``prompt_tokens`` tokens from ``tasks`` (None/unknown → all-task mean)."""
-        pt = np.asarray(prompt_tokens, dtype=np.float64)
-        fallback = self.out_tokens[UNKNOWN_TASK]
-        ot = np.array([self.out_tokens.get(t, fallback) if t is not None else fallback for t in tasks], dtype=np.float64)
-        if ot.shape != (len(pt), len(self.candidates)):
-            raise ValueError(f"prompt_tokens has {len(pt)} rows but tasks gave {ot.shape[0]}")
-        return pt[:, None] * np.asarray(self.j_prompt)[None, :] + ot * np.asarray(self.j_output)[None, :]
-
-    def predict_matrix(self, m: TableMatrix) -> np.ndarray:
-        """``Ê`` for the rows of ``m`` (columns must match ``self.candidates``)."""
-        if list(m.candidates) != list(self.candidates):
-            raise MatrixError(f"estimator candidates {self.candidates} != matrix candidates {m.candidates}")
-        return self.predict(m.prompt_tokens, m.tasks)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (for a checkpoint manifest)."""
-        return {
-            "candidates": list(self.candidates), "j_prompt": list(self.j_prompt), "j_output": list(self.j_output),
-            "out_tokens": {k: list(v) for k, v in self.out_tokens.items()}, "e_ref": self.e_ref, "origin": dict(self.origin),
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "EnergyEstimator":
-        try:
-            est = cls(
-                candidates=list(d["candidates"]), j_prompt=[float(x) for x in d["j_prompt"]],
-                j_output=[float(x) for x in d["j_output"]],
-                out_tokens={str(k): [float(x) for x in v] for k, v in d["out_tokens"].items()},
-                e_ref=float(d["e_ref"]), origin=dict(d.get("origin", {})),
-            )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as e:
-            raise MatrixError(f"energy estimator: bad or missing field ({e})") from None
-        K = len(est.candidates)
-        if len(est.j_prompt) != K or len(est.j_output) != K or UNKNOWN_TASK not in est.out_tokens or any(len(v) != K for v in est.out_tokens.values()):
-            raise MatrixError(f"energy estimator: field lengths do not match {K} candidates (or out_tokens lacks '*')")
-        return est
+def estimate_energy(est: EnergyEstimate, m: TableMatrix) -> np.ndarray:
+    """``Ê[n, K]`` (J) for the rows of ``m``, from what routing knows: prompt tokens and task."""
+    return np.asarray(est.estimate(m.candidates, m.prompt_tokens, list(m.tasks)), dtype=np.float64)
