@@ -3,6 +3,8 @@ query, the routing-time energy estimator, the table matrix, and the report files
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -293,3 +295,26 @@ def test_eval_command_writes_report_and_rejects_bad_input(sqlite_url, tmp_path):
     r = subprocess.run([exe, "eval", "--db", sqlite_url, "--out", str(out), "--baselines", "task_prior,nope"],
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and "unknown baseline 'nope'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_read_decisions_aligns_route_output_with_the_table(sqlite_url, tmp_path):
+    from litellm_energy_router.training.crossval import read_decisions
+
+    _fill(sqlite_url)
+    m = load_matrix(open_store(sqlite_url))
+    rng = np.random.default_rng(0)
+    P = rng.random((m.n, m.K))
+    path = tmp_path / "decisions.jsonl"
+    with open(path, "w") as fh:
+        for lam in (0.0, 0.5):  # two operating points: the same scores repeat
+            for i in reversed(range(m.n)):
+                task, row = m.tasks[i], str(m.ids[i])[1:]
+                fh.write(json.dumps({"row": int(row), "eval_name": task, "model": m.candidates[0], "lambda": lam,
+                                     "scores": dict(zip(m.candidates, P[i])), "energy_j": dict(zip(m.candidates, m.E[i]))}) + "\n")  # fmt: skip
+    P2, E2 = read_decisions(path, m, id_format="q{row}")
+    assert np.allclose(P2, P) and np.allclose(E2, m.E)
+    gone = int(str(m.ids[0])[1:])
+    kept = [ln for ln in path.read_text().splitlines() if json.loads(ln)["row"] != gone]
+    path.write_text("\n".join(kept))  # one table query has no decision at any operating point
+    with pytest.raises(ValueError, match="1 of 39 table queries have no decision line"):
+        read_decisions(path, m, id_format="q{row}")

@@ -102,3 +102,41 @@ def routerbench_matrix(db_url: str | None = None, *, profile: Any = None) -> Tab
             return load_matrix(store)
         finally:
             store.close()
+
+
+def read_decisions(path: str | Path, m: TableMatrix, *, id_format: str = "routerbench:{eval_name}:{row}") -> tuple[np.ndarray, np.ndarray]:
+    """``(P[n, K], Ê[n, K] in J)`` for the rows of ``m`` from an ``energy-router route`` output file.
+
+    Each JSON line carries ``row``, ``eval_name``, ``scores`` and ``energy_j`` per candidate; the query id
+    is ``id_format`` filled with them (the RouterBench import's ids by default). Every row of ``m`` must
+    appear; the knob values in the file do not matter (``P`` and ``Ê`` are the same at every point), so
+    :func:`~.evaluate.evaluate` sweeps the same decision rule over the whole curve.
+    """
+    import json
+
+    pos = {str(q): i for i, q in enumerate(m.ids)}
+    P = np.full((m.n, m.K), np.nan)
+    Eh = np.full((m.n, m.K), np.nan)
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                qid = id_format.format(**rec)
+                scores, energy = rec["scores"], rec["energy_j"]
+            except (ValueError, KeyError) as e:
+                raise ValueError(f"{path}:{n}: not a decision line ({e})") from None
+            i = pos.get(qid)
+            if i is None:
+                continue  # a row the table does not hold (or not fully labelled)
+            try:
+                P[i] = [float(scores[c]) for c in m.candidates]
+                Eh[i] = [float(energy[c]) for c in m.candidates]
+            except KeyError as e:
+                raise ValueError(f"{path}:{n}: no score for candidate {e.args[0]!r}") from None
+    missing = int(np.isnan(P).any(axis=1).sum())
+    if missing:
+        first = str(m.ids[int(np.flatnonzero(np.isnan(P).any(axis=1))[0])])
+        raise ValueError(f"{path}: {missing} of {m.n} table queries have no decision line (first: {first!r})")
+    return P, Eh
