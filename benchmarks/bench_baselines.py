@@ -24,6 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from litellm_energy_router.training.crossval import baseline_factories, cross_validate, routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.evaluate import Evaluation, write_report  # noqa: E402
+from litellm_energy_router.training.report import paired_lines  # noqa: E402
 
 
 def print_table(ev: Evaluation, file=sys.stdout) -> None:
@@ -54,7 +55,7 @@ def main() -> None:
     ev = cross_validate(baseline_factories(a.methods.split(",")), m, folds=a.folds, seed=a.seed,
                         progress=lambda i, n, s: print(f"[{i + 1}/{n}] {s}", file=sys.stderr, flush=True))  # fmt: skip
     print_table(ev)
-    for n in ev.notes:
+    for n in paired_lines(ev) + ev.notes:
         print("note:", n)
     if a.out:
         paths = write_report(ev, a.out, title=f"Baselines, RouterBench development rows, {a.folds}-fold CV")

@@ -318,3 +318,12 @@ def test_read_decisions_aligns_route_output_with_the_table(sqlite_url, tmp_path)
     path.write_text("\n".join(kept))  # one table query has no decision at any operating point
     with pytest.raises(ValueError, match="1 of 39 table queries have no decision line"):
         read_decisions(path, m, id_format="q{row}")
+
+
+def test_paired_fold_delta():
+    Y, E = _random_problem(seed=5)
+    folds = [te for _, te in kfold([str(i) for i in range(len(Y))], 4, seed=0)]
+    ev = evaluate(Y, E, {"perfect": (Y, E), "same": (Y, E)}, list("abcd"), folds=folds)
+    assert ev.paired_fold_delta("perfect", "same") == (0.0, 0.0)
+    m = ev.method("perfect")
+    assert len(m.aiq_folds) == 4 and all(a > 0 for a in m.aiq_folds)

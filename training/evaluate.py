@@ -230,6 +230,14 @@ class Evaluation:
                 return m
         raise KeyError(f"no method {name!r} (have: {', '.join(m.name for m in self.methods)})")
 
+    def paired_fold_delta(self, a: str, b: str) -> tuple[float, float] | None:
+        """Mean and sd over folds of AIQ(a) − AIQ(b) on the same test folds (None without folds)."""
+        fa, fb = self.method(a).aiq_folds, self.method(b).aiq_folds
+        if len(fa) < 2 or len(fa) != len(fb):
+            return None
+        d = np.asarray(fa) - np.asarray(fb)
+        return float(d.mean()), float(d.std(ddof=1))
+
     def rows(self) -> list[dict]:
         """One summary dict per method: AIQ, J at best accuracy, savings %, accuracy at half J, phase λ."""
         out = []

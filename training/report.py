@@ -52,6 +52,19 @@ def summary_table(ev: Evaluation) -> str:
     return "\n".join(lines)
 
 
+def paired_lines(ev: Evaluation, reference: str = "task_prior") -> list[str]:
+    """Per-fold paired AIQ differences of every router against ``reference`` (same test folds)."""
+    names = [m.name for m in ev.methods if m.kind == "router"]
+    if reference not in names:
+        return []
+    out = []
+    for n in names:
+        d = ev.paired_fold_delta(n, reference) if n != reference else None
+        if d is not None:
+            out.append(f"AIQ({n}) − AIQ({reference}) per fold: {d[0]:+.4f} ± {d[1]:.4f} (mean ± sd over {len(ev.method(n).aiq_folds)} folds)")
+    return out
+
+
 def static_table(ev: Evaluation) -> str:
     lines = ["| candidate | accuracy | mean J |", "|---|---|---|"]
     for c, a, e in zip(ev.candidates, ev.static_accuracy, ev.static_energy):
@@ -69,8 +82,9 @@ def write_markdown(ev: Evaluation, path: Path, title: str, extra: str = "") -> N
         "![pareto](pareto.png)", "", "![phase](phase.png)", "",
         DEFINITIONS, "",
     ]  # fmt: skip
-    if ev.notes:
-        parts += ["## Notes", ""] + [f"- {n}" for n in ev.notes] + [""]
+    notes = paired_lines(ev) + ev.notes
+    if notes:
+        parts += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     if extra:
         parts += [extra, ""]
     path.write_text("\n".join(parts))
