@@ -217,6 +217,10 @@ def _fill(url: str) -> None:
                 continue  # q39 misses a label for "other"
             runs.append(Run(query_id=f"q{i}", candidate=c, source="import", score=float((i + len(c)) % 2),
                             prompt_tokens=pt, completion_tokens=ct, energy_j=pt * jp + ct * jo))  # fmt: skip
+    # a production query stored without its text (privacy): dropped unless require_text=False
+    qs.append(make_query("secret", "chat", "hidden", store_text=False))
+    runs += [Run(query_id="secret", candidate=c, source="production", score=1.0, prompt_tokens=5, completion_tokens=5, energy_j=1.0)
+             for c in rate]  # fmt: skip
     # a newer production run overrides q0/small's imported score
     runs.append(Run(query_id="q0", candidate="small", source="production", score=1.0, prompt_tokens=100, completion_tokens=10, energy_j=2.0))
     store.write(qs, runs, candidates=[Candidate(name=c) for c in rate])
@@ -228,7 +232,8 @@ def test_load_matrix_and_energy_estimator(sqlite_url):
     store = open_store(sqlite_url)
     m = load_matrix(store)
     assert m.candidates == ["small", "other", "big"]  # by mean J
-    assert m.n == 39 and m.dropped["missing_label"] == 1
+    assert m.n == 39 and m.dropped == {"missing_label": 1, "no_text": 1}
+    assert load_matrix(store, require_text=False).n == 40
     i0 = list(m.ids).index("q0")
     assert m.Y[i0, 0] == 1.0 and m.E[i0, 0] == 2.0  # the newest run wins
     assert m.prompt_tokens[i0] == 100

@@ -84,14 +84,17 @@ def load_matrix(
     candidates: Sequence[str] | None = None,
     sources: Sequence[str] | None = None,
     since_id: int | None = None,
+    *,
+    require_text: bool = True,
 ) -> TableMatrix:
     """Read ``store.iter_runs(sources=..., since_id=...)`` into a :class:`TableMatrix`.
 
     A query is kept only when every candidate has a labelled run (score and energy present) for it;
     the counts of dropped queries are in ``matrix.dropped``. When a (query, candidate) pair has several
     runs (several sources), the most recently updated one wins. ``candidates`` default: every candidate
-    with a labelled run, ordered by mean energy ascending. Queries stored without text (privacy) are
-    kept with ``text=None``.
+    with a labelled run, ordered by mean energy ascending. Queries stored without text (privacy) cannot
+    be learned from and are dropped (counted in ``dropped["no_text"]``) unless ``require_text=False``,
+    which keeps them with ``text=None``.
     """
     best: dict[tuple[str, str], dict[str, Any]] = {}
     qinfo: dict[str, tuple[str, str | None]] = {}
@@ -130,13 +133,16 @@ def load_matrix(
     K = len(cands)
     col = {c: k for k, c in enumerate(cands)}
     ids, tasks, texts, pt, Y, E, T = [], [], [], [], [], [], []
-    dropped = {"missing_label": 0}
+    dropped = {"missing_label": 0, "no_text": 0}
     for qid in sorted(qinfo):
         rows = [best.get((qid, c)) for c in cands]
         if any(r is None for r in rows):
             dropped["missing_label"] += 1
             continue
         task, text = qinfo[qid]
+        if require_text and text is None:
+            dropped["no_text"] += 1
+            continue
         ids.append(qid)
         tasks.append(task)
         texts.append(text)
