@@ -20,8 +20,8 @@ from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone
 from .calibrate import fit_calibration
+from .data import TableMatrix as Matrix, fit_energy_estimate, load_matrix
 from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
-from .matrix import Matrix, fit_energy_estimate, load_matrix
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
 
 

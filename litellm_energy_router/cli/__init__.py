@@ -55,6 +55,10 @@ from . import router_cmds  # noqa: E402
 app.command("train")(router_cmds.train_cmd)
 app.command("route")(router_cmds.route_cmd)
 
+from . import eval_cmds  # noqa: E402
+
+app.command("eval")(eval_cmds.eval_cmd)
+
 from . import profiling_cmds  # noqa: E402  (tournament, shadow-tournament)
 
 profiling_cmds.register(app)

@@ -36,23 +36,52 @@ def decide_target(P: np.ndarray, E: np.ndarray, target: float) -> np.ndarray:
     return np.where(ok.any(axis=1), cheapest_ok, best)
 
 
-def lambda_grid(P: np.ndarray, E: np.ndarray, e_ref: float, n: int) -> np.ndarray:
-    """``n`` values of λ from 0 to the smallest λ at which every row picks its cheapest candidate,
-    spaced so the operating points spread over the whole curve (0 plus geometric steps)."""
+def lambda_breakpoints(P: np.ndarray, E: np.ndarray, e_ref: float) -> np.ndarray:
+    """Every λ > 0 at which some row's choice under :func:`decide_lambda` changes (unit-free, 1-D).
+
+    Per row, raising λ walks the choice down the upper-left hull of the points (E_j, P_j): from the
+    most probable candidate to ever cheaper ones, switching where two utilities are equal.
+    """
     P = np.asarray(P, dtype=np.float64)
-    E = np.asarray(E, dtype=np.float64) / float(e_ref)
-    cheap = np.argmin(E, axis=1)
-    rows = np.arange(len(P))
-    dP = P - P[rows, cheap][:, None]
-    dE = E - E[rows, cheap][:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        need = np.where(dE > 0, dP / dE, 0.0)  # λ above which candidate j loses to the cheapest
-    lam_max = float(np.nanmax(need)) if need.size else 1.0
-    lam_max = max(lam_max, 1e-6) * 1.05
+    En = np.asarray(E, dtype=np.float64) / float(e_ref)
+    n, K = P.shape
+    rows = np.arange(n)
+    cur = decide_lambda(P, En, 0.0, 1.0)
+    active = np.ones(n, dtype=bool)
+    out = []
+    for _ in range(K):
+        Pc, Ec = P[rows, cur], En[rows, cur]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lam = np.where(En < Ec[:, None], (Pc[:, None] - P) / (Ec[:, None] - En), np.inf)
+        lam = np.maximum(lam, 0.0)
+        nxt_lam = lam.min(axis=1)
+        has = active & np.isfinite(nxt_lam)
+        if not has.any():
+            break
+        out.append(nxt_lam[has])
+        tie = lam <= nxt_lam[:, None] * (1 + 1e-12)
+        nxt = np.argmin(np.where(tie, En, np.inf), axis=1)  # just above a tie the cheaper one wins
+        cur = np.where(has, nxt, cur)
+        active = has
+    bps = np.concatenate(out) if out else np.zeros(0)
+    return bps[bps > 0]
+
+
+def lambda_grid(P: np.ndarray, E: np.ndarray, e_ref: float, n: int) -> np.ndarray:
+    """``n`` values of λ (ascending) from 0 (the most accurate end) to a λ at which every row picks its
+    cheapest candidate (the cheapest end), spread over the whole curve: the interior values are
+    quantiles of the λ at which decisions switch (:func:`lambda_breakpoints`), so each step between
+    neighbouring values changes about the same number of decisions."""
     if n <= 1:
         return np.array([0.0])
-    lo = lam_max * 1e-3
-    return np.concatenate([[0.0], np.geomspace(lo, lam_max, n - 1)])
+    bps = lambda_breakpoints(P, E, e_ref)
+    if bps.size == 0:  # every row already picks its cheapest candidate at λ = 0
+        return np.concatenate([[0.0], np.geomspace(1e-3, 1.0, n - 1)])
+    lam_max = float(bps.max()) * 1.05
+    if n == 2:
+        return np.array([0.0, lam_max])
+    inner = np.quantile(bps, np.arange(1, n - 1) / (n - 1))
+    return np.concatenate([[0.0], inner, [lam_max]])
 
 
 def knob_sweep(knob: dict, n: int) -> np.ndarray:

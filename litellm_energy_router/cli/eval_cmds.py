@@ -1,0 +1,65 @@
+"""``energy-router eval``: cross-validated accuracy–energy evaluation of routers on the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
+from .table_cmds import _store
+
+
+def eval_cmd(
+    out: Path = typer.Option(..., "--out", help="directory for report.md, pareto.png, phase.png, curves.csv"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+    folds: int = typer.Option(5, "--folds", min=2, help="cross-validation folds (split by query, stratified by task)"),
+    baselines: str = typer.Option("task_prior,knn,logreg,mf", "--baselines", help="comma-separated baselines, or 'none'"),
+    seed: int = typer.Option(0, "--seed", help="fold assignment seed"),
+    source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
+    energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", help="J/token profile YAML (default: settings energy.profile, else bundled)"),
+    points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
+) -> None:
+    """K-fold CV by query of the learned baselines on the table: curves vs the zero router, random and
+    the oracle; AIQ, joules at the best single candidate's accuracy, accuracy at half its joules, phase."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..energy.profile import ProfileError, load_profile
+    from ..training.baselines import BASELINES
+    from ..training.crossval import baseline_factories, cross_validate
+    from ..training.data import MatrixError, load_matrix
+    from ..training.evaluate import write_report
+
+    names = [] if baselines.strip().lower() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
+    unknown = [b for b in names if b not in BASELINES]
+    if unknown:
+        fail(f"--baselines: unknown baseline {unknown[0]!r} (have: {', '.join(BASELINES)})")
+    if not names:
+        fail("--baselines: nothing to evaluate (the LM router is added by the training package when present)")
+    url = db_url(db, config)
+    try:
+        profile = load_profile(energy_profile or settings_or_fail(config).energy.profile)
+    except ProfileError as e:
+        fail(str(e))
+    with _store(url) as store:
+        try:
+            m = load_matrix(store, sources=source)
+        except MatrixError as e:
+            fail(str(e))
+    if folds > m.n:
+        fail(f"--folds {folds}: only {m.n} fully labelled queries in {url}")
+    console.print(m.summary(), highlight=False, soft_wrap=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("cross-validating", total=folds * len(names))
+        ev = cross_validate(
+            baseline_factories(names), m, folds=folds, seed=seed, profile=profile, n_points=points,
+            progress=lambda i, n, label: bar.update(task, completed=i, description=label),
+        )  # fmt: skip
+    paths = write_report(ev, out, title=f"Router evaluation ({folds}-fold CV by query)")
+    from ..training.report import summary_table
+
+    console.print(summary_table(ev), highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)

@@ -1,0 +1,251 @@
+"""Learned baseline routers: each predicts ``P[n, K]``, every candidate's probability of answering each
+query correctly. The decision (λ or accuracy target) is applied afterwards by the shared rule, exactly
+as for the LM router, so baselines and router are compared on equal terms.
+
+One interface (:class:`Predictor`: ``fit(train) -> self``, ``predict_proba(test) -> P``), one registry
+(:data:`BASELINES`, :func:`register_baseline`, :func:`make_baseline`):
+
+* ``task_prior`` — per-task mean accuracy of each candidate (smoothed toward its overall mean).
+* ``knn`` — cosine k-nearest neighbours on query embeddings, shrunk toward the task prior.
+* ``logreg`` — per-candidate L2 logistic regression on query embedding + task one-hot (scikit-learn).
+* ``mf`` — RouteLLM-style matrix factorisation: ``σ(w·(norm(v_k) ⊙ W x) + b_k)`` over candidate vectors
+  ``v_k`` and projected query features ``x`` (PyTorch), trained pointwise on correctness.
+
+Hyperparameters are chosen by inner cross-validation **on the training rows only** (Brier score of
+``P`` against the scores), then the model is refitted on all training rows. Heavy libraries (torch,
+scikit-learn, transformers) are imported inside the methods that need them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from .data import TableMatrix, kfold
+from .embed import Embedder, embed_queries
+
+
+@runtime_checkable
+class Predictor(Protocol):
+    """Anything that learns per-candidate success probabilities from a :class:`TableMatrix`."""
+
+    def fit(self, train: TableMatrix) -> "Predictor": ...
+
+    def predict_proba(self, test: TableMatrix) -> np.ndarray: ...
+
+
+BASELINES: dict[str, type["Baseline"]] = {}
+
+
+def register_baseline(name: str) -> Callable[[type["Baseline"]], type["Baseline"]]:
+    def deco(cls: type[Baseline]) -> type[Baseline]:
+        cls.name = name
+        BASELINES[name] = cls
+        return cls
+
+    return deco
+
+
+def make_baseline(name: str, **kw: Any) -> "Baseline":
+    try:
+        return BASELINES[name](**kw)
+    except KeyError:
+        raise ValueError(f"baseline {name!r}: unknown (have: {', '.join(BASELINES)})") from None
+
+
+def brier(P: np.ndarray, Y: np.ndarray) -> float:
+    """Mean squared error of predicted success against the scores (lower is better)."""
+    return float(np.mean((np.asarray(P) - np.asarray(Y)) ** 2))
+
+
+def task_prior(train: TableMatrix, tasks: Sequence[str], alpha: float = 1.0) -> np.ndarray:
+    """``P[n, K]``: each candidate's training accuracy on the row's task, smoothed toward its overall
+    accuracy with ``alpha`` pseudo-rows (unknown task → overall accuracy)."""
+    glob = train.Y.mean(axis=0)
+    table = {}
+    for t in train.task_names():
+        Yt = train.Y[train.tasks == t]
+        table[t] = (Yt.sum(axis=0) + alpha * glob) / (len(Yt) + alpha)
+    return np.stack([table.get(t, glob) for t in tasks]) if len(tasks) else np.zeros((0, train.K))
+
+
+class Baseline(ABC):
+    """A baseline with an optional hyperparameter ``grid`` tuned by inner CV on the training rows.
+
+    Pass a hyperparameter explicitly to fix it (it is then not tuned).
+    """
+
+    name: ClassVar[str] = "baseline"
+    grid: ClassVar[dict[str, list[Any]]] = {}
+    uses_embeddings: ClassVar[bool] = False
+
+    def __init__(self, *, embedder: Embedder | None = None, inner_folds: int = 3, seed: int = 0, **params: Any) -> None:
+        unknown = set(params) - set(self.grid)
+        if unknown:
+            raise ValueError(f"baseline {self.name!r}: unknown hyperparameter {sorted(unknown)[0]!r} (has: {', '.join(self.grid) or 'none'})")
+        self.embedder = embedder
+        self.inner_folds = inner_folds
+        self.seed = seed
+        self.fixed = params
+        self.params: dict[str, Any] = {}
+        self.tuning: list[tuple[dict[str, Any], float]] = []  # (params, inner-CV Brier)
+
+    # features ---------------------------------------------------------------------------------------
+    def features(self, m: TableMatrix) -> np.ndarray:
+        """Query embedding (unit norm) followed by the task one-hot over the training tasks."""
+        X = embed_queries(m.texts, self.embedder).astype(np.float64)
+        onehot = np.array([[t == s for s in self._tasks] for t in m.tasks], dtype=np.float64).reshape(m.n, len(self._tasks))
+        return np.hstack([X, onehot])
+
+    # fit / predict ----------------------------------------------------------------------------------
+    def fit(self, train: TableMatrix) -> "Baseline":
+        self._tasks = train.task_names()
+        X = self.features(train) if self.uses_embeddings else None
+        free = {k: v for k, v in self.grid.items() if k not in self.fixed}
+        combos = [dict(zip(free, vals)) for vals in itertools.product(*free.values())] if free else [{}]
+        if len(combos) > 1 and self.inner_folds >= 2 and train.n >= 2 * self.inner_folds:
+            splits = kfold(train.ids, self.inner_folds, seed=self.seed + 1, groups=train.tasks)
+            for combo in combos:
+                params = {**self.fixed, **combo}
+                P = np.empty_like(train.Y)
+                for tr, te in splits:
+                    self._fit(train.subset(tr), None if X is None else X[tr], **params)
+                    P[te] = self._predict(train.subset(te), None if X is None else X[te])
+                self.tuning.append((params, brier(P, train.Y)))
+            self.params = min(self.tuning, key=lambda t: t[1])[0]
+        else:
+            self.params = {**self.fixed, **combos[0]}
+        self._fit(train, X, **self.params)
+        return self
+
+    def predict_proba(self, test: TableMatrix) -> np.ndarray:
+        X = self.features(test) if self.uses_embeddings else None
+        return np.clip(self._predict(test, X), 0.0, 1.0)
+
+    @abstractmethod
+    def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None: ...
+
+    @abstractmethod
+    def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray: ...
+
+
+@register_baseline("task_prior")
+class TaskPrior(Baseline):
+    """Per-task mean accuracy of each candidate: what knowing only the task buys."""
+
+    def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None:
+        self._train = train
+
+    def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
+        return task_prior(self._train, list(test.tasks))
+
+
+@register_baseline("knn")
+class KNN(Baseline):
+    """Mean correctness of the ``k`` most cosine-similar training queries, shrunk toward the task prior
+    with ``shrink`` pseudo-neighbours."""
+
+    grid = {"k": [10, 20, 40, 80, 160, 320], "shrink": [0.0, 10.0, 40.0, 160.0]}
+    uses_embeddings = True
+
+    def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None:
+        d = X.shape[1] - len(self._tasks)
+        self._Xtr, self._Ytr, self._train = X[:, :d], train.Y, train
+        self.k, self.shrink = int(params["k"]), float(params["shrink"])
+
+    def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
+        d = self._Xtr.shape[1]
+        k = min(self.k, len(self._Ytr))
+        S = X[:, :d] @ self._Xtr.T
+        nn = np.argpartition(-S, k - 1, axis=1)[:, :k]
+        votes = self._Ytr[nn].sum(axis=1)  # [n, K]
+        prior = task_prior(self._train, list(test.tasks))
+        return (votes + self.shrink * prior) / (k + self.shrink)
+
+
+@register_baseline("logreg")
+class LogReg(Baseline):
+    """One L2-regularised logistic regression per candidate on [embedding, task one-hot]; ``C`` is
+    scikit-learn's inverse regularisation strength."""
+
+    grid = {"C": [0.03, 0.1, 0.3, 1.0, 3.0, 10.0]}
+    uses_embeddings = True
+
+    def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None:
+        from sklearn.linear_model import LogisticRegression
+
+        self._models: list[Any] = []
+        for k in range(train.K):
+            y = (train.Y[:, k] >= 0.5).astype(int)
+            if y.min() == y.max():  # one class only: a constant
+                self._models.append(float(y[0]))
+                continue
+            self._models.append(LogisticRegression(C=float(params["C"]), max_iter=2000).fit(X, y))
+
+    def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
+        cols = [np.full(test.n, m) if isinstance(m, float) else m.predict_proba(X)[:, 1] for m in self._models]
+        return np.stack(cols, axis=1)
+
+
+@register_baseline("mf")
+class MatrixFactorization(Baseline):
+    """RouteLLM's matrix-factorisation router, pointwise and with task offsets:
+    ``logit_k(x) = b[task, k] + w·(v_k/|v_k| ⊙ W e)`` — candidate vectors ``v_k`` (``dim``), a linear
+    projection ``W`` of the query embedding ``e``, per-(task, candidate) offsets ``b`` started at the task
+    prior's logits. Binary cross-entropy + ``l2``·(|W|² + |V|² + |w|²), Adam, full batch."""
+
+    grid = {"dim": [16, 64], "l2": [3e-4, 1e-3, 3e-3, 1e-2]}
+    uses_embeddings = True
+    steps = 200
+    lr = 1e-2
+
+    def _split(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = len(self._tasks)
+        return X[:, : X.shape[1] - t], X[:, X.shape[1] - t :]
+
+    def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(self.seed)
+        dim, l2 = int(params["dim"]), float(params["l2"])
+        emb, onehot = self._split(X)
+        K, d, T = train.K, emb.shape[1], onehot.shape[1]
+        prior = np.stack([task_prior(train, [t])[0] for t in self._tasks]) if T else np.zeros((0, K))
+        V = torch.nn.Parameter(torch.randn(K, dim, generator=g))
+        W = torch.nn.Parameter(torch.randn(d, dim, generator=g) * 0.01)
+        w = torch.nn.Parameter(torch.randn(dim, generator=g) * 0.01)
+        B = torch.nn.Parameter(torch.logit(torch.tensor(prior.clip(0.02, 0.98), dtype=torch.float32)))
+        opt = torch.optim.Adam([V, W, w, B], lr=self.lr)
+        E_, O_ = torch.tensor(emb, dtype=torch.float32), torch.tensor(onehot, dtype=torch.float32)
+        Yt = torch.tensor(train.Y, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny matrices: extra threads only contend (15x slower on 2 busy cores)
+        try:
+            for _ in range(self.steps):
+                opt.zero_grad()
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(E_, O_, V, W, w, B), Yt)
+                loss = loss + l2 * (W.pow(2).sum() + V.pow(2).sum() + w.pow(2).sum())
+                loss.backward()
+                opt.step()
+        finally:
+            torch.set_num_threads(threads)
+        self._params = [p.detach() for p in (V, W, w, B)]
+
+    @staticmethod
+    def _logits(emb: Any, onehot: Any, V: Any, W: Any, w: Any, B: Any) -> Any:
+        import torch
+
+        q = emb @ W  # [n, dim]
+        v = torch.nn.functional.normalize(V, dim=-1)  # [K, dim]
+        return (q * w) @ v.T + onehot @ B  # [n, K]
+
+    def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
+        import torch
+
+        emb, onehot = self._split(X)
+        with torch.no_grad():
+            t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+            return torch.sigmoid(self._logits(t(emb), t(onehot), *self._params)).numpy().astype(np.float64)

@@ -1,0 +1,281 @@
+"""The tournament table as a dense matrix, query-level splits, and the routing-time energy estimate.
+
+numpy (and the serving package's pydantic types) only at module level: no torch, no scikit-learn.
+
+Units: energy in joules (J), tokens as counts, scores (correctness) in [0, 1].
+
+* :func:`load_matrix` — one row per query, one column per candidate: correctness ``Y[n, K]``, true
+  energy ``E[n, K]`` (J), completion tokens ``T[n, K]``, plus id, task, text and prompt tokens.
+* :func:`kfold` / :func:`holdout_split` — splits **by query** (a query is never in train and test).
+* :func:`fit_energy_estimate` — fits the checkpoint's
+  :class:`~litellm_energy_router.router.checkpoint.EnergyEstimate`: ``Ê[n, K]`` from what is known at
+  routing time, the prompt length and the task:
+  ``Ê_j = prompt_tokens · j_prompt_j + expected_output_tokens_j(task) · j_output_j``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from litellm_energy_router.router.checkpoint import EnergyEstimate
+
+
+class MatrixError(ValueError):
+    """The table cannot be turned into a training/evaluation matrix; one line saying why."""
+
+
+@dataclass
+class TableMatrix:
+    """Dense view of the tournament table: ``n`` queries × ``K`` candidates.
+
+    ``Y`` correctness in [0, 1]; ``E`` true energy (J) of each candidate on each query; ``T`` completion
+    tokens (NaN when unknown); ``prompt_tokens`` per query. ``candidates`` are ordered by mean energy,
+    ascending, unless given explicitly.
+    """
+
+    candidates: list[str]
+    ids: np.ndarray  # [n] str
+    tasks: np.ndarray  # [n] str
+    texts: list[str | None]
+    prompt_tokens: np.ndarray  # [n] float (tokens)
+    Y: np.ndarray  # [n, K] float in [0, 1]
+    E: np.ndarray  # [n, K] float, J
+    T: np.ndarray  # [n, K] float, completion tokens (NaN = unknown)
+    dropped: dict[str, int] = field(default_factory=dict)
+    max_run_id: int = 0  # training-data watermark: the largest run id read
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def K(self) -> int:
+        return len(self.candidates)
+
+    def subset(self, idx: Sequence[int] | np.ndarray) -> "TableMatrix":
+        """Rows ``idx`` (indices into this matrix), same candidates."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return TableMatrix(
+            candidates=list(self.candidates), ids=self.ids[idx], tasks=self.tasks[idx],
+            texts=[self.texts[i] for i in idx], prompt_tokens=self.prompt_tokens[idx],
+            Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped), max_run_id=self.max_run_id,
+        )  # fmt: skip
+
+    take = subset
+
+    def task_names(self) -> list[str]:
+        return sorted(set(self.tasks.tolist()))
+
+    def summary(self) -> str:
+        acc = ", ".join(f"{c}: acc {self.Y[:, k].mean():.3f} / {self.E[:, k].mean():.1f} J" for k, c in enumerate(self.candidates))
+        return f"{self.n} queries x {self.K} candidates ({acc})"
+
+
+def load_matrix(
+    store: Any,
+    candidates: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
+    since_id: int | None = None,
+    *,
+    require_text: bool = True,
+) -> TableMatrix:
+    """Read ``store.iter_runs(sources=..., since_id=...)`` into a :class:`TableMatrix`.
+
+    A query is kept only when every candidate has a labelled run (score and energy present) for it;
+    the counts of dropped queries are in ``matrix.dropped``. When a (query, candidate) pair has several
+    runs (several sources), the most recently updated one wins. ``candidates`` default: every candidate
+    with a labelled run, ordered by mean energy ascending. Queries stored without text (privacy) cannot
+    be learned from and are dropped (counted in ``dropped["no_text"]``) unless ``require_text=False``,
+    which keeps them with ``text=None``.
+    """
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    qinfo: dict[str, tuple[str, str | None]] = {}
+    ptoks: dict[str, list[int]] = {}
+    wanted = set(candidates) if candidates is not None else None
+    max_id = 0
+    for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
+        max_id = max(max_id, int(r["id"]))
+        if wanted is not None and r["candidate"] not in wanted:
+            continue
+        qid = r["query_id"]
+        qinfo.setdefault(qid, (r["task"], r["text"]))
+        if r.get("prompt_tokens") is not None:
+            ptoks.setdefault(qid, []).append(int(r["prompt_tokens"]))
+        if r.get("score") is None or r.get("energy_j") is None:
+            continue
+        key = (qid, r["candidate"])
+        if key not in best or (r.get("updated") or 0, r["id"]) >= (best[key].get("updated") or 0, best[key]["id"]):
+            best[key] = r
+    if not best:
+        src = f" from sources {','.join(sources)}" if sources else ""
+        raise MatrixError(f"table {getattr(store, 'url', '?')}: 0 fully labelled queries (no run with score and energy_j{src})")
+    if candidates is None:
+        energy: dict[str, list[float]] = {}
+        for (_, c), r in best.items():
+            energy.setdefault(c, []).append(float(r["energy_j"]))
+        cands = sorted(energy, key=lambda c: (float(np.mean(energy[c])), c))
+    else:
+        cands = list(candidates)
+        if len(set(cands)) != len(cands):
+            raise MatrixError(f"candidates: duplicate name in {cands}")
+        have = {c for (_, c) in best}
+        missing = [c for c in cands if c not in have]
+        if missing:
+            raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {getattr(store, 'url', '?')}")
+    K = len(cands)
+    col = {c: k for k, c in enumerate(cands)}
+    ids, tasks, texts, pt, Y, E, T = [], [], [], [], [], [], []
+    dropped = {"missing_label": 0, "no_text": 0}
+    for qid in sorted(qinfo):
+        rows = [best.get((qid, c)) for c in cands]
+        if any(r is None for r in rows):
+            dropped["missing_label"] += 1
+            continue
+        task, text = qinfo[qid]
+        if require_text and text is None:
+            dropped["no_text"] += 1
+            continue
+        ids.append(qid)
+        tasks.append(task)
+        texts.append(text)
+        toks = ptoks.get(qid)
+        if toks:
+            pt.append(float(np.median(toks)))
+        else:  # unknown: ~4 characters per token, a rough stand-in
+            pt.append(float(math.ceil(len(text or "") / 4)))
+        y = np.empty(K)
+        e = np.empty(K)
+        t = np.full(K, np.nan)
+        for r in rows:
+            k = col[r["candidate"]]
+            y[k] = float(r["score"])
+            e[k] = float(r["energy_j"])
+            if r.get("completion_tokens") is not None:
+                t[k] = float(r["completion_tokens"])
+        Y.append(y)
+        E.append(e)
+        T.append(t)
+    if not ids:
+        raise MatrixError(f"table {getattr(store, 'url', '?')}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})")
+    return TableMatrix(
+        candidates=cands, ids=np.array(ids, dtype=object), tasks=np.array(tasks, dtype=object), texts=texts,
+        prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped, max_run_id=max_id,
+    )  # fmt: skip
+
+
+# -- splits (by query) ---------------------------------------------------------------------------------
+
+
+def kfold(ids: Sequence[str], k: int = 5, *, seed: int = 0, groups: Sequence[str] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``k`` (train_idx, test_idx) pairs over positions of ``ids`` (query ids), split by query.
+
+    Every query is in exactly one test fold. Duplicate ids stay together (rows of the same query never
+    straddle train and test). ``groups`` (e.g. tasks) stratifies: each group is spread evenly over the
+    folds. Deterministic in ``seed``.
+    """
+    ids = np.asarray(list(ids), dtype=object)
+    uniq, inv = np.unique(ids.astype(str), return_inverse=True)
+    if k < 2 or k > len(uniq):
+        raise ValueError(f"folds={k}: need 2 <= folds <= number of queries ({len(uniq)})")
+    rng = np.random.default_rng(seed)
+    fold_of = np.empty(len(uniq), dtype=np.int64)
+    if groups is None:
+        strata = [np.arange(len(uniq))]
+    else:
+        g = np.asarray(list(groups), dtype=object).astype(str)
+        first = np.zeros(len(uniq), dtype=np.int64)
+        first[inv[::-1]] = np.arange(len(ids))[::-1]  # first row of each unique query
+        ug = g[first]
+        strata = [np.flatnonzero(ug == name) for name in sorted(set(ug.tolist()))]
+    offset = 0
+    for members in strata:
+        perm = rng.permutation(members)
+        fold_of[perm] = (np.arange(len(perm)) + offset) % k
+        offset += len(perm)  # continue round-robin so small strata do not all land in fold 0
+    row_fold = fold_of[inv]
+    return [(np.flatnonzero(row_fold != f), np.flatnonzero(row_fold == f)) for f in range(k)]
+
+
+def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout") -> tuple[np.ndarray, np.ndarray]:
+    """(train_idx, test_idx) by a stable hash of each query id: a query keeps its side as the table
+    grows, so a held-out set used to compare checkpoints never leaks into later training."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction={test_fraction}: must be in (0, 1)")
+    u = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:8], "big") / 2**64 for i in ids])
+    test = u < test_fraction
+    return np.flatnonzero(~test), np.flatnonzero(test)
+
+
+# -- energy estimate at routing time ------------------------------------------------------------------
+
+
+def _fit_nonneg_2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least squares ``y ≈ a·x1 + b·x2`` with a, b ≥ 0 (no intercept)."""
+    X = np.stack([x1, x2], axis=1)
+    a, b = np.linalg.lstsq(X, y, rcond=None)[0]
+    if a >= 0 and b >= 0:
+        return float(a), float(b)
+    fits = []
+    for j in (0, 1):
+        xj = X[:, j]
+        c = max(float(xj @ y) / max(float(xj @ xj), 1e-12), 0.0)
+        fits.append((float(np.sum((y - c * xj) ** 2)), j, c))
+    _, j, c = min(fits)
+    return (c, 0.0) if j == 0 else (0.0, c)
+
+
+def fit_energy_estimate(m: TableMatrix, profile: Any | None = None) -> EnergyEstimate:
+    """Fit the routing-time energy estimate on the rows of ``m`` (training rows only).
+
+    J per prompt / output token come from ``profile`` (an
+    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None`` loads the bundled one), or,
+    for a candidate the profile lacks, from non-negative least squares of the rows' energy (J) on their
+    (prompt tokens, completion tokens). Expected output tokens are the mean per (task, candidate), with the
+    per-candidate mean for unknown tasks; a run without completion tokens counts with the output tokens
+    its energy implies.
+    """
+    if profile is None:
+        from litellm_energy_router.energy.profile import load_profile
+
+        profile = load_profile()
+    models = getattr(profile, "models", {}) or {}
+    jp: dict[str, float] = {}
+    jo: dict[str, float] = {}
+    for k, c in enumerate(m.candidates):
+        if c in models:
+            jp[c], jo[c] = float(models[c].j_per_prompt_token), float(models[c].j_per_output_token)
+            continue
+        t = m.T[:, k]
+        known = ~np.isnan(t)
+        if known.sum() < 2:
+            raise MatrixError(f"candidate {c!r}: not in the energy profile and its runs have no completion_tokens to fit J/token from")
+        a, b = _fit_nonneg_2(m.prompt_tokens[known], t[known], m.E[known, k])
+        if b <= 0:  # energy does not grow with output here: keep a per-token rate from the means
+            a, b = 0.0, float(np.mean(m.E[known, k])) / max(float(np.mean(t[known])), 1.0)
+        jp[c], jo[c] = a, b
+    jp_a = np.array([jp[c] for c in m.candidates])
+    jo_a = np.array([jo[c] for c in m.candidates])
+    T = m.T.copy()
+    miss = np.isnan(T)
+    if miss.any():
+        implied = np.maximum(m.E - m.prompt_tokens[:, None] * jp_a[None, :], 0.0) / jo_a[None, :]
+        T[miss] = implied[miss]
+    per_task = {}
+    for task in m.task_names():
+        rows = m.tasks == task
+        per_task[task] = {c: float(T[rows, k].mean()) for k, c in enumerate(m.candidates)}
+    any_ = {c: float(T[:, k].mean()) for k, c in enumerate(m.candidates)}
+    return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_)
+
+
+def estimate_energy(est: EnergyEstimate, m: TableMatrix) -> np.ndarray:
+    """``Ê[n, K]`` (J) for the rows of ``m``, from what routing knows: prompt tokens and task."""
+    return np.asarray(est.estimate(m.candidates, m.prompt_tokens, list(m.tasks)), dtype=np.float64)
