@@ -3,6 +3,8 @@
     litellm_settings:
       callbacks: ["litellm_energy_router.proxy.energy_router"]
 
+(add ``litellm_energy_router.callback.proxy.energy_logger`` to record every served request in the
+tournament table; it lives in its own module so importing the router does not start the writer.)
 Settings come from ``$ENERGY_ROUTER_CONFIG`` (a YAML file) and ``ENERGY_ROUTER_*`` variables; the router
 is loaded on the first request.
 """

@@ -240,8 +240,9 @@ def test_load_matrix_and_energy_estimator(sqlite_url):
     assert m.subset([0, 1]).n == 2
     assert m.max_run_id == store.count_runs()  # the watermark covers every run read
     est = fit_energy_estimate(m, _profile())
-    # small/big from the profile, "other" (not in it) fitted from the rows' (tokens, J)
-    assert est.j_per_prompt_token["small"] == 0.01 and est.j_per_output_token["big"] == 1.0
+    # J/token are fitted to the rows' (tokens, J), whatever the profile says ("other" is not in it)
+    assert est.j_per_prompt_token["big"] == pytest.approx(0.05, rel=1e-6)
+    assert est.j_per_output_token["big"] == pytest.approx(1.0, rel=1e-6)
     assert est.j_per_prompt_token["other"] == pytest.approx(0.02, rel=1e-6)
     assert est.j_per_output_token["other"] == pytest.approx(0.5, rel=1e-6)
     Eh = estimate_energy(est, m)
@@ -255,6 +256,16 @@ def test_load_matrix_and_energy_estimator(sqlite_url):
     assert m.take([0, 1]).n == 2 and len(m) == 39
     with pytest.raises(MatrixError, match="'nope'"):
         load_matrix(store, ["small", "nope"])
+    # rows that cannot determine J/token (no completion tokens) take the profile's; without it, an error
+    blind = m.subset(np.arange(m.n))
+    blind.T = np.full_like(m.T, np.nan)
+    with pytest.raises(MatrixError, match="'other'"):
+        fit_energy_estimate(blind, _profile())  # "other" is neither fittable nor in the profile
+    full = _profile()
+    full.models["other"] = ModelEnergy(j_per_output_token=0.7, j_per_prompt_token=0.03)
+    est2 = fit_energy_estimate(blind, full)
+    assert est2.j_per_prompt_token["small"] == 0.01 and est2.j_per_output_token["big"] == 1.0
+    assert est2.j_per_output_token["other"] == 0.7
     store.close()
 
 

@@ -60,6 +60,8 @@ def proxy(tmp_path_factory):
         "LARGE_API_BASE": backend.base("large"), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
         "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(pointer), "ENERGY_ROUTER_ROUTER__FALLBACK": "vllm-yi-34b",
         "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "5000", "ENERGY_ROUTER_KNOB__LAMBDA": "0.05",
+        "ENERGY_ROUTER_TABLE__URL": f"sqlite:///{d / 'production.db'}",
+        "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"),
     }  # fmt: skip
     exe = str(Path(sys.executable).with_name("litellm"))
     log = open(d / "proxy.log", "w")
@@ -77,12 +79,14 @@ def proxy(tmp_path_factory):
     else:
         proc.kill()
         raise RuntimeError(f"proxy not ready: {(d / 'proxy.log').read_text()[-3000:]}")
-    yield {"port": port, "backend": backend, "pointer": pointer, "v1": v1, "dir": d}
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    info = {"port": port, "backend": backend, "pointer": pointer, "v1": v1, "dir": d, "proc": proc}
+    yield info
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     backend.stop()
     log.close()
 
@@ -115,3 +119,21 @@ def test_proxy_routing_knob_fallback_reload(proxy):
             break
         time.sleep(1.0)
     assert dep == "vllm-llama-70b"
+
+
+def test_proxy_energy_logger_writes_production_rows(proxy):
+    """The callback in the same config records every served request (source=production); shutdown flushes."""
+    port = proxy["port"]
+    _post(port, EASY + " logged")
+    proc = proxy["proc"]
+    proc.send_signal(signal.SIGINT)
+    proc.wait(30)
+    store = open_store(f"sqlite:///{proxy['dir'] / 'production.db'}")
+    rows = [r for r in store.iter_runs() if r["source"] == "production"]
+    store.close()
+    assert len(rows) >= 8  # every request of both tests, fallback included
+    assert {r["candidate"] for r in rows} >= {"mistralai/mistral-7b-chat", "meta/llama-2-70b-chat", "zero-one-ai/Yi-34B-Chat"}
+    assert all(r["energy_j"] and r["energy_j"] > 0 and r["energy_method"] == "estimate" for r in rows)
+    assert all(r["latency_s"] is not None and r["prompt_tokens"] == 11 and r["completion_tokens"] == 7 for r in rows)
+    routed = [r for r in rows if r["propensity"] is not None]
+    assert routed and all(0 < r["propensity"] <= 1 for r in routed)

@@ -235,32 +235,34 @@ def _fit_nonneg_2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float,
 def fit_energy_estimate(m: TableMatrix, profile: Any | None = None) -> EnergyEstimate:
     """Fit the routing-time energy estimate on the rows of ``m`` (training rows only).
 
-    J per prompt / output token come from ``profile`` (an
-    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None`` loads the bundled one), or,
-    for a candidate the profile lacks, from non-negative least squares of the rows' energy (J) on their
-    (prompt tokens, completion tokens). Expected output tokens are the mean per (task, candidate), with the
-    per-candidate mean for unknown tasks; a run without completion tokens counts with the output tokens
-    its energy implies.
+    J per prompt / output token are fitted to the rows themselves (non-negative least squares of energy,
+    J, on prompt and completion tokens), so Ê is in the same units as the energy the table measured; a
+    candidate whose rows cannot determine them (fewer than 2 runs with completion tokens, or no growth
+    with output) takes them from ``profile`` (an
+    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None`` loads the bundled one).
+    Expected output tokens are the mean per (task, candidate), with the per-candidate mean for unknown
+    tasks; a run without completion tokens counts with the output tokens its energy implies.
     """
-    if profile is None:
-        from litellm_energy_router.energy.profile import load_profile
-
-        profile = load_profile()
-    models = getattr(profile, "models", {}) or {}
+    models: dict[str, Any] | None = None
     jp: dict[str, float] = {}
     jo: dict[str, float] = {}
     for k, c in enumerate(m.candidates):
-        if c in models:
-            jp[c], jo[c] = float(models[c].j_per_prompt_token), float(models[c].j_per_output_token)
-            continue
         t = m.T[:, k]
         known = ~np.isnan(t)
-        if known.sum() < 2:
-            raise MatrixError(f"candidate {c!r}: not in the energy profile and its runs have no completion_tokens to fit J/token from")
-        a, b = _fit_nonneg_2(m.prompt_tokens[known], t[known], m.E[known, k])
-        if b <= 0:  # energy does not grow with output here: keep a per-token rate from the means
-            a, b = 0.0, float(np.mean(m.E[known, k])) / max(float(np.mean(t[known])), 1.0)
-        jp[c], jo[c] = a, b
+        if known.sum() >= 2:
+            a, b = _fit_nonneg_2(m.prompt_tokens[known], t[known], m.E[known, k])
+            if b > 0:
+                jp[c], jo[c] = a, b
+                continue
+        if models is None:
+            if profile is None:
+                from litellm_energy_router.energy.profile import load_profile
+
+                profile = load_profile()
+            models = getattr(profile, "models", {}) or {}
+        if c not in models:
+            raise MatrixError(f"candidate {c!r}: its runs cannot determine J/token and the energy profile lacks it")
+        jp[c], jo[c] = float(models[c].j_per_prompt_token), float(models[c].j_per_output_token)
     jp_a = np.array([jp[c] for c in m.candidates])
     jo_a = np.array([jo[c] for c in m.candidates])
     T = m.T.copy()
