@@ -101,8 +101,11 @@ def run_grpo(model: Any, tokenizer: Any, layout: Layout, dataset: Any, e_ref: fl
         report_to="none", save_strategy="no", logging_steps=10, seed=cfg.seed, use_cpu=not torch.cuda.is_available(),
         bf16=False, disable_tqdm=True,
     )  # fmt: skip
+    from transformers.trainer_callback import PrinterCallback
+
     trainer = GRPOTrainer(model=model, reward_funcs=[make_reward(layout.label_ids, e_ref)], args=args,
                           train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
+    trainer.remove_callback(PrinterCallback)
     trainer.train()
     return trainer.model
 

@@ -137,3 +137,31 @@ def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None
     m = load_matrix(store, cfg.candidates, cfg.sources)
     return train_matrix(m, out_dir, cfg, log, on_step)
 
+
+
+class LMRouterPredictor:
+    """The LM router as a cross-validation predictor (``fit(train)``, ``predict_proba(test)``,
+    ``predict_energy(test)``): each fold trains a checkpoint with ``cfg`` (default: the defaults of
+    ``energy-router train``) into a temporary directory and scores the held-out queries with the serving
+    scorer, so CV judges exactly what serving would run."""
+
+    def __init__(self, cfg: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None) -> None:
+        self.cfg = cfg or TrainConfig()
+        self.log = log
+        self.model = None
+
+    def fit(self, train) -> "LMRouterPredictor":
+        import tempfile
+
+        from litellm_energy_router.router.model import RouterModel
+
+        self._dir = tempfile.TemporaryDirectory(prefix="er-cv-")
+        train_matrix(train, self._dir.name, self.cfg, log=self.log)
+        self.model = RouterModel(self._dir.name)
+        return self
+
+    def predict_proba(self, test) -> np.ndarray:
+        return self.model.score(list(test.texts), [str(t) for t in test.tasks])
+
+    def predict_energy(self, test) -> np.ndarray:
+        return self.model.energy(list(test.texts), [str(t) for t in test.tasks], prompt_tokens=list(test.prompt_tokens))

@@ -71,6 +71,9 @@ def run_sft(model: Any, tokenizer: Any, dataset: Any, cfg: SFTStageConfig, out_d
             if on_log and logs:
                 on_log({**logs, "step": state.global_step, "max_steps": state.max_steps})
 
+    from transformers.trainer_callback import PrinterCallback
+
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Log()])
+    trainer.remove_callback(PrinterCallback)  # progress goes through on_log (a rich bar in the CLI)
     trainer.train()
     return trainer.model

@@ -21,6 +21,7 @@ def eval_cmd(
     source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
     energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", help="J/token profile YAML (default: settings energy.profile, else bundled)"),
     points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
+    router: bool = typer.Option(True, "--router/--no-router", help="also train and judge the LM router (default config) per fold"),
 ) -> None:
     """K-fold CV by query of the learned baselines on the table: curves vs the zero router, random and
     the oracle; AIQ, joules at the best single candidate's accuracy, accuracy at half its joules, phase."""
@@ -36,8 +37,8 @@ def eval_cmd(
     unknown = [b for b in names if b not in BASELINES]
     if unknown:
         fail(f"--baselines: unknown baseline {unknown[0]!r} (have: {', '.join(BASELINES)})")
-    if not names:
-        fail("--baselines: nothing to evaluate (the LM router is added by the training package when present)")
+    if not names and not router:
+        fail("--baselines none with --no-router: nothing to evaluate")
     url = db_url(db, config)
     try:
         profile = load_profile(energy_profile or settings_or_fail(config).energy.profile)
@@ -53,9 +54,14 @@ def eval_cmd(
     console.print(m.summary(), highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:  # fmt: skip
-        task = bar.add_task("cross-validating", total=folds * len(names))
+        methods = baseline_factories(names) if names else {}
+        if router:
+            from ..training.pipeline import LMRouterPredictor
+
+            methods = {"lm_router": LMRouterPredictor, **methods}
+        task = bar.add_task("cross-validating", total=folds * len(methods))
         ev = cross_validate(
-            baseline_factories(names), m, folds=folds, seed=seed, profile=profile, n_points=points,
+            methods, m, folds=folds, seed=seed, profile=profile, n_points=points,
             progress=lambda i, n, label: bar.update(task, completed=i, description=label),
         )  # fmt: skip
     paths = write_report(ev, out, title=f"Router evaluation ({folds}-fold CV by query)")
