@@ -230,6 +230,25 @@ def _one_line(err: ValidationError, data: Mapping[str, Any], origin: str) -> str
     return f"{origin}: config key '{loc}' = {shown}: {e['msg']}"
 
 
+def read_yaml_section(path: str | Path, key: str) -> dict[str, Any]:
+    """The mapping under ``key`` of a YAML file (or the whole document when ``key`` is absent).
+    Raises :class:`ConfigError` with one line naming the file (and line) on any problem."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
+    data = doc.get(key, doc)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: config key '{key}' must be a mapping")
+    return data
+
+
 def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Build :class:`Settings` from defaults, an optional YAML file and ``ENERGY_ROUTER_*`` variables.
 
@@ -241,19 +260,7 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
     origin = "environment"
     if path:
         origin = str(path)
-        try:
-            doc = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
-        data = doc.get("energy_router", doc)
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: config key 'energy_router' must be a mapping")
+        data = read_yaml_section(path, "energy_router")
     data = _merge(data, _env_overrides(environ))
     try:
         data = resolve_env_refs(data, environ)

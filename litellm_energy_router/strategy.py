@@ -159,36 +159,47 @@ class EnergyRouterCore:
         text = query_text(messages, prompt=prompt, input=input)
         return text, None if text is not None else "passthrough"
 
+    def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
+              request_kwargs: Mapping[str, Any] | None) -> tuple[str, float, float | None] | None:  # fmt: skip
+        """(text, λ, target) to route on, or ``None`` to pass the request through unrouted."""
+        text, skip = self._prepare(deployments, messages, input, request_kwargs)
+        if skip is not None:
+            return None
+        lam, target = self.knob(request_kwargs)
+        return text or "", lam, target
+
+    def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
+        if isinstance(e, asyncio.TimeoutError):
+            return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
+        return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
+
     async def choose(self, deployments: Sequence[Mapping[str, Any]], messages: Any = None, input: Any = None,
                      request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision | None]:  # fmt: skip
         """(deployment or None for LiteLLM's own choice, decision or None when not routed)."""
         t0 = time.perf_counter()
         try:
-            text, skip = self._prepare(deployments, messages, input, request_kwargs)
-            if skip == "passthrough":
+            plan = self._plan(deployments, messages, input, request_kwargs)
+            if plan is None:
                 return None, None
-            lam, target = self.knob(request_kwargs)
-            scored = await asyncio.wait_for(self.runtime.score(text or ""), self.settings.router.timeout_ms / 1000)
-            return self.decide(scored, deployments, lam, target, t0)
-        except asyncio.TimeoutError:
-            return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
+            scored = await asyncio.wait_for(self.runtime.score(plan[0]), self.settings.router.timeout_ms / 1000)
+            return self.decide(scored, deployments, plan[1], plan[2], t0)
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
-            return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return self._failed(deployments, e)
 
     def choose_sync(self, deployments: Sequence[Mapping[str, Any]], messages: Any = None, input: Any = None,
                     request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision | None]:  # fmt: skip
+        """Sync twin of :meth:`choose` (LiteLLM's sync calls); the timeout is checked after scoring."""
         t0 = time.perf_counter()
         try:
-            text, skip = self._prepare(deployments, messages, input, request_kwargs)
-            if skip == "passthrough":
+            plan = self._plan(deployments, messages, input, request_kwargs)
+            if plan is None:
                 return None, None
-            lam, target = self.knob(request_kwargs)
-            scored = self.runtime.score_sync(text or "")
+            scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
-                return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
-            return self.decide(scored, deployments, lam, target, t0)
+                raise asyncio.TimeoutError()
+            return self.decide(scored, deployments, plan[1], plan[2], t0)
         except Exception as e:  # noqa: BLE001
-            return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return self._failed(deployments, e)
 
 
 def _reason(e: Exception) -> str:

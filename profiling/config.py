@@ -24,10 +24,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from litellm_energy_router.settings import ConfigError, EnergySettings, TableSettings, _one_line, resolve_env_refs
+from litellm_energy_router.settings import (
+    ConfigError,
+    EnergySettings,
+    TableSettings,
+    _one_line,
+    read_yaml_section,
+    resolve_env_refs,
+)
 
 from .sandbox import SandboxConfig
 
@@ -136,18 +142,7 @@ class TournamentConfig(_Model):
 def load_tournament_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TournamentConfig:
     """Read and validate a tournament YAML (``tournament:`` key if present, else the document)."""
     origin = str(path)
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"{path}:{f' line {mark.line + 1}' if mark else ''} not valid YAML ({getattr(e, 'problem', e)})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
-    data = doc.get("tournament", doc)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: config key 'tournament' must be a mapping")
+    data = read_yaml_section(path, "tournament")
     data = {**data, **(overrides or {})}
     try:
         data = resolve_env_refs(data)
