@@ -197,3 +197,17 @@ def test_hot_reload_and_broken_checkpoint(ckpt, tmp_path):
     rt.maybe_reload(block=True)
     assert rt.version == "v2" and "refused" in rt.last_error  # old one keeps serving
     assert rt.score_sync("Give a proof about x").P.shape == (3,)
+
+
+def test_knob_precedence_request_over_key_over_default(ckpt):
+    s = settings(ckpt)
+    from litellm_energy_router.settings import KnobOverride
+
+    s.knob.per_key = {"team-eco": KnobOverride(**{"lambda": 7.0}), "gold-key": KnobOverride(target_accuracy=0.95)}
+    core = EnergyRouterCore(s)
+    assert core.knob({}) == (0.05, None)  # global default
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco"}}) == (7.0, None)
+    assert core.knob({"litellm_metadata": {"user_api_key_alias": "gold-key"}}) == (0.05, 0.95)
+    # the request's own knob wins over its key's default
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == (0.2, None)
+    assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == (0.05, 0.7)
