@@ -63,7 +63,7 @@ class Generation:
     error: str | None = None
     energy_j: float | None = None
     energy_method: str | None = None
-    energy_window_s: float | None = None  # seconds the energy was metered over (for average power)
+    energy_window_s: float | None = None  # seconds a meter measured over (average power); None: use latency
 
 
 @dataclass
@@ -246,7 +246,8 @@ class Tournament:
                 finally:
                     energy = self.accountant.end(handle, cand.model_name, gen.prompt_tokens, gen.completion_tokens)
                 gen.energy_j, gen.energy_method = energy, (self.accountant.method if energy is not None else None)
-                gen.energy_window_s = time.perf_counter() - t_begin
+                if energy is not None and self.accountant.method != "estimate":
+                    gen.energy_window_s = time.perf_counter() - t_begin  # a metered window, not the response time
                 await self.finish(cand, job, gen)
 
         async with asyncio.TaskGroup() as tg:
