@@ -76,7 +76,7 @@ class RouterSettings(_Section):
 
     checkpoint: Path | None = Field(None, description="checkpoint directory or pointer file")
     timeout_ms: float = Field(50.0, gt=0, description="decision budget, milliseconds; over it we fail open")
-    batch_wait_ms: float = Field(0.5, ge=0, description="longest wait for company when idle (micro-batch), ms")
+    batch_wait_ms: float = Field(0.0, ge=0, description="idle wait for company (micro-batch), ms; 0 = next loop turn")
     cache_size: int = Field(4096, ge=0, description="LRU entries keyed by prompt hash")
     threads: int = Field(1, ge=1, description="torch threads for scoring; 1 keeps OpenMP spin-waits off the proxy's cores")
     fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")

@@ -1,9 +1,10 @@
 """The router at serving time: a loaded checkpoint, micro-batching, an LRU cache, hot reload.
 
 * ``await runtime.score(text, task)`` → ``Scored`` (P per candidate, Ê per candidate in J, version).
-  Scoring runs on a worker thread (never on the event loop). When idle, a request waits at most
-  ``batch_wait_ms`` for company; while a forward pass runs, arriving requests queue and the next
-  pass scores all of them at once (up to ``max_batch``), so a burst costs few forward passes.
+  Scoring runs on a worker thread (never on the event loop). When idle, a request waits
+  ``batch_wait_ms`` for company (0, the default: until the next loop turn); while a forward pass
+  runs, arriving requests queue and the next pass scores all of them at once (up to
+  ``max_batch``), so a burst costs few forward passes.
 * ``runtime.score_sync(...)`` for LiteLLM's sync paths.
 * Hot reload: the checkpoint path may be a pointer file or symlink; at most once per
   ``poll_s`` a request checks whether it now names another checkpoint (or the manifest changed) and,
@@ -59,7 +60,7 @@ def _fingerprint(path: Path | None) -> tuple[str, float] | None:
 
 
 class RouterRuntime:
-    def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.5,
+    def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.0,
                  cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
                  expect_candidates: Sequence[str] | None = None, threads: int | None = None) -> None:  # fmt: skip
         self.checkpoint = Path(checkpoint) if checkpoint else None
@@ -198,7 +199,10 @@ class RouterRuntime:
             # idle: score on the next loop turn (callers started in this turn join the batch);
             # busy: the running pass flushes what accumulated when it ends (natural batching)
             self._flush_scheduled = True
-            loop.call_later(self.batch_wait_s, self._flush, loop)
+            if self.batch_wait_s > 0:
+                loop.call_later(self.batch_wait_s, self._flush, loop)
+            else:  # next loop turn: callers started in this turn still join the batch
+                loop.call_soon(self._flush, loop)
         s = await fut
         self._remember(key, s)
         return s
