@@ -59,3 +59,19 @@ def any_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'table.db'}"
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture(scope="session")
+def planted_ckpt(tmp_path_factory):
+    """A router checkpoint trained (seconds, --quick config) on synthetic rows with a planted rule:
+    queries containing "proof" are solved only by `large` (see router_fixtures.py). Shared by the
+    training, strategy, request-shape and callback tests; read-only."""
+    from router_fixtures import train_planted
+
+    from litellm_energy_router.table import open_store
+
+    d = tmp_path_factory.mktemp("planted")
+    store = open_store(f"sqlite:///{d / 't.db'}")
+    ck = train_planted(store, d / "router")
+    store.close()
+    return ck

@@ -15,7 +15,7 @@ from litellm_energy_router.callback import EnergyLogger
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import open_store
-from router_fixtures import CANDS, train_planted
+from router_fixtures import CANDS
 
 
 @pytest.fixture(autouse=True)
@@ -26,10 +26,8 @@ def _reset_callbacks():
 
 
 @pytest.mark.slow
-def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url):
-    store = open_store(f"sqlite:///{tmp_path / 'train.db'}")
-    ckpt = train_planted(store, tmp_path / "router")
-    store.close()
+def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url, planted_ckpt):
+    ckpt = planted_ckpt
     backend = Backend(delay_s=0.01).start()
     try:
         s = Settings.model_validate({

@@ -9,10 +9,9 @@ from litellm import Router
 
 from litellm_energy_router.router.extract import query_text
 from litellm_energy_router.strategy import EnergyRoutingStrategy
-from litellm_energy_router.table import open_store
 
 from backend import Backend
-from router_fixtures import CANDS, train_planted
+from router_fixtures import CANDS
 from test_strategy import model_list, settings
 
 IMG = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
@@ -36,14 +35,10 @@ SURROGATES = [{"role": "user", "content": "proof \ud800\udfff\ud83d lone"}]
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shapes")
-    store = open_store(f"sqlite:///{d / 't.db'}")
-    ck = train_planted(store, d / "router")
-    store.close()
+def env(planted_ckpt):
     b = Backend().start()
     router = Router(model_list=model_list(b))
-    strategy = EnergyRoutingStrategy(router, settings(ck))
+    strategy = EnergyRoutingStrategy(router, settings(planted_ckpt))
     router.register_plugin(strategy)
     yield router, strategy, b
     b.stop()

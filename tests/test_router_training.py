@@ -9,16 +9,9 @@ from litellm_energy_router.router.checkpoint import CheckpointError, point_to, r
 from litellm_energy_router.router.model import RouterModel
 from litellm_energy_router.table import open_store
 
-from router_fixtures import CANDS, train_planted
+from router_fixtures import CANDS
 
 
-@pytest.fixture(scope="module")
-def planted_ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
-    store = open_store(f"sqlite:///{d / 't.db'}")
-    ck = train_planted(store, d / "router")
-    store.close()
-    return ck
 
 
 def test_quick_train_learns_planted_rule(planted_ckpt):

@@ -14,22 +14,17 @@ from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.router.runtime import RouterRuntime
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
-from litellm_energy_router.table import open_store
 
 from backend import Backend
-from router_fixtures import CANDS, train_planted
+from router_fixtures import CANDS
 
 PROOF = [{"role": "user", "content": "Give a proof about chess number 4242"}]
 EASY = [{"role": "user", "content": "Tell me about rivers number 4242"}]
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("strategy")
-    store = open_store(f"sqlite:///{d / 't.db'}")
-    ck = train_planted(store, d / "router")
-    store.close()
-    return ck
+@pytest.fixture
+def ckpt(planted_ckpt):
+    return planted_ckpt
 
 
 @pytest.fixture(scope="module")
