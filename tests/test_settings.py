@@ -62,3 +62,10 @@ def test_errors_are_one_line_naming_key_and_value(tmp_path, yaml_text, env, expe
 def test_missing_file():
     with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
         load_settings("nope.yaml", environ={})
+
+
+def test_shipped_example_loads():
+    from pathlib import Path
+
+    s = load_settings(Path(__file__).resolve().parents[1] / "config_examples/energy-router.yaml", environ={})
+    assert s.router.threads == 1 and s.router.batch_wait_ms == 0 and len(s.candidates) == 3
