@@ -246,19 +246,24 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
         healthy = [d for d, i in zip(deps, ids) if i not in cooling]
         return healthy or deps
 
-    def _specific(self, model: str) -> dict[str, Any] | None:
-        d = self.router.registry().deployment_dict(model)
-        return d if isinstance(d, dict) else None
+    def _pool(self, model: str, specific_deployment: bool | None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """(the pinned deployment when one is asked for by id, else None; the group's healthy deployments)."""
+        if specific_deployment:
+            d = self.router.registry().deployment_dict(model)
+            if isinstance(d, dict):
+                return d, []
+        deps = self._healthy(model)
+        if not deps:
+            raise ValueError(f"energy-router: no deployments for model group {model!r}")
+        return None, deps
 
     async def async_get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
                                              input: str | list[object] | None = None,
                                              specific_deployment: bool | None = False,
                                              request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
-        if specific_deployment and (d := self._specific(model)) is not None:
-            return d
-        deps = self._healthy(model)
-        if not deps:
-            raise ValueError(f"energy-router: no deployments for model group {model!r}")
+        pinned, deps = self._pool(model, specific_deployment)
+        if pinned is not None:
+            return pinned
         dep, decision = await self.core.choose(deps, messages, input, request_kwargs)
         attach(request_kwargs, decision)  # type: ignore[arg-type]
         return dep if dep is not None else random.choice(deps)
@@ -266,11 +271,9 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
     def get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
                                  input: str | list[object] | None = None, specific_deployment: bool | None = False,
                                  request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
-        if specific_deployment and (d := self._specific(model)) is not None:
-            return d
-        deps = self._healthy(model)
-        if not deps:
-            raise ValueError(f"energy-router: no deployments for model group {model!r}")
+        pinned, deps = self._pool(model, specific_deployment)
+        if pinned is not None:
+            return pinned
         dep, decision = self.core.choose_sync(deps, messages, input, request_kwargs)
         attach(request_kwargs, decision)  # type: ignore[arg-type]
         return dep if dep is not None else random.choice(deps)

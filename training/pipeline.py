@@ -86,12 +86,13 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
     t_sft = time.time() - t0
     e_ref = float(m.E.mean(axis=0).max())
+    est = fit_energy_estimate(m)
+    E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)
     buckets = None
     if cfg.grpo is not None:
         model.eval()
         z0 = compute_slot_logits(model, layout, cal.texts, cal.tasks)
-        est0 = fit_energy_estimate(m)
-        lam_max = float(lambda_grid(1 / (1 + np.exp(-z0)), est0.estimate(m.candidates, cal.prompt_tokens, cal.tasks), e_ref, 2)[-1])
+        lam_max = float(lambda_grid(1 / (1 + np.exp(-z0)), E_hat, e_ref, 2)[-1])
         buckets = lambda_buckets(lam_max)
         log(f"GRPO: {cfg.grpo.steps} steps, lambda buckets up to {lam_max:.3g}")
         model.train()
@@ -102,8 +103,6 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal))
     calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks)
-    est = fit_energy_estimate(m)
-    E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
