@@ -1,0 +1,186 @@
+"""Off-policy evaluation: a router's accuracy and joules on traffic that another router served.
+
+Production rows carry the serving router's propensity ``p_i = π₀(a_i | x_i)`` for the candidate
+``a_i`` it chose (the serving config's ``router.epsilon`` keeps every ``p_i`` above 0). For a new
+policy ``π`` with ``w_i = π(a_i | x_i) / p_i``:
+
+* **IPS** ``V = mean(w_i · r_i)`` — unbiased; 95 % interval ``V ± 1.96 · sd(w·r) / √n``.
+* **SNIPS** ``V = Σ w_i r_i / Σ w_i`` — self-normalised, lower variance, slightly biased; interval by the
+  delta method, ``se = √(Σ w_i² (r_i − V)²) / Σ w_i``.
+
+``r`` is the row's score (accuracy, in [0, 1]) or its energy (J). numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+_Z = {0.90: 1.6448536, 0.95: 1.959964, 0.99: 2.5758293}
+
+
+def _z(level: float) -> float:
+    if level in _Z:
+        return _Z[level]
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+@dataclass
+class Estimate:
+    """One off-policy estimate: ``value`` with a ``level`` (e.g. 0.95) interval [``lo``, ``hi``];
+    ``n`` logged rows, ``ess`` effective sample size ``(Σw)² / Σw²`` (rows' worth of evidence)."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+    ess: float
+    level: float = 0.95
+
+    def covers(self, x: float) -> bool:
+        return self.lo <= x <= self.hi
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.value:.4g} [{self.lo:.4g}, {self.hi:.4g}]"
+
+
+def _check(rewards: Any, propensities: Any, target_probs: Any) -> tuple[np.ndarray, np.ndarray]:
+    r = np.asarray(rewards, dtype=np.float64)
+    p = np.asarray(propensities, dtype=np.float64)
+    q = np.asarray(target_probs, dtype=np.float64)
+    if not (r.shape == p.shape == q.shape) or r.ndim != 1:
+        raise ValueError(f"off-policy estimate: rewards {r.shape}, propensities {p.shape}, target probs {q.shape} must be equal 1-d")
+    if len(r) == 0:
+        raise ValueError("off-policy estimate: no logged rows")
+    if not np.all((p > 0) & (p <= 1)):
+        bad = p[~((p > 0) & (p <= 1))][0]
+        raise ValueError(f"off-policy estimate: propensity {bad} outside (0, 1] (log an exploration rate router.epsilon > 0)")
+    if not np.all((q >= 0) & (q <= 1)):
+        raise ValueError("off-policy estimate: target probabilities must be in [0, 1]")
+    return r, q / p
+
+
+def ips(rewards: Any, propensities: Any, target_probs: Any, level: float = 0.95) -> Estimate:
+    """Inverse propensity scoring (see module docstring); ``target_probs[i] = π(a_i | x_i)``."""
+    r, w = _check(rewards, propensities, target_probs)
+    n = len(r)
+    x = w * r
+    v = float(x.mean())
+    se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+    ess = float(w.sum() ** 2 / (w**2).sum()) if w.any() else 0.0
+    h = _z(level) * se
+    return Estimate(v, v - h, v + h, n, ess, level)
+
+
+def snips(rewards: Any, propensities: Any, target_probs: Any, level: float = 0.95) -> Estimate:
+    """Self-normalised IPS (see module docstring). ``nan`` when the new policy never agrees with the log."""
+    r, w = _check(rewards, propensities, target_probs)
+    n, sw = len(r), float(w.sum())
+    if sw <= 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), n, 0.0, level)
+    v = float((w * r).sum() / sw)
+    se = float(math.sqrt(((w * (r - v)) ** 2).sum()) / sw)
+    ess = sw**2 / float((w**2).sum())
+    h = _z(level) * se
+    return Estimate(v, v - h, v + h, n, ess, level)
+
+
+def target_probs(chosen: Sequence[int], logged: Sequence[int], k: int, epsilon: float = 0.0) -> np.ndarray:
+    """``π(a_i | x_i)`` of a router that picks ``chosen[i]`` and explores uniformly with ``epsilon``
+    over ``k`` candidates, evaluated at the logged action ``logged[i]``."""
+    c, a = np.asarray(chosen), np.asarray(logged)
+    return (1 - epsilon) * (c == a) + epsilon / k
+
+
+@dataclass
+class PolicyEstimate:
+    """A router's estimated accuracy and mean joules (J) on logged traffic, by IPS and SNIPS."""
+
+    n: int
+    matched: int  # logged rows where the new router picks the logged candidate
+    accuracy_ips: Estimate
+    accuracy_snips: Estimate
+    joules_ips: Estimate
+    joules_snips: Estimate
+    logged_accuracy: float
+    logged_joules: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n, "matched": self.matched, "logged_accuracy": self.logged_accuracy, "logged_joules": self.logged_joules,
+            "accuracy_ips": self.accuracy_ips.as_dict(), "accuracy_snips": self.accuracy_snips.as_dict(),
+            "joules_ips": self.joules_ips.as_dict(), "joules_snips": self.joules_snips.as_dict(),
+        }  # fmt: skip
+
+    def lines(self, name: str) -> list[str]:
+        return [
+            f"{name}: {self.n} logged rows ({self.matched} where it agrees with the log); logged policy: "
+            f"accuracy {self.logged_accuracy:.3f}, {self.logged_joules:.1f} J/request",
+            f"  accuracy  IPS {self.accuracy_ips}  SNIPS {self.accuracy_snips}  (95% CI)",
+            f"  joules    IPS {self.joules_ips}  SNIPS {self.joules_snips}  (95% CI, J/request)",
+        ]
+
+
+def logged_rows(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Production rows usable for off-policy evaluation: served successfully, scored, with energy and a
+    propensity in (0, 1]."""
+    out = []
+    for r in runs:
+        p = r.get("propensity")
+        if r.get("source") != "production" or r.get("status") == "failure" or p is None or not 0 < p <= 1:
+            continue
+        if r.get("score") is None or r.get("energy_j") is None:
+            continue
+        out.append(r)
+    return out
+
+
+def estimate_policy(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str], candidates: Sequence[str],
+                    epsilon: float = 0.0, level: float = 0.95) -> PolicyEstimate:  # fmt: skip
+    """Estimate a router that would choose ``chosen[i]`` (a candidate name) for logged row ``rows[i]``."""
+    if len(rows) != len(chosen):
+        raise ValueError(f"estimate_policy: {len(rows)} rows but {len(chosen)} choices")
+    idx = {c: j for j, c in enumerate(candidates)}
+    logged = np.array([idx.get(r["candidate"], -1) for r in rows])
+    new = np.array([idx[c] for c in chosen])
+    q = target_probs(new, logged, len(candidates), epsilon)
+    p = np.array([float(r["propensity"]) for r in rows])
+    acc = np.array([float(r["score"]) for r in rows])
+    joules = np.array([float(r["energy_j"]) for r in rows])
+    return PolicyEstimate(
+        n=len(rows), matched=int((new == logged).sum()),
+        accuracy_ips=ips(acc, p, q, level), accuracy_snips=snips(acc, p, q, level),
+        joules_ips=ips(joules, p, q, level), joules_snips=snips(joules, p, q, level),
+        logged_accuracy=float(acc.mean()), logged_joules=float(joules.mean()),
+    )  # fmt: skip
+
+
+def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, lam: float | None = None, target: float | None = None,
+                               epsilon: float = 0.0, rows: Sequence[Mapping[str, Any]] | None = None,
+                               level: float = 0.95) -> PolicyEstimate | None:  # fmt: skip
+    """Off-policy estimate of the router in ``checkpoint`` at knob ``lam`` (or accuracy ``target``) on the
+    logged production rows of ``store`` (or ``rows``). Production queries are scored without a task tag,
+    as serving scores them. ``None`` when no usable logged row names one of the router's candidates."""
+    from litellm_energy_router.router.model import RouterModel
+
+    model = checkpoint if isinstance(checkpoint, RouterModel) else RouterModel(checkpoint)
+    rows = logged_rows(store.iter_runs(sources=["production"])) if rows is None else list(rows)
+    rows = [r for r in rows if r["candidate"] in model.candidates and r.get("text")]
+    if not rows:
+        return None
+    texts = [r["text"] for r in rows]
+    tasks = [None] * len(rows)
+    P = model.score(texts, tasks)
+    E = model.energy(texts, tasks, prompt_tokens=[int(r.get("prompt_tokens") or 0) for r in rows])
+    if lam is None and target is None:
+        lam = 0.0
+    chosen = [model.candidates[j] for j in model.decide(P, E, lam, target)]
+    return estimate_policy(rows, chosen, model.candidates, epsilon, level)
