@@ -230,8 +230,9 @@ def _one_line(err: ValidationError, data: Mapping[str, Any], origin: str) -> str
     return f"{origin}: config key '{loc}' = {shown}: {e['msg']}"
 
 
-def read_yaml_section(path: str | Path, key: str) -> dict[str, Any]:
-    """The mapping under ``key`` of a YAML file (or the whole document when ``key`` is absent).
+def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = True) -> dict[str, Any]:
+    """The mapping under ``key`` of a YAML file (when ``key`` is absent: the whole document, or ``{}``
+    with ``whole_if_absent=False``).
     Raises :class:`ConfigError` with one line naming the file (and line) on any problem."""
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
@@ -243,7 +244,7 @@ def read_yaml_section(path: str | Path, key: str) -> dict[str, Any]:
         raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
-    data = doc.get(key, doc)
+    data = doc.get(key, doc if whole_if_absent else {})
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: config key '{key}' must be a mapping")
     return data

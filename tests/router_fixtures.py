@@ -11,9 +11,9 @@ ENERGY = {"small": 10.0, "medium": 30.0, "large": 90.0}
 TOPICS = ["apples", "rivers", "music", "trains", "clouds", "bread", "chess", "paint", "glass", "birds"]
 
 
-def planted_rows(n: int = 60, seed: int = 0, names=None):
+def planted_rows(n: int = 60, seed: int = 0, names=None, prefix: str = "q"):
     """Queries containing "proof" are solved only by `large`; all others by every candidate.
-    ``names`` renames (small, medium, large)."""
+    ``names`` renames (small, medium, large); ``prefix`` starts the query ids (``q0``, ``q1``...)."""
     rename = dict(zip(CANDS, names or CANDS))
     rng = random.Random(seed)
     queries, runs = [], []
@@ -21,7 +21,7 @@ def planted_rows(n: int = 60, seed: int = 0, names=None):
         hard = i % 2 == 0
         topic = rng.choice(TOPICS)
         text = f"Give a proof about {topic} number {i}" if hard else f"Tell me about {topic} number {i}"
-        q = make_query(f"q{i}", "synthetic", text, source="tournament")
+        q = make_query(f"{prefix}{i}", "synthetic", text, source="tournament")
         queries.append(q)
         for c in CANDS:
             ok = 1.0 if (not hard or c == "large") else 0.0

@@ -58,6 +58,20 @@ def build_backbone(spec: BackboneSpec, texts: Sequence[str], n_candidates: int, 
     return _REGISTRY[key]().build(spec, texts, n_candidates, max_len)
 
 
+def load_warm_start(checkpoint: str, candidates: Sequence[str]) -> tuple[Any, Any]:
+    """Model and tokenizer of an existing router checkpoint, to continue training from; refuses a
+    checkpoint routing other candidates (or in another slot order)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from litellm_energy_router.router.checkpoint import read_manifest, resolve
+
+    read_manifest(checkpoint, expect_candidates=list(candidates))
+    d = str(resolve(checkpoint))
+    model, tok = AutoModelForCausalLM.from_pretrained(d), AutoTokenizer.from_pretrained(d)
+    model.train()
+    return model, tok
+
+
 def _add_layout_tokens(model: Any, tok: Any, n_candidates: int) -> None:
     tok.add_tokens(special_tokens(n_candidates))
     if tok.pad_token is None:

@@ -48,6 +48,7 @@ class TableMatrix:
     T: np.ndarray  # [n, K] float, completion tokens (NaN = unknown)
     dropped: dict[str, int] = field(default_factory=dict)
     max_run_id: int = 0  # training-data watermark: the largest run id read
+    max_updated: float = 0.0  # and the latest ``updated`` time read (Unix s; catches rows labelled later)
 
     @property
     def n(self) -> int:
@@ -67,6 +68,7 @@ class TableMatrix:
             candidates=list(self.candidates), ids=self.ids[idx], tasks=self.tasks[idx],
             texts=[self.texts[i] for i in idx], prompt_tokens=self.prompt_tokens[idx],
             Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped), max_run_id=self.max_run_id,
+            max_updated=self.max_updated,
         )  # fmt: skip
 
     take = subset
@@ -100,9 +102,10 @@ def load_matrix(
     qinfo: dict[str, tuple[str, str | None]] = {}
     ptoks: dict[str, list[int]] = {}
     wanted = set(candidates) if candidates is not None else None
-    max_id = 0
+    max_id, max_upd = 0, 0.0
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
         max_id = max(max_id, int(r["id"]))
+        max_upd = max(max_upd, float(r.get("updated") or 0.0))
         if wanted is not None and r["candidate"] not in wanted:
             continue
         qid = r["query_id"]
@@ -168,6 +171,7 @@ def load_matrix(
     return TableMatrix(
         candidates=cands, ids=np.array(ids, dtype=object), tasks=np.array(tasks, dtype=object), texts=texts,
         prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped, max_run_id=max_id,
+        max_updated=max_upd,
     )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from litellm_energy_router.router.format import UNKNOWN_TASK, Layout, label_toke
 from litellm_energy_router.router.model import compute_slot_logits, scores_from_logits
 from litellm_energy_router.table import TableStore
 
-from .backbones import BackboneSpec, build_backbone
+from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .calibrate import fit_calibration
 from .data import TableMatrix as Matrix, fit_energy_estimate, load_matrix
 from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
@@ -43,6 +43,8 @@ class TrainConfig:
         candidates: candidate names in slot order (default: all in the table, cheapest first).
         sources: table sources used for training.
         seed: split seed.
+        init_from: warm start: a checkpoint directory whose weights and tokenizer SFT starts from
+            (same candidates in the same order) instead of a fresh ``backbone``.
     """
 
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
@@ -53,6 +55,7 @@ class TrainConfig:
     candidates: list[str] | None = None
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
     seed: int = 0
+    init_from: str | None = None
 
     @classmethod
     def quick(cls) -> "TrainConfig":
@@ -78,7 +81,10 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     cal, fit = m.take(perm[:n_cal]), m.take(perm[n_cal:])
     k = len(m.candidates)
     t0 = time.time()
-    model, tok = build_backbone(cfg.backbone, fit.texts, k, cfg.max_len)
+    if cfg.init_from:
+        model, tok = load_warm_start(cfg.init_from, m.candidates)
+    else:
+        model, tok = build_backbone(cfg.backbone, fit.texts, k, cfg.max_len)
     layout = Layout(tok, k, cfg.max_len)
     ds = build_sft_dataset(layout, fit.texts, fit.tasks, fit.Y, cfg.sft.task_dropout, cfg.seed)
     log(f"SFT: {len(fit)} queries x {k} candidates, backbone {cfg.backbone.name}, "
@@ -110,13 +116,13 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         version=_version(), candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
         backbone={"name": cfg.backbone.name, "hidden_size": cfg.backbone.hidden_size, "layers": cfg.backbone.layers,
-                  "params": int(sum(p.numel() for p in model.parameters()))},
+                  "params": int(sum(p.numel() for p in model.parameters())), "warm_start_from": cfg.init_from},
         max_len=cfg.max_len,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]), "e_ref_j": e_ref,
               "target_min": 0.0, "target_max": 1.0,
               "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets]},
         energy=est, calibration=calibration,
-        watermark={"max_run_id": m.max_run_id, "queries": len(m), "sources": list(cfg.sources)},
+        watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources)},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
               "calibration_queries": len(cal), "sft_seconds": round(t_sft, 1)},
         versions=library_versions(),

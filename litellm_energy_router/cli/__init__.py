@@ -59,6 +59,10 @@ from . import eval_cmds  # noqa: E402
 
 app.command("eval")(eval_cmds.eval_cmd)
 
+from . import retrain_cmds  # noqa: E402
+
+app.command("retrain")(retrain_cmds.retrain_cmd)
+
 from . import profiling_cmds  # noqa: E402  (tournament, shadow-tournament)
 
 profiling_cmds.register(app)

@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
-from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import Engine, create_engine, event, func, or_, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.engine import make_url
 
@@ -70,6 +70,9 @@ class TableStore(Protocol):
     def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None) -> list[CandidateStats]: ...
 
     def count_runs(self) -> int: ...
+
+    def count_labelled(self, *, since_id: int | None = None, since_updated: float | None = None,
+                       sources: Sequence[str] | None = None) -> int: ...
 
     def runs_for_call(self, call_id: str) -> list[Run]: ...
 
@@ -214,6 +217,22 @@ class SQLStore:
     def count_runs(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(schema.runs)).scalar_one())
+
+    def count_labelled(self, *, since_id: int | None = None, since_updated: float | None = None,
+                       sources: Sequence[str] | None = None) -> int:
+        """Runs with a score and energy that are new since a training watermark: a run id above
+        ``since_id``, or (when ``since_updated`` is given) updated after that Unix time, e.g. labelled
+        later by feedback."""
+        r = schema.runs
+        stmt = select(func.count()).select_from(r).where(r.c.score.is_not(None), r.c.energy_j.is_not(None))
+        new = r.c.id > (since_id if since_id is not None else -1)
+        if since_updated is not None:
+            new = or_(new, r.c.updated > since_updated)
+        stmt = stmt.where(new)
+        if sources:
+            stmt = stmt.where(r.c.source.in_(list(sources)))
+        with self.engine.connect() as conn:
+            return int(conn.execute(stmt).scalar_one())
 
     def runs_for_call(self, call_id: str) -> list[Run]:
         """Runs recorded for one LiteLLM call id (production rows), oldest first."""

@@ -1,0 +1,148 @@
+"""``retrain``: lock, "nothing new", the promotion gate (a worse candidate is refused, a better one is
+promoted) and hot reload of the promoted checkpoint by a running router runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from router_fixtures import planted_rows
+
+from litellm_energy_router.router.checkpoint import read_manifest, resolve
+from litellm_energy_router.table import open_store
+from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _add(url: str, prefix: str, n: int = 80) -> None:
+    store = open_store(url)
+    cands, queries, runs = planted_rows(n, prefix=prefix)
+    store.write(queries, runs, candidates=cands)
+    store.close()
+
+
+def _shuffled(m):
+    """A deliberately worse training set: each query gets another query's labels."""
+    perm = np.random.default_rng(1).permutation(len(m))
+    return dataclasses.replace(m, Y=m.Y[perm])
+
+
+def _cfg(tmp_path: Path, url: str, **kw) -> RetrainConfig:
+    return RetrainConfig(table_url=url, pointer=tmp_path / "current.json", quick=True, min_new_rows=100,
+                         holdout_fraction=0.3, lam=0.3, epsilon=0.0, **kw)  # fmt: skip
+
+
+def _config_file(tmp_path: Path, url: str) -> Path:
+    p = tmp_path / "retrain.yaml"
+    p.write_text(textwrap.dedent(f"""
+        energy_router:
+          table: {{url: "{url}"}}
+          router: {{checkpoint: "{tmp_path / 'current.json'}"}}
+        retrain:
+          quick: true
+          min_new_rows: 100
+          holdout_fraction: 0.3
+    """))
+    return p
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "litellm_energy_router.cli", *args], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_reloads(tmp_path, sqlite_url):
+    from litellm_energy_router.router.runtime import RouterRuntime
+
+    _add(sqlite_url, "a")
+    cfg = _cfg(tmp_path, sqlite_url)
+    first = run_retrain(cfg, log=lambda s: None)  # no serving checkpoint yet: trains and promotes
+    assert first.status == "promoted" and resolve(cfg.pointer) == first.checkpoint.resolve()
+    assert json.loads(first.report_json.read_text())["comparison"]["promote"] is True
+    runtime = RouterRuntime(cfg.pointer)
+    runtime.maybe_reload(block=True)
+    assert runtime.version == first.version
+
+    _add(sqlite_url, "b")  # new rows, so retrain trains again
+    worse = run_retrain(cfg, log=lambda s: None, transform_train=_shuffled)
+    assert worse.status == "rejected", worse.message
+    report = json.loads(worse.report_json.read_text())
+    assert report["comparison"]["candidate"]["aiq"] < report["comparison"]["serving"]["aiq"]
+    assert resolve(cfg.pointer) == first.checkpoint.resolve()  # pointer did not move
+    assert not list((tmp_path / "versions").glob(".tmp-*"))  # the rejected candidate is gone
+
+    # a worse serving checkpoint (trained on shuffled labels), then an honest retrain beats it
+    bad_cfg = _cfg(tmp_path / "b", sqlite_url)
+    bad = run_retrain(bad_cfg, log=lambda s: None, transform_train=_shuffled)
+    assert bad.status == "promoted"
+    runtime2 = RouterRuntime(bad_cfg.pointer)
+    runtime2.maybe_reload(block=True)
+    assert runtime2.version == bad.version
+    _add(sqlite_url, "c")
+    better = run_retrain(bad_cfg, log=lambda s: None)
+    assert better.status == "promoted", better.message
+    cmp_ = better.details["comparison"]
+    assert cmp_["candidate"]["aiq"] >= cmp_["serving"]["aiq"]
+    assert read_manifest(bad_cfg.pointer).version == better.version
+    runtime2.maybe_reload(block=True)  # the running runtime picks up the moved pointer
+    assert runtime2.version == better.version
+    hard = runtime2.score_sync("Give a proof about rivers number 1001")
+    easy = runtime2.score_sync("Tell me about rivers number 1002")
+    assert hard.P[hard.candidates.index("large")] > hard.P[hard.candidates.index("small")]
+    assert easy.P[easy.candidates.index("small")] > hard.P[hard.candidates.index("small")]
+    runtime.close()
+    runtime2.close()
+
+
+def test_nothing_new_and_lock_exit_zero(tmp_path, sqlite_url):
+    _add(sqlite_url, "a")
+    conf = _config_file(tmp_path, sqlite_url)
+    p = _cli("retrain", "--config", str(conf))
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and "promoted" in out, out
+    p = _cli("retrain", "--config", str(conf))
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and "nothing new: 0 labelled rows" in out, out
+    # a held lock: the run exits 0 without training
+    vdir = tmp_path / "versions"
+    with open(vdir / ".retrain.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        p = _cli("retrain", "--config", str(conf), "--since", "0")
+        out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and "another retrain is running" in out, out
+    assert len(list(vdir.glob("v-*"))) == 1
+
+
+def test_two_concurrent_runs_train_once(tmp_path, sqlite_url):
+    _add(sqlite_url, "a")
+    conf = _config_file(tmp_path, sqlite_url)
+    procs = [_cli("retrain", "--config", str(conf)) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sum("promoted" in o for o in outs) == 1, outs
+    assert sum(("another retrain is running" in o) or ("nothing new" in o) for o in outs) == 1, outs
+    assert len(list((tmp_path / "versions").glob("v-*"))) == 1
+
+
+def test_bad_config_is_one_line_error(tmp_path, sqlite_url):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text(f'energy_router:\n  table: {{url: "{sqlite_url}"}}\n  router: {{checkpoint: "{tmp_path / "p.json"}"}}\nretrain:\n  rule: fastest\n')
+    p = _cli("retrain", "--config", str(conf))
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2 and "retrain" in out and "rule" in out and "fastest" in out, out
+    d = tmp_path / "ckdir"
+    d.mkdir()
+    conf.write_text(f'energy_router:\n  table: {{url: "{sqlite_url}"}}\n  router: {{checkpoint: "{d}"}}\n')
+    p = _cli("retrain", "--config", str(conf))
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2 and "is a checkpoint directory" in out, out

@@ -1,0 +1,300 @@
+"""``energy-router retrain``: scheduled retraining with a promotion gate. Safe to run from cron.
+
+One run:
+
+1. takes a file lock (``<versions_dir>/.retrain.lock``); a second concurrent run exits 0 at once;
+2. counts labelled rows (score and energy) newer than the serving checkpoint's training watermark
+   (run id, or updated later, e.g. labelled by feedback); below ``min_new_rows`` it stops: "nothing new";
+3. trains a candidate checkpoint on the table minus a **stable held-out set** (a hash of the query id,
+   so the held-out queries never enter any checkpoint's training data), from scratch or warm-started
+   from the serving checkpoint;
+4. scores the candidate and the serving checkpoint on the same held-out queries (AIQ; joules to reach
+   the target accuracy) and, when production rows with propensities exist, estimates both on logged
+   traffic by IPS/SNIPS (:mod:`.ope`);
+5. **promotes** the candidate only when the rule holds (``aiq``, ``joules`` or ``both``): the checkpoint
+   becomes ``<versions_dir>/v-<version>`` and the pointer moves atomically (serving hot-reloads it);
+   only the last ``keep`` versions are kept (never the one the pointer names). A rejected candidate
+   is deleted. Each training run writes ``<report_dir>/<version>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from litellm_energy_router.router.checkpoint import CheckpointError, read_manifest, resolve
+from litellm_energy_router.settings import ConfigError, Settings, _one_line, load_settings, read_yaml_section
+from litellm_energy_router.table import open_store
+
+from .data import TableMatrix, holdout_split, load_matrix
+
+Log = Callable[[str], None]
+
+
+class RetrainConfig(BaseModel):
+    """The ``retrain:`` section of the config file (the ``energy_router:`` section gives the table URL,
+    the checkpoint pointer and the knob when these fields are left empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    table_url: str | None = Field(None, description="table URL; default: energy_router.table.url")
+    pointer: Path | None = Field(None, description="checkpoint pointer (JSON file or symlink) that serving watches; "
+                                                   "default: energy_router.router.checkpoint")  # fmt: skip
+    versions_dir: Path | None = Field(None, description="where promoted checkpoints go; default: <pointer dir>/versions")
+    report_dir: Path | None = Field(None, description="per-run JSON + markdown reports; default: <versions_dir>/reports")
+    keep: int = Field(5, ge=1, description="promoted versions kept on disk (the pointed-to one is never removed)")
+    min_new_rows: int = Field(200, ge=0, description="labelled rows newer than the watermark needed to train")
+    sources: list[str] = Field(default_factory=lambda: ["import", "tournament", "shadow", "production"])
+    warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights (else from scratch)")
+    quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
+    grpo_steps: int = Field(0, ge=0, description="GRPO steps after SFT (0 = off, the default pipeline)")
+    rule: Literal["aiq", "joules", "both"] = Field("both", description="promotion rule on the held-out queries")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="accuracy the 'joules' rule prices; "
+                                          "default: the best single candidate's held-out accuracy")  # fmt: skip
+    tolerance: float = Field(0.0, ge=0, description="slack: AIQ may drop by this much, joules may rise by this fraction")
+    holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of queries held out (stable hash of the query id)")
+    holdout_salt: str = Field("retrain", description="changing it changes the held-out set")
+    lam: float | None = Field(None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda")
+    epsilon: float | None = Field(None, ge=0, le=1, description="exploration rate assumed for the new router in the "
+                                  "off-policy estimate; default: energy_router.router.epsilon")  # fmt: skip
+
+
+def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:
+    """Read ``retrain:`` (and the defaults it borrows from ``energy_router:``) from a YAML file."""
+    settings: Settings = load_settings(path)
+    data = read_yaml_section(path, "retrain", whole_if_absent=False) if path else {}
+    data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        cfg = RetrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e, data, f"{path}: retrain")) from None
+    cfg.table_url = cfg.table_url or settings.table.url
+    if cfg.pointer is None:
+        if settings.router.checkpoint is None:
+            raise ConfigError(f"{path}: set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)")
+        cfg.pointer = Path(settings.router.checkpoint)
+    cfg.lam = settings.knob.lambda_ if cfg.lam is None else cfg.lam
+    cfg.epsilon = settings.router.epsilon if cfg.epsilon is None else cfg.epsilon
+    return cfg
+
+
+@dataclass
+class RetrainResult:
+    status: Literal["locked", "nothing_new", "promoted", "rejected"]
+    message: str
+    version: str | None = None
+    checkpoint: Path | None = None
+    report_json: Path | None = None
+    report_md: Path | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _versions_dir(cfg: RetrainConfig) -> Path:
+    return Path(cfg.versions_dir) if cfg.versions_dir else Path(cfg.pointer).parent / "versions"
+
+
+def set_pointer(pointer: Path, checkpoint_dir: Path) -> None:
+    """Atomically make ``pointer`` name ``checkpoint_dir``: a symlink stays a symlink, anything else is
+    written as a JSON pointer file."""
+    from litellm_energy_router.router.checkpoint import point_to
+
+    if pointer.is_symlink():
+        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        os.symlink(checkpoint_dir.resolve(), tmp)
+        os.replace(tmp, pointer)
+    else:
+        point_to(pointer, checkpoint_dir)
+
+
+def _serving(pointer: Path) -> tuple[Path | None, Any]:
+    if pointer.is_dir() and not pointer.is_symlink():
+        raise ConfigError(f"pointer {pointer}: is a checkpoint directory; retrain needs a pointer file it can swap "
+                          f"(e.g. {pointer}.json with {{\"checkpoint\": \"{pointer}\"}})")  # fmt: skip
+    if not pointer.exists():
+        return None, None
+    d = resolve(pointer)
+    return d, read_manifest(d)
+
+
+def _score_checkpoint(path: Path, hold: TableMatrix) -> tuple[np.ndarray, np.ndarray]:
+    from litellm_energy_router.router.model import RouterModel
+
+    model = RouterModel(path, expect_candidates=hold.candidates)
+    tasks = [str(t) for t in hold.tasks]
+    return model.score(list(hold.texts), tasks), model.energy(list(hold.texts), tasks, prompt_tokens=list(hold.prompt_tokens))
+
+
+def compare(candidate: Path, serving: Path | None, hold: TableMatrix, cfg: RetrainConfig) -> dict[str, Any]:
+    """Score both checkpoints on the held-out queries; ``promote`` says whether the rule holds."""
+    from .evaluate import evaluate, joules_at_accuracy
+
+    routers = {"candidate": _score_checkpoint(candidate, hold)}
+    if serving is not None:
+        routers["serving"] = _score_checkpoint(serving, hold)
+    ev = evaluate(hold.Y, hold.E, routers, hold.candidates)
+    target = cfg.target_accuracy or ev.best_accuracy
+    out: dict[str, Any] = {"held_out_queries": len(hold), "target_accuracy": target,
+                           "best_single": {"candidate": hold.candidates[ev.best], "accuracy": ev.best_accuracy,
+                                           "joules": ev.best_energy}}  # fmt: skip
+    for name in routers:
+        m = ev.method(name)
+        hx, hy = m.curve.hull()
+        j = joules_at_accuracy(hx, hy, target)
+        out[name] = {"aiq": m.aiq, "joules_at_target": j if np.isfinite(j) else None, "max_accuracy": float(m.curve.accuracy.max())}
+    if serving is None:
+        out["promote"], out["why"] = True, "no serving checkpoint yet"
+        return out
+    c, s, tol = out["candidate"], out["serving"], cfg.tolerance
+    aiq_ok = c["aiq"] >= s["aiq"] - tol
+    cj, sj = c["joules_at_target"], s["joules_at_target"]
+    j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
+    ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
+    fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
+    out["promote"] = bool(ok)
+    out["why"] = (f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
+                  f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})")  # fmt: skip
+    return out
+
+
+def _ope(store: Any, paths: dict[str, Path | None], cfg: RetrainConfig) -> dict[str, Any]:
+    from .ope import evaluate_checkpoint_on_log, logged_rows
+
+    rows = logged_rows(store.iter_runs(sources=["production"]))
+    if not rows:
+        return {}
+    out = {}
+    for name, p in paths.items():
+        if p is None:
+            continue
+        try:
+            est = evaluate_checkpoint_on_log(store, p, lam=cfg.lam, epsilon=cfg.epsilon or 0.0, rows=rows)
+        except (CheckpointError, ValueError) as e:
+            out[name] = {"error": str(e)}
+            continue
+        if est is not None:
+            out[name] = est.as_dict()
+    return out
+
+
+def _prune(vdir: Path, keep: int, protect: set[Path]) -> list[str]:
+    versions = sorted(p for p in vdir.glob("v-*") if p.is_dir())
+    removed = []
+    for p in versions[: max(len(versions) - keep, 0)]:
+        if p.resolve() in protect:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+    return removed
+
+
+def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Path, Path]:
+    rdir.mkdir(parents=True, exist_ok=True)
+    jp, mp = rdir / f"{version}.json", rdir / f"{version}.md"
+    jp.write_text(json.dumps(report, indent=2, default=str))
+    cmp_ = report.get("comparison", {})
+    lines = [f"# Retrain {version}: {report['status']}", "", report["message"], "",
+             f"- new labelled rows since the watermark: {report['new_rows']}",
+             f"- trained on {report['train_queries']} queries; held out {cmp_.get('held_out_queries')}",
+             f"- training time: {report['train_seconds']:.1f} s", "",
+             "| checkpoint | AIQ | J at target accuracy | max accuracy |", "|---|---|---|---|"]  # fmt: skip
+    for name in ("candidate", "serving"):
+        if name in cmp_:
+            r = cmp_[name]
+            jt = "never" if r["joules_at_target"] is None else f"{r['joules_at_target']:.2f}"
+            lines.append(f"| {name} | {r['aiq']:.4f} | {jt} | {r['max_accuracy']:.3f} |")
+    for name, est in report.get("off_policy", {}).items():
+        if "accuracy_snips" in est:
+            a, j = est["accuracy_snips"], est["joules_snips"]
+            lines.append(f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows): accuracy {a['value']:.3f} "
+                         f"[{a['lo']:.3f}, {a['hi']:.3f}], {j['value']:.1f} J [{j['lo']:.1f}, {j['hi']:.1f}]")  # fmt: skip
+    mp.write_text("\n".join(lines) + "\n")
+    return jp, mp
+
+
+def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = print,
+                transform_train: Callable[[TableMatrix], TableMatrix] | None = None) -> RetrainResult:  # fmt: skip
+    """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
+    before training (tests use it to build a deliberately worse candidate)."""
+    from .pipeline import TrainConfig, _version, train_matrix
+
+    pointer = Path(cfg.pointer)  # type: ignore[arg-type]
+    vdir = _versions_dir(cfg)
+    vdir.mkdir(parents=True, exist_ok=True)
+    lock = open(vdir / ".retrain.lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        msg = f"another retrain is running (lock {vdir / '.retrain.lock'} is held); exiting"
+        log(msg)
+        return RetrainResult("locked", msg)
+    try:
+        serving_dir, manifest = _serving(pointer)
+        store = open_store(cfg.table_url)
+        try:
+            wm = manifest.watermark if manifest is not None else {}
+            since_id = since if since is not None else wm.get("max_run_id")
+            since_upd = None if since is not None else wm.get("max_updated")
+            new = store.count_labelled(since_id=since_id, since_updated=since_upd, sources=cfg.sources)
+            if manifest is not None and new < cfg.min_new_rows:
+                msg = f"nothing new: {new} labelled rows since run id {since_id} (minimum {cfg.min_new_rows})"
+                log(msg)
+                return RetrainResult("nothing_new", msg, details={"new_rows": new})
+            m = load_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources)
+            tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt)
+            train_m, hold = m.take(tr), m.take(te)
+            if transform_train is not None:
+                train_m = transform_train(train_m)
+            tc = TrainConfig.quick() if cfg.quick else TrainConfig()
+            if cfg.grpo_steps:
+                from .grpo import GRPOStageConfig
+
+                tc.grpo = GRPOStageConfig(steps=cfg.grpo_steps)
+            if cfg.warm_start and serving_dir is not None:
+                tc.init_from = str(serving_dir)
+            tmp = vdir / f".tmp-{_version()}"
+            log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
+            t0 = time.time()
+            train_matrix(train_m, tmp, tc, log=log)
+            version = read_manifest(tmp).version
+            shutil.rmtree(tmp / "_trainer", ignore_errors=True)
+            shutil.rmtree(tmp / "_grpo", ignore_errors=True)
+            t_train = time.time() - t0
+            cmp_ = compare(tmp, serving_dir, hold, cfg)
+            log(f"retrain {version}: {cmp_['why']}")
+            final = vdir / f"v-{version}"
+            paths = {"candidate": tmp, "serving": serving_dir}
+            off_policy = _ope(store, paths, cfg)
+            if cmp_["promote"]:
+                os.replace(tmp, final)
+                set_pointer(pointer, final)
+                removed = _prune(vdir, cfg.keep, {final.resolve()})
+                status, ck = "promoted", final
+                msg = f"promoted {final} (pointer {pointer} moved); removed old versions {removed or 'none'}"
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+                status, ck = "rejected", None
+                msg = f"not promoted: the serving checkpoint {serving_dir} stays ({cmp_['why']})"
+            log(msg)
+            report = {"version": version, "status": status, "message": msg, "new_rows": new, "since_id": since_id,
+                      "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
+                      "off_policy": off_policy, "serving": str(serving_dir) if serving_dir else None,
+                      "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
+                      "created": time.time()}  # fmt: skip
+            jp, mp = _write_reports(Path(cfg.report_dir) if cfg.report_dir else vdir / "reports", version, report)
+            return RetrainResult(status, msg, version, ck, jp, mp, report)
+        finally:
+            store.close()
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
