@@ -146,3 +146,14 @@ def test_bad_config_is_one_line_error(tmp_path, sqlite_url):
     p = _cli("retrain", "--config", str(conf))
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2 and "is a checkpoint directory" in out, out
+
+
+def test_shipped_example_retrain_section_loads(tmp_path):
+    from litellm_energy_router.settings import ConfigError
+    from litellm_energy_router.training.retrain import load_retrain_config
+
+    example = Path(__file__).resolve().parents[1] / "config_examples/energy-router.yaml"
+    cfg = load_retrain_config(example, pointer=tmp_path / "current.json")
+    assert (cfg.rule, cfg.min_new_rows, cfg.keep, cfg.table_url) == ("both", 200, 5, "sqlite:///energy_router.db")
+    with pytest.raises(ConfigError, match="router.checkpoint"):
+        load_retrain_config(example)  # the example leaves the pointer unset
