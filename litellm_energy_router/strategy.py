@@ -60,7 +60,7 @@ class EnergyRouterCore:
         self.settings = settings or load_settings()
         rs = self.settings.router
         self.runtime = runtime or RouterRuntime(
-            rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads
+            rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads, scorer=rs.scorer
         )
         self._by_id = {c.deployment_id: c.name for c in self.settings.candidates if c.deployment_id}
         self._configured = {c.name for c in self.settings.candidates}

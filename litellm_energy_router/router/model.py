@@ -103,10 +103,15 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
 
 
 class RouterModel:
-    """A loaded router checkpoint. ``score`` is thread-safe (one forward pass at a time)."""
+    """A loaded router checkpoint. ``score`` is thread-safe (one forward pass at a time).
+
+    ``scorer``: ``"student"`` scores with the checkpoint's distilled student when it ships one (else the
+    LM); ``"lm"`` always runs the LM forward (the reference). ``fast=False`` keeps the HF forward even
+    where the lean one (:mod:`.fastpath`) covers the architecture.
+    """
 
     def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None, threads: int | None = None,
-                 fast: bool = True):  # fmt: skip
+                 fast: bool = True, scorer: str = "student"):  # fmt: skip
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -134,8 +139,28 @@ class RouterModel:
         from .fastpath import build_slot_scorer
 
         self.scorer = build_slot_scorer(self.model, self.layout.yes_id, self.layout.no_id) if fast else None
+        self.student = self._load_student() if scorer == "student" else None
         self._lock = threading.Lock()
         self._torch = torch
+
+    def _load_student(self) -> Any:
+        from .student import Student
+
+        entry = self.manifest.student
+        if not entry:
+            return None
+        try:
+            st = Student.load(self.path / str(entry.get("file", "student.npz")))
+        except (OSError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{self.path}: cannot load the student ({str(e).splitlines()[0]})") from None
+        if st.n_candidates != len(self.manifest.candidates):
+            raise CheckpointError(f"{self.path}: the student has {st.n_candidates} outputs, not {len(self.manifest.candidates)}")
+        return st
+
+    @property
+    def scorer_name(self) -> str:
+        """What :meth:`score` runs: ``student``, ``lm-fast`` (lean forward) or ``lm``."""
+        return "student" if self.student is not None else "lm-fast" if self.scorer is not None else "lm"
 
     @property
     def candidates(self) -> list[str]:
@@ -151,9 +176,10 @@ class RouterModel:
             return compute_slot_logits(self.model, self.layout, texts, tasks, batch_size, scorer=self.scorer)
 
     def score(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None) -> np.ndarray:
-        """Calibrated P[n, K] in [0, 1]."""
+        """Calibrated P[n, K] in [0, 1] (the student's when one is loaded, else the LM's)."""
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        return scores_from_logits(self.slot_logits(texts, tasks), self.manifest.calibration, tasks)
+        z = self.student.slot_logits(texts, tasks) if self.student is not None else self.slot_logits(texts, tasks)
+        return scores_from_logits(z, self.manifest.calibration, tasks)
 
     def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip

@@ -62,12 +62,13 @@ def _fingerprint(path: Path | None) -> tuple[str, float] | None:
 class RouterRuntime:
     def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.0,
                  cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
-                 expect_candidates: Sequence[str] | None = None, threads: int | None = None) -> None:  # fmt: skip
+                 expect_candidates: Sequence[str] | None = None, threads: int | None = None,
+                 scorer: str = "student") -> None:  # fmt: skip
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.cache_size, self.max_batch, self.poll_s = cache_size, max_batch, poll_s
         self.expect_candidates = list(expect_candidates) if expect_candidates else None
-        self.threads = threads
+        self.threads, self.scorer = threads, scorer
         self._model = None
         self._loaded: tuple[str, float] | None = None
         self._cache: OrderedDict[str, Scored] = OrderedDict()
@@ -92,7 +93,7 @@ class RouterRuntime:
             log.error("energy-router: %s; serving falls back", self.last_error)
             return False
         try:
-            model = RouterModel(fp[0], expect_candidates=self.expect_candidates, threads=self.threads)
+            model = RouterModel(fp[0], expect_candidates=self.expect_candidates, threads=self.threads, scorer=self.scorer)
         except Exception as e:  # noqa: BLE001 - refuse any broken checkpoint, keep the old one
             self.last_error = f"checkpoint {fp[0]} refused: {str(e).splitlines()[0]}"
             RELOADS.labels(result="error").inc()
@@ -104,7 +105,7 @@ class RouterRuntime:
             self._cache.clear()
         self.last_error = None
         RELOADS.labels(result="ok").inc()
-        log.info("energy-router: serving checkpoint %s (version %s)", fp[0], model.version)
+        log.info("energy-router: serving checkpoint %s (version %s, scorer %s)", fp[0], model.version, model.scorer_name)
         return True
 
     def maybe_reload(self, block: bool = False) -> None:
