@@ -2,14 +2,17 @@
 
     python benchmarks/bench_routing.py [--checkpoint DIR] [--calls 1000]
 
-1. Decision latency of the router (text extraction + one forward pass + decision), uncached prompts from
-   the bundled RouterBench rows: one request at a time, and a burst of 64 concurrent requests.
+1. Decision latency of the router (text extraction + scoring + decision), uncached prompts from the
+   bundled RouterBench rows: one request at a time, and a burst of 64 concurrent requests; with the
+   serving default (``router.scorer: student``, the checkpoint's distilled student) and with the LM
+   (``router.scorer: lm``, the lean forward pass).
 2. End-to-end ``Router.acompletion`` per-call time against a local OpenAI-compatible backend, with the
-   energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers.
+   energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers (and
+   sequentially with the LM scorer).
 
 Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
-max_len 128) with a few SFT steps: decision cost depends on the architecture, not on training length.
-Last line: ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>``.
+max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
+length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>``.
 """
 
 from __future__ import annotations
@@ -73,36 +76,47 @@ async def main_async(args) -> None:
     backend = Backend().start()
     model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
                    "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
-    settings = Settings.model_validate({"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000},
-                                        "knob": {"lambda": 0.3}})  # fmt: skip
-    core = EnergyRouterCore(settings)
+    def make_core(scorer):
+        return EnergyRouterCore(Settings.model_validate({
+            "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer},
+            "knob": {"lambda": 0.3}}))  # fmt: skip
+
+    core, lm_core = make_core("student"), make_core("lm")
+    print(f"scorers: serving default {core.runtime.model.scorer_name}, reference {lm_core.runtime.model.scorer_name}")
     deps = model_list
 
     def msgs(i):
         return [{"role": "user", "content": f"{texts[i % len(texts)]} #{i}"}]
 
-    for i in range(20):  # warm-up
-        await core.choose(deps, msgs(i))
-    single = []
-    for i in range(args.decisions):
-        t0 = time.perf_counter()
-        await core.choose(deps, msgs(1000 + i))
-        single.append(time.perf_counter() - t0)
-    burst = []
+    async def decisions(c, label):
+        for i in range(20):  # warm-up
+            await c.choose(deps, msgs(i))
+        single = []
+        for i in range(args.decisions):
+            t0 = time.perf_counter()
+            await c.choose(deps, msgs(1000 + i))
+            single.append(time.perf_counter() - t0)
+        burst = []
 
-    async def one(i):
-        t0 = time.perf_counter()
-        await core.choose(deps, msgs(5000 + i))
-        burst.append(time.perf_counter() - t0)
+        async def one(i):
+            t0 = time.perf_counter()
+            await c.choose(deps, msgs(5000 + i))
+            burst.append(time.perf_counter() - t0)
 
-    for r in range(args.decisions // 64 or 1):
-        await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
-    print(f"decision single: p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})")
-    print(f"decision burst of 64: p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})")
+        for r in range(args.decisions // 64 or 1):
+            await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
+        print(f"decision single ({label}): p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})")
+        print(f"decision burst of 64 ({label}): p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})")
+        return single
+
+    lm_single = await decisions(lm_core, "lm")
+    single = await decisions(core, c_label := core.runtime.model.scorer_name)
 
     shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
     energy = Router(model_list=model_list)
     energy.register_plugin(EnergyRoutingStrategy(energy, core=core))
+    energy_lm = Router(model_list=model_list)
+    energy_lm.register_plugin(EnergyRoutingStrategy(energy_lm, core=lm_core))
 
     async def seq(router, n, offset):
         t0 = time.perf_counter()
@@ -123,12 +137,17 @@ async def main_async(args) -> None:
 
     await seq(shuffle, 50, 0)
     await seq(energy, 50, 0)
+    await seq(energy_lm, 50, 0)
     s_seq = await seq(shuffle, args.calls, 20_000)
     e_seq = await seq(energy, args.calls, 40_000)
     s_con = await conc(shuffle, args.calls, 60_000)
     e_con = await conc(energy, args.calls, 80_000)
-    print(f"acompletion sequential: simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
-    print(f"acompletion 64 concurrent: simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
+    s_seq2 = await seq(shuffle, args.calls, 100_000)  # the LM run gets its own shuffle reference (load drifts)
+    l_seq = await seq(energy_lm, args.calls, 120_000)
+    print(f"acompletion sequential ({c_label}): simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
+    print(f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
+    print(f"acompletion sequential (lm): simple-shuffle {s_seq2 * 1000:.2f} ms/call, energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq2:.3f}"
+          f"; lm decision single p50 {pct(lm_single, 50):.2f} ms")  # fmt: skip
     backend.stop()
     print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}")
 

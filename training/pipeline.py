@@ -103,14 +103,15 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         model = run_grpo(model, tok, layout, build_grpo_dataset(layout, fit.texts, fit.tasks, fit.Y, fit.E, buckets, cfg.seed),
                          e_ref, cfg.grpo, str(out / "_grpo"))  # fmt: skip
     model.eval()
-    z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks)
-    z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal))
+    lean = build_slot_scorer(model, layout.yes_id, layout.no_id)  # the HF forward's numbers, faster
+    z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks, scorer=lean)
+    z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal), scorer=lean)
     calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks)
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
-    student = _distil(model, layout, m, out, log) if cfg.student else None
+    student = _distil(model, layout, fit, cal, z_task, z_any, out, log) if cfg.student else None
     manifest = Manifest(
         version=_version(), candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
@@ -134,18 +135,21 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     return out
 
 
-def _distil(model, layout: Layout, m: Matrix, out: Path, log: Callable[[str], None]) -> dict:
-    """Fit the student on the LM's slot logits of every training query (task shown and hidden)."""
+def _distil(model, layout: Layout, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray, out: Path,
+            log: Callable[[str], None]) -> dict:  # fmt: skip
+    """Fit the student on the LM's slot logits of every training query (task shown and hidden); the
+    calibration queries' logits are already computed."""
     from .student import fit_student
 
     t0 = time.time()
     scorer = build_slot_scorer(model, layout.yes_id, layout.no_id)
-    tasks = [str(t) for t in m.tasks]
-    z_task = compute_slot_logits(model, layout, m.texts, tasks, scorer=scorer)
-    z_any = compute_slot_logits(model, layout, m.texts, [UNKNOWN_TASK] * len(m), scorer=scorer)
-    st = fit_student(m.texts, tasks, z_task, z_any)
+    tasks = [str(t) for t in fit.tasks]
+    z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
+    z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])
+    texts, all_tasks = list(fit.texts) + list(cal.texts), tasks + [str(t) for t in cal.tasks]
+    st = fit_student(texts, all_tasks, z_task, z_any)
     st.save(out / STUDENT_FILE)
-    z_hat = st.slot_logits(m.texts, [None] * len(m))
+    z_hat = st.slot_logits(texts, [None] * len(texts))
     corr = float(np.corrcoef(z_hat.ravel(), z_any.ravel())[0, 1])
     log(f"student: {st.dim} hashed n-gram features, training-fit correlation with the LM {corr:.3f}, {time.time() - t0:.0f}s")
     return {"file": STUDENT_FILE, "dim": st.dim, "ngrams": list(st.ngrams), "tail_chars": st.tail_chars,
