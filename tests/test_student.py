@@ -18,21 +18,22 @@ TEXTS = ["Give a proof about chess number 7", "Tell me about rivers number 8", "
 
 
 def _reference_buckets(text: str, ngrams, dim: int, tail: int) -> np.ndarray:
-    """Plain-Python twin of ngram_buckets (same hash, one n-gram at a time)."""
+    """Plain-Python twin of ngram_buckets (the documented hash, one n-gram at a time)."""
     b = text[-tail:].lower().encode("utf-8", "replace")
     out = set()
     for n in ngrams:
         for i in range(len(b) - n + 1):
-            h = n
-            for c in b[i : i + n]:
+            h = 2 * 257 + b[i]
+            for c in b[i + 1 : i + n]:
                 h = (h * 257 + c) % 2**64
             out.add((((h * 0x9E3779B1) % 2**64) >> 16) % dim)
     return np.array(sorted(out), dtype=np.int64)
 
 
-def test_ngram_buckets_match_the_reference():
-    for t in TEXTS + ["x", "ab"]:
-        np.testing.assert_array_equal(ngram_buckets(t, (2, 3, 4), 1 << 16, 1024), _reference_buckets(t, (2, 3, 4), 1 << 16, 1024))
+@pytest.mark.parametrize("ngrams,dim,tail", [((2, 3, 4), 1 << 16, 1024), ((3, 5), 1 << 10, 64)])
+def test_ngram_buckets_match_the_reference(ngrams, dim, tail):
+    for t in TEXTS + ["x", "ab", "abc"]:
+        np.testing.assert_array_equal(ngram_buckets(t, ngrams, dim, tail), _reference_buckets(t, ngrams, dim, tail))
 
 
 def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
@@ -44,7 +45,7 @@ def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
     z = np.zeros((len(TEXTS), len(m.candidates)))
     for i, (t, task) in enumerate(zip(TEXTS, tasks)):  # numpy reference of the student's forward
         idx = _reference_buckets(t, st.ngrams, st.dim, st.tail_chars)
-        z[i] = st.W[idx].astype(np.float64).sum(axis=0) / np.sqrt(max(len(idx), 1)) + st.b
+        z[i] = st.W[idx].sum(axis=0) / np.sqrt(max(len(idx), 1)) + st.b
         if task in st.tasks:
             z[i] += st.W_task[st.tasks[task]]
     P_ref = scores_from_logits(z, m.manifest.calibration, tasks)
