@@ -8,7 +8,8 @@
    (``router.scorer: lm``, the lean forward pass).
 2. End-to-end ``Router.acompletion`` per-call time against a local OpenAI-compatible backend, with the
    energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers (and
-   sequentially with the LM scorer).
+   sequentially with the LM scorer), ``--calls`` each. The routers take turns in blocks (50 calls
+   sequentially, 250 concurrently), so load from other processes drifts over all of them alike.
 
 Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
 max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
@@ -122,7 +123,7 @@ async def main_async(args) -> None:
         t0 = time.perf_counter()
         for i in range(n):
             await router.acompletion(model="pool", messages=msgs(offset + i))
-        return (time.perf_counter() - t0) / n
+        return time.perf_counter() - t0
 
     async def conc(router, n, offset, width=64):
         sem = asyncio.Semaphore(width)
@@ -133,21 +134,28 @@ async def main_async(args) -> None:
 
         t0 = time.perf_counter()
         await asyncio.gather(*[call(i) for i in range(n)])
-        return (time.perf_counter() - t0) / n
+        return time.perf_counter() - t0
 
-    await seq(shuffle, 50, 0)
-    await seq(energy, 50, 0)
-    await seq(energy_lm, 50, 0)
-    s_seq = await seq(shuffle, args.calls, 20_000)
-    e_seq = await seq(energy, args.calls, 40_000)
-    s_con = await conc(shuffle, args.calls, 60_000)
-    e_con = await conc(energy, args.calls, 80_000)
-    s_seq2 = await seq(shuffle, args.calls, 100_000)  # the LM run gets its own shuffle reference (load drifts)
-    l_seq = await seq(energy_lm, args.calls, 120_000)
+    async def interleaved(run, routers, n, block, offset):
+        """Per-call seconds of each router; blocks alternate (order rotating) so load drift hits all alike."""
+        tot = dict.fromkeys(routers, 0.0)
+        names = list(routers)
+        for b, start in enumerate(range(0, n, block)):
+            size = min(block, n - start)
+            for name in names[b % len(names) :] + names[: b % len(names)]:
+                tot[name] += await run(routers[name], size, offset)
+                offset += size
+        return {k: v / n for k, v in tot.items()}
+
+    for r in (shuffle, energy, energy_lm):  # warm-up
+        await seq(r, 50, 0)
+    sq = await interleaved(seq, {"shuffle": shuffle, "energy": energy, "lm": energy_lm}, args.calls, 50, 20_000)
+    cc = await interleaved(conc, {"shuffle": shuffle, "energy": energy}, args.calls, 250, 80_000)
+    s_seq, e_seq, l_seq, s_con, e_con = sq["shuffle"], sq["energy"], sq["lm"], cc["shuffle"], cc["energy"]
     print(f"acompletion sequential ({c_label}): simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
     print(f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
-    print(f"acompletion sequential (lm): simple-shuffle {s_seq2 * 1000:.2f} ms/call, energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq2:.3f}"
-          f"; lm decision single p50 {pct(lm_single, 50):.2f} ms")  # fmt: skip
+    print(f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
+          f"lm decision single p50 {pct(lm_single, 50):.2f} ms")  # fmt: skip
     backend.stop()
     print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}")
 
