@@ -2,14 +2,18 @@
 
     python benchmarks/bench_routing.py [--checkpoint DIR] [--calls 1000]
 
-1. Decision latency of the router (text extraction + one forward pass + decision), uncached prompts from
-   the bundled RouterBench rows: one request at a time, and a burst of 64 concurrent requests.
+1. Decision latency of the router (text extraction + scoring + decision), uncached prompts from the
+   bundled RouterBench rows: one request at a time, and a burst of 64 concurrent requests; with the
+   serving default (``router.scorer: student``, the checkpoint's distilled student) and with the LM
+   (``router.scorer: lm``, the lean forward pass).
 2. End-to-end ``Router.acompletion`` per-call time against a local OpenAI-compatible backend, with the
-   energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers.
+   energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers (and
+   sequentially with the LM scorer), ``--calls`` each. The routers take turns in blocks (50 calls
+   sequentially, 250 concurrently), so load from other processes drifts over all of them alike.
 
 Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
-max_len 128) with a few SFT steps: decision cost depends on the architecture, not on training length.
-Last line: ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>``.
+max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
+length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>``.
 """
 
 from __future__ import annotations
@@ -73,42 +77,53 @@ async def main_async(args) -> None:
     backend = Backend().start()
     model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
                    "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
-    settings = Settings.model_validate({"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000},
-                                        "knob": {"lambda": 0.3}})  # fmt: skip
-    core = EnergyRouterCore(settings)
+    def make_core(scorer):
+        return EnergyRouterCore(Settings.model_validate({
+            "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer},
+            "knob": {"lambda": 0.3}}))  # fmt: skip
+
+    core, lm_core = make_core("student"), make_core("lm")
+    print(f"scorers: serving default {core.runtime.model.scorer_name}, reference {lm_core.runtime.model.scorer_name}")
     deps = model_list
 
     def msgs(i):
         return [{"role": "user", "content": f"{texts[i % len(texts)]} #{i}"}]
 
-    for i in range(20):  # warm-up
-        await core.choose(deps, msgs(i))
-    single = []
-    for i in range(args.decisions):
-        t0 = time.perf_counter()
-        await core.choose(deps, msgs(1000 + i))
-        single.append(time.perf_counter() - t0)
-    burst = []
+    async def decisions(c, label):
+        for i in range(20):  # warm-up
+            await c.choose(deps, msgs(i))
+        single = []
+        for i in range(args.decisions):
+            t0 = time.perf_counter()
+            await c.choose(deps, msgs(1000 + i))
+            single.append(time.perf_counter() - t0)
+        burst = []
 
-    async def one(i):
-        t0 = time.perf_counter()
-        await core.choose(deps, msgs(5000 + i))
-        burst.append(time.perf_counter() - t0)
+        async def one(i):
+            t0 = time.perf_counter()
+            await c.choose(deps, msgs(5000 + i))
+            burst.append(time.perf_counter() - t0)
 
-    for r in range(args.decisions // 64 or 1):
-        await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
-    print(f"decision single: p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})")
-    print(f"decision burst of 64: p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})")
+        for r in range(args.decisions // 64 or 1):
+            await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
+        print(f"decision single ({label}): p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})")
+        print(f"decision burst of 64 ({label}): p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})")
+        return single
+
+    lm_single = await decisions(lm_core, "lm")
+    single = await decisions(core, c_label := core.runtime.model.scorer_name)
 
     shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
     energy = Router(model_list=model_list)
     energy.register_plugin(EnergyRoutingStrategy(energy, core=core))
+    energy_lm = Router(model_list=model_list)
+    energy_lm.register_plugin(EnergyRoutingStrategy(energy_lm, core=lm_core))
 
     async def seq(router, n, offset):
         t0 = time.perf_counter()
         for i in range(n):
             await router.acompletion(model="pool", messages=msgs(offset + i))
-        return (time.perf_counter() - t0) / n
+        return time.perf_counter() - t0
 
     async def conc(router, n, offset, width=64):
         sem = asyncio.Semaphore(width)
@@ -119,16 +134,28 @@ async def main_async(args) -> None:
 
         t0 = time.perf_counter()
         await asyncio.gather(*[call(i) for i in range(n)])
-        return (time.perf_counter() - t0) / n
+        return time.perf_counter() - t0
 
-    await seq(shuffle, 50, 0)
-    await seq(energy, 50, 0)
-    s_seq = await seq(shuffle, args.calls, 20_000)
-    e_seq = await seq(energy, args.calls, 40_000)
-    s_con = await conc(shuffle, args.calls, 60_000)
-    e_con = await conc(energy, args.calls, 80_000)
-    print(f"acompletion sequential: simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
-    print(f"acompletion 64 concurrent: simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
+    async def interleaved(run, routers, n, block, offset):
+        """Per-call seconds of each router; blocks alternate (order rotating) so load drift hits all alike."""
+        tot = dict.fromkeys(routers, 0.0)
+        names = list(routers)
+        for b, start in enumerate(range(0, n, block)):
+            size = min(block, n - start)
+            for name in names[b % len(names) :] + names[: b % len(names)]:
+                tot[name] += await run(routers[name], size, offset)
+                offset += size
+        return {k: v / n for k, v in tot.items()}
+
+    for r in (shuffle, energy, energy_lm):  # warm-up
+        await seq(r, 50, 0)
+    sq = await interleaved(seq, {"shuffle": shuffle, "energy": energy, "lm": energy_lm}, args.calls, 50, 20_000)
+    cc = await interleaved(conc, {"shuffle": shuffle, "energy": energy}, args.calls, 250, 80_000)
+    s_seq, e_seq, l_seq, s_con, e_con = sq["shuffle"], sq["energy"], sq["lm"], cc["shuffle"], cc["energy"]
+    print(f"acompletion sequential ({c_label}): simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
+    print(f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
+    print(f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
+          f"lm decision single p50 {pct(lm_single, 50):.2f} ms")  # fmt: skip
     backend.stop()
     print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}")
 

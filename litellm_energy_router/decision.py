@@ -8,7 +8,7 @@ imports so any layer may use it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 DECISION_KEY = "energy_router_decision"
@@ -44,7 +44,11 @@ class Decision:
     latency_ms: float | None = None
 
     def as_metadata(self) -> dict[str, Any]:
-        return asdict(self)
+        """A plain dict (what ``dataclasses.asdict`` gives, without its recursive deep copy: this runs
+        on every routed request)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["scores"], d["energy_j"] = dict(self.scores), dict(self.energy_j)
+        return d
 
     @classmethod
     def from_metadata(cls, d: Mapping[str, Any]) -> "Decision":

@@ -79,6 +79,9 @@ class RouterSettings(_Section):
     batch_wait_ms: float = Field(0.0, ge=0, description="idle wait for company (micro-batch), ms; 0 = next loop turn")
     cache_size: int = Field(4096, ge=0, description="LRU entries keyed by prompt hash")
     threads: int = Field(1, ge=1, description="torch threads for scoring; 1 keeps OpenMP spin-waits off the proxy's cores")
+    scorer: Literal["student", "lm"] = Field(
+        "student", description="student: the checkpoint's distilled student when it ships one, else the LM; lm: always the LM"
+    )
     fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")
     match_by: Literal["id", "name"] = "name"
     epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")

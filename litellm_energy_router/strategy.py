@@ -60,7 +60,7 @@ class EnergyRouterCore:
         self.settings = settings or load_settings()
         rs = self.settings.router
         self.runtime = runtime or RouterRuntime(
-            rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads
+            rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads, scorer=rs.scorer
         )
         self._by_id = {c.deployment_id: c.name for c in self.settings.candidates if c.deployment_id}
         self._configured = {c.name for c in self.settings.candidates}
@@ -181,7 +181,10 @@ class EnergyRouterCore:
             plan = self._plan(deployments, messages, input, request_kwargs)
             if plan is None:
                 return None, None
-            scored = await asyncio.wait_for(self.runtime.score(plan[0]), self.settings.router.timeout_ms / 1000)
+            budget = self.settings.router.timeout_ms / 1000
+            scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
+            if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
+                raise asyncio.TimeoutError()
             return self.decide(scored, deployments, plan[1], plan[2], t0)
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
             return self._failed(deployments, e)

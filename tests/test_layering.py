@@ -20,7 +20,8 @@ print(",".join(bad))
     "mods, forbidden",
     [
         ("litellm_energy_router.strategy, litellm_energy_router.proxy, litellm_energy_router.callback, "
-         "litellm_energy_router.router.runtime, litellm_energy_router.router.model",
+         "litellm_energy_router.router.runtime, litellm_energy_router.router.model, litellm_energy_router.router.student, "
+         "litellm_energy_router.router.fastpath",
          ["trl", "litellm_energy_router.training"]),
         ("litellm_energy_router.training.pipeline, litellm_energy_router.training.crossval, "
          "litellm_energy_router.profiling.runner",

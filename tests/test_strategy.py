@@ -147,7 +147,8 @@ def test_fail_open(ckpt, backend, tmp_path, case):
         core = EnergyRouterCore(settings(tmp_path / "nowhere", fallback="dep-medium"))
     elif case == "timeout":
         s.router.timeout_ms = 0.001
-        core.runtime._model.score = lambda *a, **k: (__import__("time").sleep(0.2), None)[1]
+        slow, fast = core.runtime._model, core.runtime._model.score
+        slow.score = lambda *a, **k: (__import__("time").sleep(0.2), fast(*a, **k))[1]  # a valid but late answer
     else:
         core.runtime._model.score = lambda *a, **k: 1 / 0
     reason = {"missing_checkpoint": "no_checkpoint", "timeout": "timeout", "error": "error"}[case]
@@ -206,3 +207,16 @@ def test_knob_precedence_request_over_key_over_default(ckpt):
     # the request's own knob wins over its key's default
     assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == (0.2, None)
     assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == (0.05, 0.7)
+
+
+def test_decision_metadata_equals_asdict_and_is_a_copy():
+    from dataclasses import asdict
+
+    from litellm_energy_router.decision import Decision
+
+    d = Decision(candidate="large", deployment_id="dep-large", scores={"large": 0.9}, energy_j={"large": 90.0},
+                 lambda_=0.3, propensity=1.0, router_version="v1", latency_ms=0.4)  # fmt: skip
+    md = d.as_metadata()
+    assert md == asdict(d) and Decision.from_metadata(md) == d
+    md["scores"]["large"] = 0.0
+    assert d.scores["large"] == 0.9

@@ -14,7 +14,9 @@ import numpy as np
 
 from litellm_energy_router.router.checkpoint import Manifest, library_versions, write_manifest
 from litellm_energy_router.router.decide import lambda_grid
+from litellm_energy_router.router.fastpath import build_slot_scorer
 from litellm_energy_router.router.format import UNKNOWN_TASK, Layout, label_token
+from litellm_energy_router.router.student import STUDENT_FILE
 from litellm_energy_router.router.model import compute_slot_logits, scores_from_logits
 from litellm_energy_router.table import TableStore
 
@@ -40,6 +42,7 @@ class TrainConfig:
             it has not been shown to improve the held-out curve over SFT + calibration (see README).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the calibration.
+        student: distil the LM into the serving student (``student.npz``; README: fidelity of the student).
         candidates: candidate names in slot order (default: all in the table, cheapest first).
         sources: table sources used for training.
         seed: split seed.
@@ -52,6 +55,7 @@ class TrainConfig:
     grpo: GRPOStageConfig | None = None
     max_len: int = 128
     calib_fraction: float = 0.2
+    student: bool = True
     candidates: list[str] | None = None
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
     seed: int = 0
@@ -105,13 +109,15 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         model = run_grpo(model, tok, layout, build_grpo_dataset(layout, fit.texts, fit.tasks, fit.Y, fit.E, buckets, cfg.seed),
                          e_ref, cfg.grpo, str(out / "_grpo"))  # fmt: skip
     model.eval()
-    z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks)
-    z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal))
+    lean = build_slot_scorer(model, layout.yes_id, layout.no_id)  # the HF forward's numbers, faster
+    z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks, scorer=lean)
+    z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal), scorer=lean)
     calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks)
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
+    student = _distil(model, layout, fit, cal, z_task, z_any, out, log) if cfg.student else None
     manifest = Manifest(
         version=_version(), candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
@@ -121,7 +127,7 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]), "e_ref_j": e_ref,
               "target_min": 0.0, "target_max": 1.0,
               "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets]},
-        energy=est, calibration=calibration,
+        energy=est, calibration=calibration, student=student,
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources)},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
               "calibration_queries": len(cal), "sft_seconds": round(t_sft, 1)},
@@ -133,6 +139,27 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     log(f"checkpoint {out} version {manifest.version}: calibration Brier {brier:.4f} "
         f"(candidate-prior {manifest.eval['calibration_prior_brier']:.4f}), SFT {t_sft:.0f}s")  # fmt: skip
     return out
+
+
+def _distil(model, layout: Layout, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray, out: Path,
+            log: Callable[[str], None]) -> dict:  # fmt: skip
+    """Fit the student on the LM's slot logits of every training query (task shown and hidden); the
+    calibration queries' logits are already computed."""
+    from .student import fit_student
+
+    t0 = time.time()
+    scorer = build_slot_scorer(model, layout.yes_id, layout.no_id)
+    tasks = [str(t) for t in fit.tasks]
+    z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
+    z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])
+    texts, all_tasks = list(fit.texts) + list(cal.texts), tasks + [str(t) for t in cal.tasks]
+    st = fit_student(texts, all_tasks, z_task, z_any)
+    st.save(out / STUDENT_FILE)
+    z_hat = st.slot_logits(texts, [None] * len(texts))
+    corr = float(np.corrcoef(z_hat.ravel(), z_any.ravel())[0, 1])
+    log(f"student: {st.dim} hashed n-gram features, training-fit correlation with the LM {corr:.3f}, {time.time() - t0:.0f}s")
+    return {"file": STUDENT_FILE, "dim": st.dim, "ngrams": list(st.ngrams), "tail_chars": st.tail_chars,
+            "train_corr_any": round(corr, 4)}  # fmt: skip
 
 
 def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None,
@@ -147,12 +174,13 @@ def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None
 class LMRouterPredictor:
     """The LM router as a cross-validation predictor (``fit(train)``, ``predict_proba(test)``,
     ``predict_energy(test)``): each fold trains a checkpoint with ``cfg`` (default: the defaults of
-    ``energy-router train``) into a temporary directory and scores the held-out queries with the serving
-    scorer, so CV judges exactly what serving would run."""
+    ``energy-router train``) into a temporary directory and scores the held-out queries with the LM
+    (the reference; ``scorer="student"`` judges the distilled student serving runs by default)."""
 
-    def __init__(self, cfg: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None) -> None:
+    def __init__(self, cfg: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None,
+                 scorer: str = "lm") -> None:  # fmt: skip
         self.cfg = cfg or TrainConfig()
-        self.log = log
+        self.log, self.scorer = log, scorer
         self.model = None
 
     def fit(self, train) -> "LMRouterPredictor":
@@ -162,7 +190,7 @@ class LMRouterPredictor:
 
         self._dir = tempfile.TemporaryDirectory(prefix="er-cv-")
         train_matrix(train, self._dir.name, self.cfg, log=self.log)
-        self.model = RouterModel(self._dir.name)
+        self.model = RouterModel(self._dir.name, scorer=self.scorer)
         return self
 
     def predict_proba(self, test) -> np.ndarray:

@@ -93,14 +93,17 @@ def route_cmd(
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
     sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points over the checkpoint's knob range"),
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="cheapest candidate predicted >= X"),
+    scorer: str = typer.Option("student", "--scorer", help="student (the checkpoint's distilled student if shipped, as serving) or lm"),
 ) -> None:
     """Batch routing: one JSON line per (row, operating point)."""
     from ..router.checkpoint import CheckpointError
     from ..router.decide import knob_sweep
     from ..router.model import RouterModel
 
+    if scorer not in ("student", "lm"):
+        fail(f"--scorer {scorer!r}: use student or lm")
     try:
-        router = RouterModel(checkpoint)
+        router = RouterModel(checkpoint, scorer=scorer)
     except CheckpointError as e:
         fail(str(e))
     rows = _read_route_input(input)

@@ -57,16 +57,23 @@ def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tas
     return 1.0 / (1.0 + np.exp(-z))
 
 
+@lru_cache(maxsize=64)
+def _keeps_logits(forward: Any) -> bool:
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(forward).parameters
+
+
 def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
-                        batch_size: int = 64) -> np.ndarray:  # fmt: skip
+                        batch_size: int = 64, scorer: Any = None) -> np.ndarray:  # fmt: skip
     """One forward pass per batch; returns logit(yes) − logit(no) per slot, [n, K].
 
     Rows are padded on the LEFT with explicit ``position_ids`` (so every row sees the positions it had
     unpadded, as in training), which puts the K slots at the same last positions of every row; models
     that support ``logits_to_keep`` then compute the LM head only there, not over the whole sequence.
+    With ``scorer`` (a :class:`~litellm_energy_router.router.fastpath.SlotScorer` over the same model's
+    weights) the lean forward replaces the HF one.
     """
-    import inspect
-
     import torch
 
     tasks = list(tasks) if tasks is not None else [None] * len(texts)
@@ -74,7 +81,7 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
     k = layout.n_candidates
     out = np.zeros((len(texts), k), dtype=np.float64)
     pad = layout.tokenizer.pad_token_id or 0
-    keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+    keep = scorer is None and _keeps_logits(type(model).forward)
     for s in range(0, len(enc), batch_size):
         chunk = enc[s : s + batch_size]
         width = max(len(ids) for ids, _ in chunk)
@@ -83,6 +90,9 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
         for i, (row, _) in enumerate(chunk):
             ids[i, width - len(row) :] = torch.tensor(row)
             mask[i, width - len(row) :] = 1
+        if scorer is not None:
+            out[s : s + len(chunk)] = scorer.slot_logits(ids, mask, k)
+            continue
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         kw = {"logits_to_keep": k + 1} if keep else {}
         with torch.inference_mode():
@@ -93,9 +103,15 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
 
 
 class RouterModel:
-    """A loaded router checkpoint. ``score`` is thread-safe (one forward pass at a time)."""
+    """A loaded router checkpoint. ``score`` is thread-safe (one forward pass at a time).
 
-    def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None, threads: int | None = None):
+    ``scorer``: ``"student"`` scores with the checkpoint's distilled student when it ships one (else the
+    LM); ``"lm"`` always runs the LM forward (the reference). ``fast=False`` keeps the HF forward even
+    where the lean one (:mod:`.fastpath`) covers the architecture.
+    """
+
+    def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None, threads: int | None = None,
+                 fast: bool = True, scorer: str = "student"):  # fmt: skip
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -120,8 +136,31 @@ class RouterModel:
         for c, tok in m.label_tokens.items():
             if self.tokenizer.convert_tokens_to_ids(tok) != self.layout.label_ids[m.candidates.index(c)]:
                 raise CheckpointError(f"{self.path}: label token {tok!r} of {c!r} does not match the tokenizer")
+        from .fastpath import build_slot_scorer
+
+        self.scorer = build_slot_scorer(self.model, self.layout.yes_id, self.layout.no_id) if fast else None
+        self.student = self._load_student() if scorer == "student" else None
         self._lock = threading.Lock()
         self._torch = torch
+
+    def _load_student(self) -> Any:
+        from .student import Student
+
+        entry = self.manifest.student
+        if not entry:
+            return None
+        try:
+            st = Student.load(self.path / str(entry.get("file", "student.npz")))
+        except (OSError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{self.path}: cannot load the student ({str(e).splitlines()[0]})") from None
+        if st.n_candidates != len(self.manifest.candidates):
+            raise CheckpointError(f"{self.path}: the student has {st.n_candidates} outputs, not {len(self.manifest.candidates)}")
+        return st
+
+    @property
+    def scorer_name(self) -> str:
+        """What :meth:`score` runs: ``student``, ``lm-fast`` (lean forward) or ``lm``."""
+        return "student" if self.student is not None else "lm-fast" if self.scorer is not None else "lm"
 
     @property
     def candidates(self) -> list[str]:
@@ -134,12 +173,13 @@ class RouterModel:
     def slot_logits(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None, batch_size: int = 64) -> np.ndarray:
         """logit(yes) − logit(no) per candidate slot, shape [n, K]."""
         with self._lock:
-            return compute_slot_logits(self.model, self.layout, texts, tasks, batch_size)
+            return compute_slot_logits(self.model, self.layout, texts, tasks, batch_size, scorer=self.scorer)
 
     def score(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None) -> np.ndarray:
-        """Calibrated P[n, K] in [0, 1]."""
+        """Calibrated P[n, K] in [0, 1] (the student's when one is loaded, else the LM's)."""
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        return scores_from_logits(self.slot_logits(texts, tasks), self.manifest.calibration, tasks)
+        z = self.student.slot_logits(texts, tasks) if self.student is not None else self.slot_logits(texts, tasks)
+        return scores_from_logits(z, self.manifest.calibration, tasks)
 
     def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip

@@ -1,8 +1,10 @@
 """The router at serving time: a loaded checkpoint, micro-batching, an LRU cache, hot reload.
 
 * ``await runtime.score(text, task)`` → ``Scored`` (P per candidate, Ê per candidate in J, version).
-  Scoring runs on a worker thread (never on the event loop). When idle, a request waits
-  ``batch_wait_ms`` for company (0, the default: until the next loop turn); while a forward pass
+  The LM scores on a worker thread (never on the event loop); a checkpoint's distilled student (a
+  bounded numpy pass over the query's last KiB, tens of µs) scores in place, as a thread hop costs
+  more. For the LM, when idle, a request waits ``batch_wait_ms`` for company (0, the default: until
+  the next loop turn); while a forward pass
   runs, arriving requests queue and the next pass scores all of them at once (up to
   ``max_batch``), so a burst costs few forward passes.
 * ``runtime.score_sync(...)`` for LiteLLM's sync paths.
@@ -62,12 +64,13 @@ def _fingerprint(path: Path | None) -> tuple[str, float] | None:
 class RouterRuntime:
     def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.0,
                  cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
-                 expect_candidates: Sequence[str] | None = None, threads: int | None = None) -> None:  # fmt: skip
+                 expect_candidates: Sequence[str] | None = None, threads: int | None = None,
+                 scorer: str = "student") -> None:  # fmt: skip
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.cache_size, self.max_batch, self.poll_s = cache_size, max_batch, poll_s
         self.expect_candidates = list(expect_candidates) if expect_candidates else None
-        self.threads = threads
+        self.threads, self.scorer = threads, scorer
         self._model = None
         self._loaded: tuple[str, float] | None = None
         self._cache: OrderedDict[str, Scored] = OrderedDict()
@@ -92,7 +95,7 @@ class RouterRuntime:
             log.error("energy-router: %s; serving falls back", self.last_error)
             return False
         try:
-            model = RouterModel(fp[0], expect_candidates=self.expect_candidates, threads=self.threads)
+            model = RouterModel(fp[0], expect_candidates=self.expect_candidates, threads=self.threads, scorer=self.scorer)
         except Exception as e:  # noqa: BLE001 - refuse any broken checkpoint, keep the old one
             self.last_error = f"checkpoint {fp[0]} refused: {str(e).splitlines()[0]}"
             RELOADS.labels(result="error").inc()
@@ -104,7 +107,7 @@ class RouterRuntime:
             self._cache.clear()
         self.last_error = None
         RELOADS.labels(result="ok").inc()
-        log.info("energy-router: serving checkpoint %s (version %s)", fp[0], model.version)
+        log.info("energy-router: serving checkpoint %s (version %s, scorer %s)", fp[0], model.version, model.scorer_name)
         return True
 
     def maybe_reload(self, block: bool = False) -> None:
@@ -190,6 +193,12 @@ class RouterRuntime:
         hit = self._cached(key)
         if hit is not None:
             return hit
+        model = self._model
+        if model is not None and model.student is not None:
+            # the student is a bounded numpy pass (tens of µs): cheaper in place than a hop to the worker
+            s = self._score_batch([(text, task)])[0]
+            self._remember(key, s)
+            return s
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self._pending.append((text, task, fut))

@@ -1,0 +1,93 @@
+"""The distilled student shipped in a checkpoint: loading, fallback to the LM, numpy reference."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+
+import numpy as np
+import pytest
+
+from litellm_energy_router.router.checkpoint import CheckpointError
+from litellm_energy_router.router.decide import decide_lambda
+from litellm_energy_router.router.model import RouterModel, scores_from_logits
+from litellm_energy_router.router.student import STUDENT_FILE, Student, ngram_buckets
+
+TEXTS = ["Give a proof about chess number 7", "Tell me about rivers number 8", "", "Ünïcödé ✓ \ud800 proof", "a" * 5000]
+
+
+def _reference_buckets(text: str, ngrams, dim: int, tail: int) -> np.ndarray:
+    """Plain-Python twin of ngram_buckets (the documented hash, one n-gram at a time)."""
+    b = text[-tail:].lower().encode("utf-8", "replace")
+    out = set()
+    for n in ngrams:
+        for i in range(len(b) - n + 1):
+            h = 2 * 257 + b[i]
+            for c in b[i + 1 : i + n]:
+                h = (h * 257 + c) % 2**64
+            out.add((((h * 0x9E3779B1) % 2**64) >> 16) % dim)
+    return np.array(sorted(out), dtype=np.int64)
+
+
+@pytest.mark.parametrize("ngrams,dim,tail", [((2, 3, 4), 1 << 16, 1024), ((3, 5), 1 << 10, 64)])
+def test_ngram_buckets_match_the_reference(ngrams, dim, tail):
+    for t in TEXTS + ["x", "ab", "abc"]:
+        np.testing.assert_array_equal(ngram_buckets(t, ngrams, dim, tail), _reference_buckets(t, ngrams, dim, tail))
+
+
+def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
+    m = RouterModel(planted_ckpt)
+    assert m.manifest.student and m.manifest.student["file"] == STUDENT_FILE
+    assert m.scorer_name == "student"
+    st = Student.load(planted_ckpt / STUDENT_FILE)
+    tasks = [None, "synthetic", None, None, "unseen-task"]
+    z = np.zeros((len(TEXTS), len(m.candidates)))
+    for i, (t, task) in enumerate(zip(TEXTS, tasks)):  # numpy reference of the student's forward
+        idx = _reference_buckets(t, st.ngrams, st.dim, st.tail_chars)
+        z[i] = st.W[idx].sum(axis=0) / np.sqrt(max(len(idx), 1)) + st.b
+        if task in st.tasks:
+            z[i] += st.W_task[st.tasks[task]]
+    P_ref = scores_from_logits(z, m.manifest.calibration, tasks)
+    P = m.score(TEXTS, tasks)
+    np.testing.assert_allclose(P, P_ref, atol=1e-6)
+    E = m.energy(TEXTS, tasks)
+    e_ref = float(m.manifest.knob["e_ref_j"])
+    for lam in (0.0, 0.05, 0.5, 5.0):
+        np.testing.assert_array_equal(decide_lambda(P, E, lam, e_ref), decide_lambda(P_ref, E, lam, e_ref))
+
+
+def test_student_learns_the_planted_rule(planted_ckpt):
+    m = RouterModel(planted_ckpt)
+    texts = [f"Give a proof about bread number {i}" for i in range(100, 110)] + [f"Tell me about glass number {i}" for i in range(100, 110)]
+    P = m.score(texts)
+    large = m.candidates.index("large")
+    small = m.candidates.index("small")
+    assert P[:10, small].mean() < 0.5 < P[10:, small].mean()
+    assert P[:10, large].mean() > 0.5
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("_trainer*"))
+    return dst
+
+
+def test_manifest_without_student_falls_back_to_the_lm(planted_ckpt, tmp_path):
+    d = _copy(planted_ckpt, tmp_path / "nostudent")
+    man = json.loads((d / "manifest.json").read_text())
+    man.pop("student")
+    (d / "manifest.json").write_text(json.dumps(man))
+    (d / STUDENT_FILE).unlink()
+    m = RouterModel(d)
+    assert m.student is None and m.scorer_name in ("lm-fast", "lm")
+    np.testing.assert_allclose(m.score(TEXTS), RouterModel(planted_ckpt, scorer="lm").score(TEXTS), atol=1e-6)
+    lm = RouterModel(planted_ckpt, scorer="lm")
+    assert lm.student is None and lm.scorer_name == "lm-fast"
+
+
+def test_broken_student_is_refused(planted_ckpt, tmp_path):
+    d = _copy(planted_ckpt, tmp_path / "broken")
+    (d / STUDENT_FILE).write_bytes(zlib.compress(b"not an npz"))
+    with pytest.raises(CheckpointError, match="student"):
+        RouterModel(d)
+    assert RouterModel(d, scorer="lm").scorer_name == "lm-fast"  # the LM alone still loads
