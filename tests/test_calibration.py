@@ -24,7 +24,8 @@ def _problem(n=600, seed=0):
 def test_prior_uses_length_and_lm_slope_follows_the_signal():
     tasks, texts, Y, z = _problem()
     cal = np.arange(150)
-    c = fit_calibration(z[cal], z[cal], Y[cal], tasks[cal], texts=[texts[i] for i in cal], Y_all=Y, tasks_all=tasks, texts_all=texts)
+    c = fit_calibration(z[cal], z[cal], Y[cal], tasks[cal], texts=[texts[i] for i in cal], Y_all=Y, tasks_all=tasks,
+                        texts_all=texts, use_length=True)  # fmt: skip
     assert c["prior"]["a"]["c"][0] < -1.0 and abs(c["a"][0]) < 0.5 and c["a"][1] > 0.5
     P = scores_from_logits(z, c, list(tasks), texts)
     assert P.shape == Y.shape and np.all((P > 0) & (P < 1))
@@ -36,7 +37,7 @@ def test_prior_uses_length_and_lm_slope_follows_the_signal():
     assert ((Pu - Y) ** 2).mean() < ((Y.mean(axis=0) - Y) ** 2).mean()
     # without the length feature the prior is the per-task rate
     c2 = fit_calibration(z[cal], z[cal], Y[cal], tasks[cal], texts=[texts[i] for i in cal], Y_all=Y, tasks_all=tasks,
-                         texts_all=texts, use_length=False)  # fmt: skip
+                         texts_all=texts)  # fmt: skip
     assert c2["prior"]["a"]["c"] == [0.0, 0.0]
 
 

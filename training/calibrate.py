@@ -6,13 +6,13 @@ routing time)::
     P_j = sigmoid(b_{t,j} + c_{t,j} · (ℓ − μ_t) / σ_t  +  a_j · (z_j − m_{t,j}))
 
 * the **prior** part ``b, c`` is fitted on *all* training queries (it does not use the LM, so the SFT
-  queries may inform it): per task and candidate, a logistic regression on the standardised length
-  (``c = 0`` when the length feature is off). Unknown tasks (production traffic) use one pooled fit.
+  queries may inform it): per task and candidate, an intercept, and with ``use_length`` a slope on the
+  standardised length (otherwise ``c = 0``). Unknown tasks (production traffic) use one pooled fit.
 * the **LM** part is the slot logit ``z_j`` centred on its mean over the task's calibration queries, with
   one slope ``a_j`` per candidate fitted with the prior as a fixed offset on queries the SFT stage did
   not train on. Unknown tasks use logits computed with the task tag hidden and their own slope.
 
-Logistic regressions by Newton's method with an L2 penalty on slopes (intercepts unpenalised); numpy.
+Logistic regressions by Newton's method with a small L2 penalty; numpy.
 The older form (``a``, ``b_task``, ``a_any``, ``b_any``: Platt scaling with a per-task intercept fitted
 on the calibration queries only) is still read by :func:`litellm_energy_router.router.model.scores_from_logits`.
 """
@@ -52,10 +52,8 @@ def _fit_prior(Y: np.ndarray, ell: np.ndarray, use_length: bool, l2: float) -> d
     x = (ell - mu) / sd if use_length else np.zeros(len(ell))
     b, c = [], []
     for j in range(Y.shape[1]):
-        y = Y[:, j]
-        # a pseudo-count toward 1/2 keeps the intercept finite when a candidate always/never succeeds
-        X = np.column_stack([np.concatenate([x, [0.0, 0.0]]), np.ones(len(y) + 2)])
-        w = _logreg(X, np.concatenate([y, [0.0, 1.0]]), l2=l2, penalty=np.array([1.0, 0.0]))
+        # the (small) L2 penalty also keeps the intercept finite when a candidate always/never succeeds
+        w = _logreg(np.column_stack([x, np.ones(len(x))]), Y[:, j], l2=l2)
         c.append(float(w[0]) if use_length else 0.0)
         b.append(float(w[1]))
     return {"mu": mu, "sd": sd, "b": b, "c": c}
@@ -81,7 +79,7 @@ def _fit_lm_part(z: np.ndarray, Y: np.ndarray, keys: Sequence[str], offset: np.n
 
 def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str], *,
                     texts: Sequence[str | None], Y_all: np.ndarray, tasks_all: Sequence[str], texts_all: Sequence[str | None],
-                    use_length: bool = True, l2: float = 1.0) -> dict:  # fmt: skip
+                    use_length: bool = False, l2: float = 1e-2) -> dict:  # fmt: skip
     """Fit the calibration.
 
     ``z_task``/``z_any``: slot logits [n, K] of the calibration queries with the task tag shown / hidden;

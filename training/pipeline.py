@@ -40,8 +40,9 @@ class TrainConfig:
             it has not been shown to improve the held-out curve over SFT + calibration (see README).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the LM part of the calibration.
-        length_feature: the calibration's prior uses the query's length (log characters) per task and
-            candidate, besides the task (see ``training/calibrate.py``).
+        length_feature: the calibration's prior also uses the query's length (log characters) per task
+            and candidate (see ``training/calibrate.py``). Off by default: on two CV folds it did not
+            improve the curve, and it extrapolates on traffic whose lengths differ from the table's.
         calib_l2: L2 penalty on the calibration's slopes.
         candidates: candidate names in slot order (default: all in the table, cheapest first).
         sources: table sources used for training.
@@ -53,7 +54,7 @@ class TrainConfig:
     grpo: GRPOStageConfig | None = None
     max_len: int = 128
     calib_fraction: float = 0.2
-    length_feature: bool = True
+    length_feature: bool = False
     calib_l2: float = 0.01
     candidates: list[str] | None = None
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
