@@ -39,11 +39,7 @@ class TrainConfig:
         grpo: GRPO stage (λ-conditioned choice policy) after SFT, or ``None`` to skip it. Off by default:
             it has not been shown to improve the held-out curve over SFT + calibration (see README).
         max_len: router input length, tokens (the query is cut from the left, never its end).
-        calib_fraction: share of training queries held out of SFT to fit the LM part of the calibration.
-        length_feature: the calibration's prior also uses the query's length (log characters) per task
-            and candidate (see ``training/calibrate.py``). Off by default: on two CV folds it did not
-            improve the curve, and it extrapolates on traffic whose lengths differ from the table's.
-        calib_l2: L2 penalty on the calibration's slopes.
+        calib_fraction: share of training queries held out of SFT to fit the calibration.
         candidates: candidate names in slot order (default: all in the table, cheapest first).
         sources: table sources used for training.
         seed: split seed.
@@ -54,8 +50,6 @@ class TrainConfig:
     grpo: GRPOStageConfig | None = None
     max_len: int = 128
     calib_fraction: float = 0.2
-    length_feature: bool = False
-    calib_l2: float = 0.01
     candidates: list[str] | None = None
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
     seed: int = 0
@@ -107,9 +101,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     model.eval()
     z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks)
     z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal))
-    calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks, texts=cal.texts, Y_all=m.Y, tasks_all=m.tasks,
-                                  texts_all=m.texts, use_length=cfg.length_feature, l2=cfg.calib_l2)  # fmt: skip
-    P_cal = scores_from_logits(z_task, calibration, cal.tasks, cal.texts)
+    calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
+    P_cal = scores_from_logits(z_task, calibration, cal.tasks)
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))

@@ -38,41 +38,14 @@ def count_prompt_tokens(text: str) -> int:
     return int(round(len(enc.encode(sample)) * len(text) / len(sample)))
 
 
-ANY_TASK = "*"  # calibration key of the fit used for tasks not seen in training
-
-
-def text_length_feature(texts: Sequence[str | None]) -> np.ndarray:
-    """``log1p`` of each text's length in characters: a routing-time feature of the query (long coding
-    problems are harder), free to compute."""
-    return np.log1p(np.array([len(t or "") for t in texts], dtype=np.float64))
-
-
-def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
-                       texts: Sequence[str | None] | None = None) -> np.ndarray:  # fmt: skip
+def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None]) -> np.ndarray:
     """``slot_logits[n, K]`` = logit(yes) − logit(no) per slot → calibrated P[n, K].
 
-    Current form (``form`` = ``prior+lm/2``, see ``training/calibrate.py``):
-    ``P_j = sigmoid(b_{t,j} + c_{t,j}·(ℓ − μ_t)/σ_t + a_j·(z_j − m_{t,j}))`` with ℓ the text-length
-    feature (:func:`text_length_feature`; ``texts`` needed) and, for tasks not seen in training, the
-    pooled prior with slope ``a_any`` and centre ``z_mu_any``. Older form: Platt scaling per candidate
-    with a per-task intercept (``b_task``; ``b_any`` with slope ``a_any`` for unknown tasks). Without a
+    Calibration is Platt scaling per candidate with a per-task intercept (``b_task``; ``b_any`` for
+    unknown tasks such as production traffic, with slope ``a_any``): ``P = sigmoid(a_j * logit + b_{task, j})``. Without a
     calibration entry the raw sigmoid is returned.
     """
     k = slot_logits.shape[1]
-    if "prior" in calibration:
-        prior = calibration["prior"]
-        ell = text_length_feature(texts if texts is not None else [None] * len(tasks))
-        z = np.empty((len(tasks), k))
-        for i, (t, l) in enumerate(zip(tasks, ell)):
-            known = (t or "") in prior and t != ANY_TASK
-            p = prior[t] if known else prior[ANY_TASK]
-            x = (l - p["mu"]) / p["sd"]
-            z[i] = np.asarray(p["b"]) + np.asarray(p["c"]) * x
-            if not known:
-                z[i] += np.asarray(calibration["a_any"]) * (slot_logits[i] - np.asarray(calibration["z_mu_any"]))
-            elif t in calibration["z_mu"]:  # (a task with no calibration query keeps its prior)
-                z[i] += np.asarray(calibration["a"]) * (slot_logits[i] - np.asarray(calibration["z_mu"][t]))
-        return 1.0 / (1.0 + np.exp(-z))
     a = np.asarray(calibration.get("a", [1.0] * k), dtype=np.float64)
     a_any = np.asarray(calibration.get("a_any", a), dtype=np.float64)
     b_any = np.asarray(calibration.get("b_any", [0.0] * k), dtype=np.float64)
@@ -166,7 +139,7 @@ class RouterModel:
     def score(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None) -> np.ndarray:
         """Calibrated P[n, K] in [0, 1]."""
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        return scores_from_logits(self.slot_logits(texts, tasks), self.manifest.calibration, tasks, texts)
+        return scores_from_logits(self.slot_logits(texts, tasks), self.manifest.calibration, tasks)
 
     def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip
