@@ -198,3 +198,24 @@ class LMRouterPredictor:
 
     def predict_energy(self, test) -> np.ndarray:
         return self.model.energy(list(test.texts), [str(t) for t in test.tasks], prompt_tokens=list(test.prompt_tokens))
+
+
+class CheckpointPredictor:
+    """A trained checkpoint as a cross-validation predictor: ``fit`` does nothing (the checkpoint is
+    scored as it is, on every held-out fold, with the serving scorer and its own energy estimate), so
+    the rows it is judged on must be rows it never trained on."""
+
+    def __init__(self, path: str | Path) -> None:
+        from litellm_energy_router.router.model import RouterModel
+
+        self.model = RouterModel(path)
+
+    def fit(self, train) -> "CheckpointPredictor":
+        return self
+
+    def predict_proba(self, test) -> np.ndarray:
+        return self.model.score(list(test.texts), [str(t) for t in test.tasks])
+
+    def predict_energy(self, test) -> np.ndarray:
+        return self.model.energy(list(test.texts), [str(t) for t in test.tasks], prompt_tokens=list(test.prompt_tokens))
+

@@ -22,6 +22,11 @@ def eval_cmd(
     energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", help="J/token profile YAML (default: settings energy.profile, else bundled)"),
     points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
     router: bool = typer.Option(True, "--router/--no-router", help="also train and judge the LM router (default config) per fold"),
+    checkpoint: Optional[list[Path]] = typer.Option(
+        None, "--checkpoint",
+        help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
+             "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
+    ),  # fmt: skip
 ) -> None:
     """K-fold CV by query of the learned baselines on the table: curves vs the zero router, random and
     the oracle; AIQ, joules at the best single candidate's accuracy, accuracy at half its joules, phase."""
@@ -37,8 +42,19 @@ def eval_cmd(
     unknown = [b for b in names if b not in BASELINES]
     if unknown:
         fail(f"--baselines: unknown baseline {unknown[0]!r} (have: {', '.join(BASELINES)})")
-    if not names and not router:
+    if not names and not router and not checkpoint:
         fail("--baselines none with --no-router: nothing to evaluate")
+    ckpts = {}
+    if checkpoint:
+        from ..router.checkpoint import CheckpointError
+        from ..training.pipeline import CheckpointPredictor
+
+        for path in checkpoint:
+            try:
+                pred = CheckpointPredictor(path)
+            except CheckpointError as e:
+                fail(str(e))
+            ckpts[f"checkpoint {pred.model.version}"] = pred
     url = db_url(db, config)
     try:
         profile = load_profile(energy_profile or settings_or_fail(config).energy.profile)
@@ -46,7 +62,8 @@ def eval_cmd(
         fail(str(e))
     with _store(url) as store:
         try:
-            m = load_matrix(store, sources=source)
+            cands = next(iter(ckpts.values())).model.candidates if ckpts else None
+            m = load_matrix(store, cands, sources=source)
         except MatrixError as e:
             fail(str(e))
     if folds > m.n:
@@ -59,6 +76,10 @@ def eval_cmd(
             from ..training.pipeline import LMRouterPredictor
 
             methods = {"lm_router": LMRouterPredictor, **methods}
+        for name, pred in ckpts.items():
+            if pred.model.candidates != m.candidates:
+                fail(f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}")
+            methods = {name: (lambda pred=pred: pred), **methods}
         task = bar.add_task("cross-validating", total=folds * len(methods))
         ev = cross_validate(
             methods, m, folds=folds, seed=seed, profile=profile, n_points=points,
