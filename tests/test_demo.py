@@ -23,7 +23,7 @@ EXE = str(Path(sys.executable).with_name("energy-router"))
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 
 
-def run(*args, cwd=None, timeout=900):
+def run(*args, cwd=None, timeout=1100):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
@@ -64,6 +64,7 @@ def quick_demo(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the quick demo is ~1-2 min on 2 idle cores, far more on busy ones
 def test_quick_demo_logs_every_served_query(quick_demo):
     stdout, s, rows, _ = quick_demo
     prod = [r for r in rows if r["source"] == "production"]
@@ -82,6 +83,7 @@ def test_quick_demo_logs_every_served_query(quick_demo):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the quick demo is ~1-2 min on 2 idle cores, far more on busy ones
 def test_quick_demo_numbers_match_the_table(quick_demo):
     stdout, s, rows, _ = quick_demo
     prod = [r for r in rows if r["source"] == "production"]
@@ -116,6 +118,7 @@ def test_quick_demo_numbers_match_the_table(quick_demo):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the quick demo is ~1-2 min on 2 idle cores, far more on busy ones
 def test_quick_demo_says_what_is_estimated_and_writes_the_plot(quick_demo):
     stdout, s, _, d = quick_demo
     assert "ESTIMATED joules" in stdout and "nothing here is measured on a GPU" in stdout

@@ -113,26 +113,32 @@ def _sqlite_path(url: str) -> Path | None:
 
 
 def prepare(cfg: DemoConfig, out: Out) -> None:
-    """Start from an empty table: a table left by an earlier demo run (its marker in the workdir names the
-    same table) is removed with the run's checkpoints; any other non-empty table is refused."""
+    """Start from an empty table and a clean workdir. What an earlier demo run left (its marker in the
+    workdir names the table) is removed; any other non-empty table, or checkpoints in a workdir no demo
+    run made, are refused."""
     marker = cfg.workdir / MARKER
+    try:
+        marker_db = json.loads(marker.read_text()).get("db") if marker.exists() else None
+    except (ValueError, AttributeError):
+        marker_db = None
     store = open_store(cfg.db)
     try:
         n = store.count_runs()
     finally:
         store.close()
-    ours = marker.exists() and json.loads(marker.read_text()).get("db") == cfg.db
-    if n and not ours:
+    if n and marker_db != cfg.db:
         raise DemoError(f"--db {cfg.db}: the table already holds {n} runs not written by a demo run in {cfg.workdir}; "
                         "the demo needs its own table (pass another --db)")  # fmt: skip
+    if marker_db is None and (cfg.pointer.exists() or cfg.versions.exists()):
+        raise DemoError(f"--workdir {cfg.workdir}: holds router checkpoints no demo run wrote; pass another --workdir")
     if n:
         path = _sqlite_path(cfg.db)
         if path is None:
-            raise DemoError(f"--db {cfg.db}: holds an earlier demo run; the demo only resets SQLite tables (drop it or pass another --db)")
+            raise DemoError(f"--db {cfg.db}: holds an earlier demo run; the demo only resets SQLite tables (empty it or pass another --db)")
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         out(f"removed the earlier demo run's table {path}")
-    if ours or not marker.exists():
+    if marker_db is not None:
         for p in (cfg.versions, cfg.workdir / "spool", cfg.workdir / "retrain"):
             shutil.rmtree(p, ignore_errors=True)
         for f in (cfg.pointer, cfg.workdir / "pareto.png", cfg.workdir / "summary.json"):
