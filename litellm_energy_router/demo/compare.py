@@ -139,7 +139,7 @@ def write_plot(path: Path, served: Point, base: dict[str, Point], sweep: Sweep |
     ax.set_ylabel("accuracy (recorded correctness)")
     ax.set_xlim(0, max(float(se.max()), served.energy_j) * 1.08)
     ax.set_title("energy-router demo: served held-back traffic vs baselines")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
