@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from litellm_energy_router.energy.profile import EnergyProfile
 from litellm_energy_router.table import Candidate, Query, Run, TableStore, text_hash
@@ -52,12 +52,15 @@ class ImportSummary:
     skipped_pairs: int = 0
     skipped_queries: int = 0
     per_model: dict[str, int] = field(default_factory=dict)
+    held_back: int = 0  # queries left out by ``keep``
 
     def line(self, url: str) -> str:
         return (
             f"imported {self.queries} queries, {self.runs} runs ({len(self.per_model)} models) from {self.files} "
             f"file(s) into {url}; skipped {self.skipped_pairs} (query, model) pairs with NaN correctness "
-            f"({self.skipped_queries} queries with no label at all); energy_method=estimate source=import"
+            f"({self.skipped_queries} queries with no label at all)"
+            + (f"; held back {self.held_back} queries" if self.held_back else "")
+            + "; energy_method=estimate source=import"
         )
 
 
@@ -95,23 +98,26 @@ def _score(raw: str, where: str) -> float | None:
     return v
 
 
-def parse_files(
-    files: Sequence[str | Path],
-    profile: EnergyProfile,
-    models: Sequence[str] = OPEN_MODELS,
-    *,
-    profile_origin: str = "energy profile",
-    progress: Callable[[int], None] | None = None,
-) -> tuple[list[Candidate], list[Query], list[Run], ImportSummary]:
-    """Parse and validate RouterBench files; returns rows ready for :meth:`TableStore.write`."""
-    import bpe_openai
+@dataclass(frozen=True)
+class Record:
+    """One RouterBench row: its query and, per model with a label, (correctness, recorded response).
+    ``where`` is ``file:line`` for error messages."""
 
-    enc = bpe_openai.get_encoding("cl100k_base")
-    entries = {m: profile.get(m, origin=profile_origin) for m in models}
+    query_id: str
+    task: str
+    prompt: str
+    answers: dict[str, tuple[float, str]]
+    where: str
+
+
+def iter_records(
+    files: Sequence[str | Path], models: Sequence[str] = OPEN_MODELS, summary: ImportSummary | None = None
+) -> Iterator[Record]:
+    """Read and validate RouterBench rows one by one. Rows with no label for any of ``models`` are
+    skipped (counted in ``summary``); a malformed file raises :class:`ImportFormatError`."""
+    summary = summary if summary is not None else ImportSummary()
     csv.field_size_limit(1 << 30)
-    summary = ImportSummary()
-    queries: dict[str, Query] = {}
-    runs: list[Run] = []
+    seen: set[str] = set()
     for f in files:
         path = Path(f)
         if not path.exists():
@@ -139,47 +145,74 @@ def parse_files(
                         raise ImportFormatError(f"{path}:{line}: column {'eval_name' if key else repr(key_col)} is empty")
                     prompt = "".join(_literal_list(row["prompt"], f"{path}:{line}: column 'prompt'"))
                     qid = f"routerbench:{task}:{key}"
-                    labelled = []
+                    answers: dict[str, tuple[float, str]] = {}
                     for m in models:
                         s = _score(row[m], f"{path}:{line}: column {m!r}")
                         if s is None:
                             summary.skipped_pairs += 1
                             continue
                         resp = "".join(_literal_list(row[f"{m}|model_response"], f"{path}:{line}: column '{m}|model_response'"))
-                        labelled.append((m, s, resp))
-                    if not labelled:
+                        answers[m] = (s, resp)
+                    if not answers:
                         summary.skipped_queries += 1
                         continue
-                    if qid in queries:
+                    if qid in seen:
                         raise ImportFormatError(f"{path}:{line}: duplicate row key {key!r} for task {task!r}")
-                    n_prompt = len(enc.encode(prompt))
-                    queries[qid] = Query(id=qid, task=task, text=prompt, text_hash=text_hash(prompt), source="import")
-                    for m, s, resp in labelled:
-                        n_out = len(enc.encode(resp))
-                        runs.append(
-                            Run(
-                                query_id=qid, candidate=m, source="import", score=s,
-                                prompt_tokens=n_prompt, completion_tokens=n_out,
-                                energy_j=entries[m].estimate_j(n_prompt, n_out), energy_method="estimate",
-                                gpu=entries[m].hardware,
-                            )
-                        )  # fmt: skip
-                        summary.per_model[m] = summary.per_model.get(m, 0) + 1
-                    if progress:
-                        progress(1)
+                    seen.add(qid)
+                    yield Record(qid, task, prompt, answers, f"{path}:{line}")
             except csv.Error as e:
                 raise ImportFormatError(f"{path}:{reader.line_num}: CSV error: {e}") from None
-            except ValueError as e:  # pydantic: a bad value in a built row
-                if isinstance(e, ImportFormatError):
-                    raise
-                raise ImportFormatError(f"{path}:{reader.line_num}: {str(e).splitlines()[0]}") from None
+
+
+def parse_files(
+    files: Sequence[str | Path],
+    profile: EnergyProfile,
+    models: Sequence[str] = OPEN_MODELS,
+    *,
+    profile_origin: str = "energy profile",
+    progress: Callable[[int], None] | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> tuple[list[Candidate], list[Query], list[Run], ImportSummary]:
+    """Parse and validate RouterBench files; returns rows ready for :meth:`TableStore.write`.
+
+    ``keep(query_id)`` selects the queries to import (default: all); the others are counted in
+    ``summary.held_back`` and written nowhere (e.g. the demo's held-back traffic)."""
+    import bpe_openai
+
+    enc = bpe_openai.get_encoding("cl100k_base")
+    entries = {m: profile.get(m, origin=profile_origin) for m in models}
+    summary = ImportSummary()
+    queries: list[Query] = []
+    runs: list[Run] = []
+    for rec in iter_records(files, models, summary):
+        if keep is not None and not keep(rec.query_id):
+            summary.held_back += 1
+            continue
+        try:
+            n_prompt = len(enc.encode(rec.prompt))
+            queries.append(Query(id=rec.query_id, task=rec.task, text=rec.prompt, text_hash=text_hash(rec.prompt), source="import"))
+            for m, (s, resp) in rec.answers.items():
+                n_out = len(enc.encode(resp))
+                runs.append(
+                    Run(
+                        query_id=rec.query_id, candidate=m, source="import", score=s,
+                        prompt_tokens=n_prompt, completion_tokens=n_out,
+                        energy_j=entries[m].estimate_j(n_prompt, n_out), energy_method="estimate",
+                        gpu=entries[m].hardware,
+                    )
+                )  # fmt: skip
+                summary.per_model[m] = summary.per_model.get(m, 0) + 1
+        except ValueError as e:  # pydantic: a bad value in a built row
+            raise ImportFormatError(f"{rec.where}: {str(e).splitlines()[0]}") from None
+        if progress:
+            progress(1)
     candidates = [
         Candidate(name=m, model=e.model, params_b=e.params_b, active_params_b=e.active_params_b, hardware=e.hardware)
         for m, e in entries.items()
     ]
     summary.queries = len(queries)
     summary.runs = len(runs)
-    return candidates, list(queries.values()), runs, summary
+    return candidates, queries, runs, summary
 
 
 def import_routerbench(
@@ -190,10 +223,12 @@ def import_routerbench(
     *,
     profile_origin: str = "energy profile",
     progress: Callable[[int], None] | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> ImportSummary:
-    """Parse ``files`` completely, then write candidates, queries and runs. Idempotent."""
+    """Parse ``files`` completely, then write candidates, queries and runs (only the queries ``keep``
+    accepts, default all). Idempotent."""
     candidates, queries, runs, summary = parse_files(
-        list(files), profile, models, profile_origin=profile_origin, progress=progress
+        list(files), profile, models, profile_origin=profile_origin, progress=progress, keep=keep
     )
     store.write(queries, runs, candidates=candidates)
     return summary

@@ -63,10 +63,3 @@ def test_bad_import_file_exit_2(tmp_path):
     r = run("table", "import-routerbench", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
     assert r.returncode == 2 and "missing row-key column" in r.stderr and str(bad) in r.stderr
 
-
-@pytest.mark.slow
-def test_demo_runs_offline(tmp_path):
-    r = run("demo", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr
-    assert "imported 2217 queries" in r.stdout and "ESTIMATE" in r.stdout
-    assert (tmp_path / "energy_router_demo.db").exists()

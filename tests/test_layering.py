@@ -26,6 +26,10 @@ print(",".join(bad))
         ("litellm_energy_router.training.pipeline, litellm_energy_router.training.crossval, "
          "litellm_energy_router.profiling.runner",
          ["litellm_energy_router.strategy", "litellm_energy_router.proxy", "litellm_energy_router.callback"]),
+        # the demo sits above serving and training: it imports training only inside functions
+        ("litellm_energy_router.demo.loop, litellm_energy_router.demo.serve, litellm_energy_router.demo.compare, "
+         "litellm_energy_router.demo.replay, litellm_energy_router.cli",
+         ["trl", "litellm_energy_router.training"]),
         ("litellm_energy_router.table",
          ["litellm", "litellm_energy_router.router", "litellm_energy_router.training", "litellm_energy_router.profiling"]),
     ],

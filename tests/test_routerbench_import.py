@@ -145,3 +145,18 @@ def test_unknown_model_names_profile(tmp_path, sqlite_url):
     with pytest.raises(ProfileError, match="no entry for candidate 'gpt-4-1106-preview'"):
         import_routerbench(store, bundled_files(), load_profile(), ["gpt-4-1106-preview"])
     assert store.count_runs() == 0
+
+
+def test_keep_filter_holds_queries_back(tmp_path):
+    from litellm_energy_router.profiling.routerbench import iter_records
+
+    files = [f for f in bundled_files() if "winogra" in f.name]
+    ids = [r.query_id for r in iter_records(files)]
+    held = set(ids[::5])
+    store = open_store(f"sqlite:///{tmp_path / 'k.db'}")
+    s = import_routerbench(store, files, load_profile(), keep=lambda q: q not in held)
+    got = {r["query_id"] for r in store.iter_runs()}
+    store.close()
+    assert s.held_back == len(held) and s.queries == len(ids) - len(held)
+    assert got == set(ids) - held
+    assert f"held back {len(held)} queries" in s.line("x")

@@ -48,7 +48,10 @@ def db_url(db: Optional[str], config: Optional[Path]) -> str:
 from . import table_cmds  # noqa: E402  (registers the `table` group)
 
 app.add_typer(table_cmds.table_app, name="table")
-app.command("demo")(table_cmds.demo)
+
+from . import demo_cmds  # noqa: E402
+
+app.command("demo")(demo_cmds.demo)
 
 from . import router_cmds  # noqa: E402
 

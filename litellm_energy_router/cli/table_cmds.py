@@ -1,4 +1,4 @@
-"""``energy-router table ...`` and ``energy-router demo``."""
+"""``energy-router table ...``."""
 
 from __future__ import annotations
 
@@ -130,15 +130,3 @@ def import_cmd(file: Path = typer.Argument(..., help=".csv or .parquet written b
         n = import_table(store, file)
     console.print(f"imported {n} runs from {file}", highlight=False)
 
-
-def demo(
-    db: str = typer.Option("sqlite:///energy_router_demo.db", "--db", help="table URL for the demo"),
-) -> None:
-    """The main job on embedded defaults: import the bundled RouterBench rows with the bundled energy
-    profile into SQLite and print per-task statistics. Offline."""
-    from ..profiling.routerbench import bundled_files
-
-    _import_routerbench(db, bundled_files(), None, None)
-    with _store(db) as store:
-        print_stats(store, by_task=True)
-    console.print("energy is an ESTIMATE (bundled ML.ENERGY H100 profile x cl100k token counts)", highlight=False)

@@ -1,0 +1,158 @@
+"""The demo's numbers: served traffic against static baselines and the router's λ sweep, and the plot.
+
+Accuracy is the recorded RouterBench correctness of the answer each policy gets; energy is the mean
+**estimated** joules per query (profile × tokens). The baselines and the sweep are counterfactual: they
+are computed from the recorded correctness and estimated joules of every candidate on the served
+queries; only the "served" line is what went through LiteLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..router.decide import decide_lambda
+
+
+@dataclass
+class Point:
+    """One policy on the served queries: accuracy (mean score) and mean estimated J per query."""
+
+    name: str
+    accuracy: float
+    energy_j: float
+    candidate: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "accuracy": self.accuracy, "energy_j": self.energy_j, "candidate": self.candidate}
+
+
+def _short(c: str) -> str:
+    return c.split("/")[-1]
+
+
+def baselines(Y: np.ndarray, E: np.ndarray, candidates: Sequence[str]) -> dict[str, Point]:
+    """always-largest (most mean J), always-smallest (least), random (expected value), the best single
+    candidate (most accurate; ties: cheaper) and the oracle (cheapest correct, needs hindsight)."""
+    acc, en = Y.mean(axis=0), E.mean(axis=0)
+    big, small = int(np.argmax(en)), int(np.argmin(en))
+    best = int(np.lexsort((en, -acc))[0])
+    rows = np.arange(len(Y))
+    ok = Y >= Y.max(axis=1, keepdims=True)
+    ok &= Y.max(axis=1, keepdims=True) > 0
+    orc = np.where(ok.any(axis=1), np.argmin(np.where(ok, E, np.inf), axis=1), np.argmin(E, axis=1))
+    return {
+        "always_largest": Point(f"always-largest ({_short(candidates[big])})", float(acc[big]), float(en[big]), candidates[big]),
+        "always_smallest": Point(f"always-smallest ({_short(candidates[small])})", float(acc[small]), float(en[small]), candidates[small]),
+        "random": Point("random candidate (expected)", float(acc.mean()), float(en.mean())),
+        "best_single": Point(f"best single model ({_short(candidates[best])})", float(acc[best]), float(en[best]), candidates[best]),
+        "oracle": Point("oracle: cheapest correct (hindsight)", float(Y[rows, orc].mean()), float(E[rows, orc].mean())),
+    }  # fmt: skip
+
+
+@dataclass
+class Sweep:
+    """The router's λ sweep on the served queries (counterfactual, no exploration)."""
+
+    evaluation: Any  # training.evaluate.Evaluation
+    at_lambda: Point
+    e_ref_j: float
+    version: str
+
+
+def router_sweep(checkpoint: Path, texts: Sequence[str], prompt_tokens: Sequence[int], Y: np.ndarray, E: np.ndarray,
+                 lam: float, n_points: int = 41) -> Sweep:  # fmt: skip
+    """Score the served queries with ``checkpoint`` as serving did (no task tag), sweep λ with the serving
+    decision rule; ``Y``/``E`` in the checkpoint's candidate order."""
+    from ..router.model import RouterModel
+    from ..training.evaluate import evaluate
+
+    model = RouterModel(checkpoint)
+    P = model.score(list(texts), None)
+    Ehat = model.energy(list(texts), None, prompt_tokens=list(prompt_tokens))
+    e_ref = float(model.manifest.knob["e_ref_j"])
+    ev = evaluate(Y, E, {"router": (P, Ehat)}, model.candidates, e_ref=e_ref, n_points=n_points)
+    c = decide_lambda(P, Ehat, lam, e_ref)
+    rows = np.arange(len(Y))
+    at = Point(f"router at λ={lam:g}, no exploration", float(Y[rows, c].mean()), float(E[rows, c].mean()))
+    return Sweep(ev, at, e_ref, model.version)
+
+
+def comparison_lines(served: Point, base: dict[str, Point], sweep: Sweep | None, n: int, lam: float, eps: float) -> list[str]:
+    """The comparison table as text lines; every joule figure is marked as estimated."""
+    ref = base["always_largest"].energy_j
+    points = [served] + ([sweep.at_lambda] if sweep else []) + [base[k] for k in ("always_largest", "always_smallest", "random", "best_single", "oracle")]
+    w = max(len(p.name) for p in points) + 2
+    lines = [f"{'policy'.ljust(w)}{'accuracy':>9}  {'mean J/query (estimated)':>25}  {'J vs always-largest':>20}"]
+    for p in points:
+        lines.append(f"{p.name.ljust(w)}{p.accuracy:9.3f}  {p.energy_j:>19.2f} J est.  {(p.energy_j / ref - 1) * 100:>+19.1f}%")
+    lines.append(f"(served: {n} held-back queries through litellm.Router, λ={lam:g}, ε={eps:g} exploration; accuracy = recorded "
+                 "correctness of the replayed answer; the other lines are counterfactual on the same queries)")  # fmt: skip
+    return lines
+
+
+def sweep_lines(sweep: Sweep, candidates: Sequence[str], every: int = 5) -> list[str]:
+    ev = sweep.evaluation
+    r, z = ev.method("router"), ev.method("zero router (static hull)")
+    c = r.curve
+    lines = [f"router {sweep.version} λ sweep on the same queries (counterfactual; J estimated; e_ref {sweep.e_ref_j:.1f} J est.):",
+             f"  {'λ':>8} {'accuracy':>9} {'mean J est.':>12}  most used"]  # fmt: skip
+    idx = sorted(set(list(range(0, len(c.knob), every)) + [len(c.knob) - 1]))
+    for i in idx:
+        j = int(np.argmax(c.shares[i]))
+        lines.append(f"  {c.knob[i]:8.3g} {c.accuracy[i]:9.3f} {c.energy_j[i]:12.2f}  {_short(ev.candidates[j])} ({c.shares[i, j]:.0%})")
+    lines.append(f"  AIQ (area under the accuracy-vs-estimated-J hull / max J): router {r.aiq:.4f}, static models' hull {z.aiq:.4f}")
+    return lines
+
+
+def write_plot(path: Path, served: Point, base: dict[str, Point], sweep: Sweep | None, Y: np.ndarray, E: np.ndarray,
+               candidates: Sequence[str]) -> Path:  # fmt: skip
+    """``pareto.png``: static candidates and their hull, random, the oracle, the router's λ sweep and the
+    served traffic; x axis = mean estimated J per query."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..training.evaluate import pareto_hull
+
+    se, sa = E.mean(axis=0), Y.mean(axis=0)
+    fig, ax = plt.subplots(figsize=(10, 6))
+    ax.scatter(se, sa, color="black", zorder=5, label="always one candidate")
+    for c, x, y in zip(candidates, se, sa):
+        ax.annotate(_short(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    hx, hy = pareto_hull(se, sa)
+    ax.plot(np.r_[hx, se.max()], np.r_[hy, hy[-1]], "k--", lw=1, label="static models' hull")
+    if sweep is not None:
+        cv = sweep.evaluation.method("router").curve
+        ax.plot(cv.energy_j, cv.accuracy, ".-", color="tab:blue", ms=4, lw=1, label=f"router λ sweep ({sweep.version})")
+        ax.scatter([sweep.at_lambda.energy_j], [sweep.at_lambda.accuracy], marker="o", facecolor="none", edgecolor="tab:blue",
+                   s=90, zorder=6, label=sweep.at_lambda.name)  # fmt: skip
+    r, o = base["random"], base["oracle"]
+    ax.scatter([r.energy_j], [r.accuracy], marker="x", color="grey", s=70, label=r.name)
+    ax.scatter([o.energy_j], [o.accuracy], marker="*", color="gold", edgecolor="k", s=160, label=o.name)
+    ax.scatter([served.energy_j], [served.accuracy], marker="*", color="tab:red", edgecolor="k", s=260, zorder=7, label=served.name)
+    ax.set_xlabel("mean energy per query, J (ESTIMATED: ML.ENERGY H100 profile x tokens)")
+    ax.set_ylabel("accuracy (recorded correctness)")
+    ax.set_xlim(0, max(float(se.max()), served.energy_j) * 1.08)
+    ax.set_title("energy-router demo: served held-back traffic vs baselines")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def served_point(rows: Sequence[dict[str, Any]], lam: float) -> Point:
+    """The served traffic from its production rows: mean score and mean energy (J, estimated)."""
+    scores = [r["score"] for r in rows if r["score"] is not None]
+    energy = [r["energy_j"] for r in rows if r["energy_j"] is not None]
+    if not scores or not energy:
+        raise ValueError("no labelled production rows with energy to summarise")
+    return Point(f"energy router, served (λ={lam:g})", float(np.mean(scores)), float(np.mean(energy)))
+

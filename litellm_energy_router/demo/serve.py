@@ -1,0 +1,104 @@
+"""Serve prompts through a real ``litellm.Router`` with the energy strategy and the energy callback.
+
+One deployment per candidate, all pointing at the :class:`~.replay.ReplayBackend`, tagged with
+``model_info.energy_router_candidate``; :class:`~litellm_energy_router.strategy.EnergyRoutingStrategy`
+picks the deployment, :class:`~litellm_energy_router.callback.EnergyLogger` writes one production row
+per request into the table (energy from the settings' per-request meter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..settings import Settings
+
+MODEL_GROUP = "demo-pool"
+
+
+@dataclass
+class ServedCall:
+    """One request as the client saw it: which prompt, which LiteLLM call id, which deployment answered."""
+
+    index: int  # position in the prompts given to :func:`serve`
+    call_id: str
+    deployment_id: str
+    candidate: str
+    answer: str
+    latency_s: float
+
+
+def deployment_id(candidate: str) -> str:
+    return "replay-" + candidate.replace("/", "--")
+
+
+def model_list(candidates: Sequence[str], api_base: str) -> list[dict[str, Any]]:
+    """One LiteLLM deployment per candidate in the group :data:`MODEL_GROUP`."""
+    return [
+        {"model_name": MODEL_GROUP,
+         "litellm_params": {"model": f"openai/{c}", "api_base": api_base, "api_key": "replay", "timeout": 60},
+         "model_info": {"id": deployment_id(c), "energy_router_candidate": c}}
+        for c in candidates
+    ]  # fmt: skip
+
+
+async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings,
+                 concurrency: int, progress: Callable[[int], None] | None) -> tuple[list[ServedCall], Any]:  # fmt: skip
+    import litellm
+
+    from ..callback import EnergyLogger
+    from ..strategy import EnergyRouterCore, EnergyRoutingStrategy
+
+    logger = EnergyLogger(settings)
+    previous = list(litellm.callbacks)
+    litellm.callbacks = [logger]
+    by_id = {deployment_id(c): c for c in candidates}
+    try:
+        router = litellm.Router(model_list=model_list(candidates, api_base), num_retries=2)
+        core = EnergyRouterCore(settings)
+        router.register_plugin(EnergyRoutingStrategy(router, core=core))
+        sem = asyncio.Semaphore(max(1, concurrency))
+        served: list[ServedCall] = []
+
+        async def one(i: int, prompt: str) -> None:
+            async with sem:
+                t = time.perf_counter()
+                resp = await router.acompletion(model=MODEL_GROUP, messages=[{"role": "user", "content": prompt}])
+                hp = resp._hidden_params
+                dep = str(hp.get("model_id"))
+                served.append(ServedCall(i, str(hp["litellm_call_id"]), dep, by_id.get(dep, dep),
+                                         resp.choices[0].message.content or "", time.perf_counter() - t))  # fmt: skip
+                if progress:
+                    progress(1)
+
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        # LiteLLM runs success callbacks in tasks scheduled after each response: let them run
+        deadline = time.monotonic() + 60
+        while logger.writer.submitted < len(served) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        core.runtime.close()
+        return sorted(served, key=lambda s: s.index), logger
+    finally:
+        litellm.callbacks = previous
+
+
+def serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings, *,
+          concurrency: int = 8, progress: Callable[[int], None] | None = None) -> tuple[list[ServedCall], dict[str, int]]:  # fmt: skip
+    """Send every prompt through the router; wait until the callback wrote every row to the table.
+    Returns the calls (in prompt order) and the writer's counts (submitted, written, spooled)."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    served, logger = asyncio.run(_serve(prompts, candidates, api_base, settings, concurrency, progress))
+    logger.flush(120)
+    counts = {"submitted": logger.writer.submitted, "written": logger.writer.written, "spooled": logger.writer.spooled}
+    logger.close()
+    reset = getattr(getattr(litellm, "logging_callback_manager", None), "_reset_all_callbacks", None)
+    if reset is not None:  # LiteLLM keeps one instance per callback class: drop ours
+        reset()
+    return served, counts
