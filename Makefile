@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test postgres bench
+.PHONY: install demo demo-quick test postgres bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/energy-router demo
+
+# The reduced demo CI runs (tiny training, 100 served queries), in a throw-away directory.
+demo-quick: install
+	rm -rf .ci-demo && $(BIN)/energy-router demo --quick --db sqlite:///.ci-demo/demo.db --workdir .ci-demo/work
 
 # Start the local PostgreSQL cluster when it is not running (Debian's pg_ctlcluster).
 postgres:

@@ -166,7 +166,7 @@ def compare(candidate: Path, serving: Path | None, hold: TableMatrix, cfg: Retra
     return out
 
 
-def _ope(store: Any, paths: dict[str, Path | None], cfg: RetrainConfig) -> dict[str, Any]:
+def _ope(store: Any, paths: dict[str, Path | None], cfg: RetrainConfig, log: Log) -> dict[str, Any]:
     from .ope import evaluate_checkpoint_on_log, logged_rows
 
     rows = logged_rows(store.iter_runs(sources=["production"]))
@@ -183,6 +183,8 @@ def _ope(store: Any, paths: dict[str, Path | None], cfg: RetrainConfig) -> dict[
             continue
         if est is not None:
             out[name] = est.as_dict()
+            for line in est.lines(f"off-policy estimate of the {name} checkpoint at λ={cfg.lam:g}"):
+                log(line)
     return out
 
 
@@ -274,7 +276,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             log(f"retrain {version}: {cmp_['why']}")
             final = vdir / f"v-{version}"
             paths = {"candidate": tmp, "serving": serving_dir}
-            off_policy = _ope(store, paths, cfg)
+            off_policy = _ope(store, paths, cfg, log)
             if cmp_["promote"]:
                 os.replace(tmp, final)
                 set_pointer(pointer, final)

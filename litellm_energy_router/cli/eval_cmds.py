@@ -27,6 +27,8 @@ def eval_cmd(
         help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
              "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
     ),  # fmt: skip
+    lam: Optional[float] = typer.Option(None, "--lambda", min=0, help="knob of the off-policy estimate of --checkpoint on "
+                                        "logged production rows (default: settings knob.lambda)"),  # fmt: skip
 ) -> None:
     """K-fold CV by query of the learned baselines on the table: curves vs the zero router, random and
     the oracle; AIQ, joules at the best single candidate's accuracy, accuracy at half its joules, phase."""
@@ -90,3 +92,30 @@ def eval_cmd(
 
     console.print(summary_table(ev), highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
+    if ckpts:
+        _off_policy(url, ckpts, settings_or_fail(config), lam, out)
+
+
+def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path) -> None:
+    """IPS / SNIPS estimates of each checkpoint on the table's logged production rows (with propensities)."""
+    import json
+
+    from ..training.ope import evaluate_checkpoint_on_log, logged_rows
+
+    lam = settings.knob.lambda_ if lam is None else lam
+    with _store(url) as store:
+        rows = logged_rows(store.iter_runs(sources=["production"]))
+    if not rows:
+        console.print("off-policy: no logged production rows with score, energy and propensity", highlight=False)
+        return
+    report = {}
+    for name, pred in ckpts.items():
+        est = evaluate_checkpoint_on_log(None, pred.model, lam=lam, epsilon=settings.router.epsilon, rows=rows)
+        if est is None:
+            console.print(f"off-policy: {name}: no logged row with query text names one of its candidates", highlight=False)
+            continue
+        report[name] = {"lambda": lam, **est.as_dict()}
+        for line in est.lines(f"off-policy estimate of {name} at λ={lam:g}"):
+            console.print(line, highlight=False, soft_wrap=True)
+    if report:
+        (out / "off_policy.json").write_text(json.dumps(report, indent=2))

@@ -91,7 +91,6 @@ class RetrainOutcome:
     version: str | None
     checkpoint: Path | None
     report: Path | None = None
-    via: str = "run_retrain"
 
 
 @dataclass
@@ -153,43 +152,14 @@ def prepare(cfg: DemoConfig, out: Out) -> None:
 def retrain_once(cfg: DemoConfig, out: Out) -> RetrainOutcome:
     """One cron-style retrain: with no serving checkpoint it trains and promotes the first version;
     later it trains on the new rows and promotes only a better checkpoint."""
-    try:
-        from ..training.retrain import RetrainConfig, run_retrain
-    except ImportError:
-        return _train_and_promote(cfg, out)
+    from ..training.retrain import RetrainConfig, run_retrain
+
     res = run_retrain(
         RetrainConfig(table_url=cfg.db, pointer=cfg.pointer, versions_dir=cfg.versions, keep=5, min_new_rows=1,
-                      quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value),
+                      quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value, epsilon=cfg.epsilon),
         log=out,
     )  # fmt: skip
-    report = getattr(res, "report_md", None)
-    ck = getattr(res, "checkpoint", None)
-    return RetrainOutcome(str(res.status), getattr(res, "version", None), Path(ck) if ck else None,
-                          Path(report) if report else None)  # fmt: skip
-
-
-def _train_and_promote(cfg: DemoConfig, out: Out) -> RetrainOutcome:
-    """Stand-in until ``training/retrain.py`` is on this branch: train on the whole table and point
-    serving at the new checkpoint, without a promotion gate.
-    TODO(retrain): delete once ``litellm_energy_router.training.retrain`` lands; :func:`retrain_once`
-    then calls ``run_retrain(RetrainConfig(table_url=..., pointer=..., versions_dir=..., keep=5,
-    min_new_rows=1, quick=..., rule="both", holdout_fraction=0.2, lam=...), log=out)``."""
-    from ..router.checkpoint import point_to, read_manifest
-    from ..training.pipeline import TrainConfig, train
-
-    tcfg = TrainConfig.quick() if cfg.quick else TrainConfig()
-    store = open_store(cfg.db)
-    try:
-        out_dir = cfg.versions / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        n = 0
-        while out_dir.exists():
-            n += 1
-            out_dir = out_dir.with_name(f"{out_dir.name.split('.')[0]}.{n}")
-        ck = train(store, out_dir, tcfg, log=lambda s: out(f"  {s}"))
-    finally:
-        store.close()
-    point_to(cfg.pointer, ck)
-    return RetrainOutcome("promoted", read_manifest(ck).version, ck, None, via="train+point_to (no gate: retrain not available)")
+    return RetrainOutcome(res.status, res.version, res.checkpoint, res.report_md)
 
 
 # -- labels ----------------------------------------------------------------------------------------------
@@ -305,7 +275,7 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
         raise DemoError(f"{cfg.pointer}: first training did not promote a checkpoint (status {first.status})")
     manifest = read_manifest(first.checkpoint)
     candidates = list(manifest.candidates)
-    out(f"      serving checkpoint {first.version} ({first.via}): {first.checkpoint}")
+    out(f"      serving checkpoint {first.version}: {first.checkpoint}")
     t = tm.mark("train", t)
 
     # 3. serve the held-back queries through litellm.Router + strategy + callback
@@ -351,7 +321,7 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
     out("[5/6] retrain on the grown table (import + production + shadow rows) ...")
     second = retrain_once(cfg, out)
     out(f"      retrain: {second.status}" + (f", version {second.version}" if second.version else "")
-        + (f", report {second.report}" if second.report else "") + f" ({second.via})")  # fmt: skip
+        + (f", report {second.report}" if second.report else ""))  # fmt: skip
     t = tm.mark("retrain", t)
 
     # 6. compare
@@ -382,9 +352,9 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
         "router_curve": {"version": sweep.version, "lambda": curve.knob.tolist(), "accuracy": curve.accuracy.tolist(),
                          "energy_j": curve.energy_j.tolist(), "aiq": sweep.evaluation.method("router").aiq,
                          "aiq_static_hull": sweep.evaluation.method("zero router (static hull)").aiq},
-        "first_version": {"status": first.status, "version": first.version, "checkpoint": first.checkpoint, "via": first.via},
+        "first_version": {"status": first.status, "version": first.version, "checkpoint": first.checkpoint},
         "retrain": {"status": second.status, "version": second.version, "checkpoint": second.checkpoint,
-                    "report": second.report, "via": second.via},
+                    "report": second.report},
         "pareto_png": pareto.resolve(), "wall_s": round(wall, 1), "steps_s": tm.steps,
     }  # fmt: skip
     summary_json(cfg.workdir / "summary.json", summary)
