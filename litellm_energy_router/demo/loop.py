@@ -8,6 +8,7 @@ Nothing is measured on a GPU.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import warnings
@@ -157,7 +158,7 @@ def retrain_once(cfg: DemoConfig, out: Out) -> RetrainOutcome:
     res = run_retrain(
         RetrainConfig(table_url=cfg.db, pointer=cfg.pointer, versions_dir=cfg.versions, keep=5, min_new_rows=1,
                       quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value, epsilon=cfg.epsilon),
-        log=out,
+        log=lambda s: out(f"  {s}" + ("  [J estimated]" if re.search(r"\d J\b", s) else "")),
     )  # fmt: skip
     return RetrainOutcome(res.status, res.version, res.checkpoint, res.report_md)
 
