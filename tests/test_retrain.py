@@ -85,23 +85,30 @@ def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_
     bad_cfg = _cfg(tmp_path / "b", sqlite_url)
     bad = run_retrain(bad_cfg, log=lambda s: None, transform_train=_shuffled)
     assert bad.status == "promoted"
-    runtime2 = RouterRuntime(bad_cfg.pointer)
-    runtime2.maybe_reload(block=True)
-    assert runtime2.version == bad.version
+    # a running strategy core (what EnergyRoutingStrategy and the proxy filter hold) serves from the pointer
+    from litellm_energy_router.settings import Settings
+    from litellm_energy_router.strategy import EnergyRouterCore
+
+    core = EnergyRouterCore(Settings.model_validate({"router": {"checkpoint": str(bad_cfg.pointer), "timeout_ms": 10_000}}))
+    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": c, "energy_router_candidate": c}}
+            for c in ("small", "medium", "large")]  # fmt: skip
+    ask = lambda text: core.choose_sync(deps, [{"role": "user", "content": text}])[1]  # noqa: E731
+    core.runtime.maybe_reload(block=True)
+    assert ask("Tell me about rivers number 1000").router_version == bad.version
     _add(sqlite_url, "c")
     better = run_retrain(bad_cfg, log=lambda s: None)
     assert better.status == "promoted", better.message
     cmp_ = better.details["comparison"]
     assert cmp_["candidate"]["aiq"] >= cmp_["serving"]["aiq"]
     assert read_manifest(bad_cfg.pointer).version == better.version
-    runtime2.maybe_reload(block=True)  # the running runtime picks up the moved pointer
-    assert runtime2.version == better.version
-    hard = runtime2.score_sync("Give a proof about rivers number 1001")
-    easy = runtime2.score_sync("Tell me about rivers number 1002")
-    assert hard.P[hard.candidates.index("large")] > hard.P[hard.candidates.index("small")]
-    assert easy.P[easy.candidates.index("small")] > hard.P[hard.candidates.index("small")]
+    deadline = time.time() + 60  # the runtime notices the moved pointer and swaps in the background
+    while ask("Tell me about rivers number 1001").router_version != better.version and time.time() < deadline:
+        time.sleep(0.2)
+    hard, easy = ask("Give a proof about rivers number 1001"), ask("Tell me about rivers number 1002")
+    assert hard.router_version == easy.router_version == better.version
+    assert hard.scores["large"] > hard.scores["small"] and easy.scores["small"] > hard.scores["small"]
     runtime.close()
-    runtime2.close()
+    core.runtime.close()
 
 
 def test_nothing_new_and_lock_exit_zero(tmp_path, sqlite_url):
