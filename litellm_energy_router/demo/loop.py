@@ -121,6 +121,9 @@ def prepare(cfg: DemoConfig, out: Out) -> None:
         marker_db = json.loads(marker.read_text()).get("db") if marker.exists() else None
     except (ValueError, AttributeError):
         marker_db = None
+    db_path = _sqlite_path(cfg.db)
+    if db_path is not None:
+        db_path.parent.mkdir(parents=True, exist_ok=True)  # the demo's own SQLite file may name a new directory
     store = open_store(cfg.db)
     try:
         n = store.count_runs()

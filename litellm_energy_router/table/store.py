@@ -11,7 +11,6 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from sqlalchemy import Engine, create_engine, event, func, or_, select, text
@@ -308,9 +307,6 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
 
 
 def _sqlite_engine(url: str) -> Engine:
-    db = make_url(url).database
-    if db and db != ":memory:" and not db.startswith("file:"):
-        Path(db).parent.mkdir(parents=True, exist_ok=True)  # sqlite:///new/dir/x.db: create the directory
     engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
