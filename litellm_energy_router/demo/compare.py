@@ -37,13 +37,13 @@ def _short(c: str) -> str:
 def baselines(Y: np.ndarray, E: np.ndarray, candidates: Sequence[str]) -> dict[str, Point]:
     """always-largest (most mean J), always-smallest (least), random (expected value), the best single
     candidate (most accurate; ties: cheaper) and the oracle (cheapest correct, needs hindsight)."""
+    from ..training.evaluate import oracle_choices
+
     acc, en = Y.mean(axis=0), E.mean(axis=0)
     big, small = int(np.argmax(en)), int(np.argmin(en))
     best = int(np.lexsort((en, -acc))[0])
     rows = np.arange(len(Y))
-    ok = Y >= Y.max(axis=1, keepdims=True)
-    ok &= Y.max(axis=1, keepdims=True) > 0
-    orc = np.where(ok.any(axis=1), np.argmin(np.where(ok, E, np.inf), axis=1), np.argmin(E, axis=1))
+    orc = oracle_choices(Y, E)
     return {
         "always_largest": Point(f"always-largest ({_short(candidates[big])})", float(acc[big]), float(en[big]), candidates[big]),
         "always_smallest": Point(f"always-smallest ({_short(candidates[small])})", float(acc[small]), float(en[small]), candidates[small]),

@@ -87,14 +87,6 @@ class DemoConfig:
 
 
 @dataclass
-class RetrainOutcome:
-    status: str  # locked | nothing_new | promoted | rejected
-    version: str | None
-    checkpoint: Path | None
-    report: Path | None = None
-
-
-@dataclass
 class Timings:
     steps: dict[str, float] = field(default_factory=dict)
 
@@ -153,17 +145,17 @@ def prepare(cfg: DemoConfig, out: Out) -> None:
 # -- retrain ---------------------------------------------------------------------------------------------
 
 
-def retrain_once(cfg: DemoConfig, out: Out) -> RetrainOutcome:
-    """One cron-style retrain: with no serving checkpoint it trains and promotes the first version;
-    later it trains on the new rows and promotes only a better checkpoint."""
+def retrain_once(cfg: DemoConfig, out: Out) -> Any:
+    """One cron-style retrain (a :class:`~litellm_energy_router.training.retrain.RetrainResult`): with no
+    serving checkpoint it trains and promotes the first version; later it trains on the new rows and
+    promotes only a better checkpoint."""
     from ..training.retrain import RetrainConfig, run_retrain
 
-    res = run_retrain(
+    return run_retrain(
         RetrainConfig(table_url=cfg.db, pointer=cfg.pointer, versions_dir=cfg.versions, keep=5, min_new_rows=1,
                       quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value, epsilon=cfg.epsilon),
         log=lambda s: out(f"  {s}" + ("  [J estimated]" if re.search(r"\d J\b", s) else "")),
     )  # fmt: skip
-    return RetrainOutcome(res.status, res.version, res.checkpoint, res.report_md)
 
 
 # -- labels ----------------------------------------------------------------------------------------------
@@ -325,7 +317,7 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
     out("[5/6] retrain on the grown table (import + production + shadow rows) ...")
     second = retrain_once(cfg, out)
     out(f"      retrain: {second.status}" + (f", version {second.version}" if second.version else "")
-        + (f", report {second.report}" if second.report else ""))  # fmt: skip
+        + (f", report {second.report_md}" if second.report_md else ""))  # fmt: skip
     t = tm.mark("retrain", t)
 
     # 6. compare
@@ -358,7 +350,7 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
                          "aiq_static_hull": sweep.evaluation.method("zero router (static hull)").aiq},
         "first_version": {"status": first.status, "version": first.version, "checkpoint": first.checkpoint},
         "retrain": {"status": second.status, "version": second.version, "checkpoint": second.checkpoint,
-                    "report": second.report},
+                    "report": second.report_md},
         "pareto_png": pareto.resolve(), "wall_s": round(wall, 1), "steps_s": tm.steps,
     }  # fmt: skip
     summary_json(cfg.workdir / "summary.json", summary)
