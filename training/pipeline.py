@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -117,7 +117,7 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
-    student = _distil(model, layout, fit, cal, z_task, z_any, out, log) if cfg.student else None
+    student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log) if cfg.student else None
     manifest = Manifest(
         version=_version(), candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
@@ -141,14 +141,13 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     return out
 
 
-def _distil(model, layout: Layout, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray, out: Path,
-            log: Callable[[str], None]) -> dict:  # fmt: skip
-    """Fit the student on the LM's slot logits of every training query (task shown and hidden); the
-    calibration queries' logits are already computed."""
+def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray,
+            out: Path, log: Callable[[str], None]) -> dict:  # fmt: skip
+    """Fit the student on the LM's slot logits of every training query (task shown and hidden; ``scorer``
+    the lean forward or None); the calibration queries' logits are already computed."""
     from .student import fit_student
 
     t0 = time.time()
-    scorer = build_slot_scorer(model, layout.yes_id, layout.no_id)
     tasks = [str(t) for t in fit.tasks]
     z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
     z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])
@@ -171,7 +170,20 @@ def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None
 
 
 
-class LMRouterPredictor:
+class _RouterModelPredictor:
+    """Cross-validation predictor over a loaded :class:`RouterModel` (``self.model``): P and Ê of a
+    matrix's queries, as serving scores them."""
+
+    model: Any = None
+
+    def predict_proba(self, test) -> np.ndarray:
+        return self.model.score(list(test.texts), [str(t) for t in test.tasks])
+
+    def predict_energy(self, test) -> np.ndarray:
+        return self.model.energy(list(test.texts), [str(t) for t in test.tasks], prompt_tokens=list(test.prompt_tokens))
+
+
+class LMRouterPredictor(_RouterModelPredictor):
     """The LM router as a cross-validation predictor (``fit(train)``, ``predict_proba(test)``,
     ``predict_energy(test)``): each fold trains a checkpoint with ``cfg`` (default: the defaults of
     ``energy-router train``) into a temporary directory and scores the held-out queries with the LM
@@ -181,7 +193,6 @@ class LMRouterPredictor:
                  scorer: str = "lm") -> None:  # fmt: skip
         self.cfg = cfg or TrainConfig()
         self.log, self.scorer = log, scorer
-        self.model = None
 
     def fit(self, train) -> "LMRouterPredictor":
         import tempfile
@@ -193,29 +204,17 @@ class LMRouterPredictor:
         self.model = RouterModel(self._dir.name, scorer=self.scorer)
         return self
 
-    def predict_proba(self, test) -> np.ndarray:
-        return self.model.score(list(test.texts), [str(t) for t in test.tasks])
 
-    def predict_energy(self, test) -> np.ndarray:
-        return self.model.energy(list(test.texts), [str(t) for t in test.tasks], prompt_tokens=list(test.prompt_tokens))
-
-
-class CheckpointPredictor:
+class CheckpointPredictor(_RouterModelPredictor):
     """A trained checkpoint as a cross-validation predictor: ``fit`` does nothing (the checkpoint is
     scored as it is, on every held-out fold, with the serving scorer and its own energy estimate), so
-    the rows it is judged on must be rows it never trained on."""
+    the rows it is judged on must be rows it never trained on. ``expect_candidates`` refuses a
+    checkpoint routing other candidates."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None) -> None:
         from litellm_energy_router.router.model import RouterModel
 
-        self.model = RouterModel(path)
+        self.model = RouterModel(path, expect_candidates=expect_candidates)
 
     def fit(self, train) -> "CheckpointPredictor":
         return self
-
-    def predict_proba(self, test) -> np.ndarray:
-        return self.model.score(list(test.texts), [str(t) for t in test.tasks])
-
-    def predict_energy(self, test) -> np.ndarray:
-        return self.model.energy(list(test.texts), [str(t) for t in test.tasks], prompt_tokens=list(test.prompt_tokens))
-

@@ -31,7 +31,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from litellm_energy_router.router.checkpoint import CheckpointError, read_manifest, resolve
+from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError, Settings, _one_line, load_settings, read_yaml_section
 from litellm_energy_router.table import open_store
 
@@ -126,21 +126,13 @@ def _serving(pointer: Path) -> tuple[Path | None, Any]:
     return d, read_manifest(d)
 
 
-def _score_checkpoint(path: Path, hold: TableMatrix) -> tuple[np.ndarray, np.ndarray]:
-    from litellm_energy_router.router.model import RouterModel
-
-    model = RouterModel(path, expect_candidates=hold.candidates)
-    tasks = [str(t) for t in hold.tasks]
-    return model.score(list(hold.texts), tasks), model.energy(list(hold.texts), tasks, prompt_tokens=list(hold.prompt_tokens))
-
-
-def compare(candidate: Path, serving: Path | None, hold: TableMatrix, cfg: RetrainConfig) -> dict[str, Any]:
-    """Score both checkpoints on the held-out queries; ``promote`` says whether the rule holds."""
+def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig) -> dict[str, Any]:
+    """Score both checkpoints (:class:`~.pipeline.CheckpointPredictor`; ``serving`` may be None) on the
+    held-out queries; ``promote`` says whether the rule holds."""
     from .evaluate import evaluate, joules_at_accuracy
 
-    routers = {"candidate": _score_checkpoint(candidate, hold)}
-    if serving is not None:
-        routers["serving"] = _score_checkpoint(serving, hold)
+    routers = {name: (p.predict_proba(hold), p.predict_energy(hold))
+               for name, p in (("candidate", candidate), ("serving", serving)) if p is not None}  # fmt: skip
     ev = evaluate(hold.Y, hold.E, routers, hold.candidates)
     target = cfg.target_accuracy or ev.best_accuracy
     out: dict[str, Any] = {"held_out_queries": len(hold), "target_accuracy": target,
@@ -166,19 +158,20 @@ def compare(candidate: Path, serving: Path | None, hold: TableMatrix, cfg: Retra
     return out
 
 
-def _ope(store: Any, paths: dict[str, Path | None], cfg: RetrainConfig, log: Log) -> dict[str, Any]:
+def _ope(store: Any, predictors: dict[str, Any], cfg: RetrainConfig, log: Log) -> dict[str, Any]:
+    """Off-policy estimates of each loaded checkpoint (``None`` entries skipped) on the logged production rows."""
     from .ope import evaluate_checkpoint_on_log, logged_rows
 
     rows = logged_rows(store.iter_runs(sources=["production"]))
     if not rows:
         return {}
     out = {}
-    for name, p in paths.items():
+    for name, p in predictors.items():
         if p is None:
             continue
         try:
-            est = evaluate_checkpoint_on_log(store, p, lam=cfg.lam, epsilon=cfg.epsilon or 0.0, rows=rows)
-        except (CheckpointError, ValueError) as e:
+            est = evaluate_checkpoint_on_log(store, p.model, lam=cfg.lam, epsilon=cfg.epsilon or 0.0, rows=rows)
+        except ValueError as e:
             out[name] = {"error": str(e)}
             continue
         if est is not None:
@@ -227,7 +220,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 transform_train: Callable[[TableMatrix], TableMatrix] | None = None) -> RetrainResult:  # fmt: skip
     """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
     before training (tests use it to build a deliberately worse candidate)."""
-    from .pipeline import TrainConfig, _version, train_matrix
+    from .pipeline import CheckpointPredictor, TrainConfig, _version, train_matrix
 
     pointer = Path(cfg.pointer)  # type: ignore[arg-type]
     vdir = _versions_dir(cfg)
@@ -272,11 +265,12 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             shutil.rmtree(tmp / "_trainer", ignore_errors=True)
             shutil.rmtree(tmp / "_grpo", ignore_errors=True)
             t_train = time.time() - t0
-            cmp_ = compare(tmp, serving_dir, hold, cfg)
+            loaded = {"candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
+                      "serving": CheckpointPredictor(serving_dir, hold.candidates) if serving_dir else None}  # fmt: skip
+            cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
             log(f"retrain {version}: {cmp_['why']}")
             final = vdir / f"v-{version}"
-            paths = {"candidate": tmp, "serving": serving_dir}
-            off_policy = _ope(store, paths, cfg, log)
+            off_policy = _ope(store, loaded, cfg, log)
             if cmp_["promote"]:
                 os.replace(tmp, final)
                 set_pointer(pointer, final)

@@ -177,28 +177,29 @@ class RouterRuntime:
         cands, e_ref = tuple(model.candidates), float(model.manifest.knob["e_ref_j"])
         return [Scored(cands, P[i], E[i], model.version, e_ref) for i in range(len(items))]
 
-    def score_sync(self, text: str, task: str | None = None) -> Scored:
+    def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:
+        """(cache key, cached score or None), after the hot-reload check."""
         self.maybe_reload()
         key = self._key(text, task)
-        hit = self._cached(key)
-        if hit is not None:
-            return hit
+        return key, self._cached(key)
+
+    def _score_now(self, key: str, text: str, task: str | None) -> Scored:
         s = self._score_batch([(text, task)])[0]
         self._remember(key, s)
         return s
 
+    def score_sync(self, text: str, task: str | None = None) -> Scored:
+        key, hit = self._lookup(text, task)
+        return hit if hit is not None else self._score_now(key, text, task)
+
     async def score(self, text: str, task: str | None = None) -> Scored:
-        self.maybe_reload()
-        key = self._key(text, task)
-        hit = self._cached(key)
+        key, hit = self._lookup(text, task)
         if hit is not None:
             return hit
         model = self._model
         if model is not None and model.student is not None:
             # the student is a bounded numpy pass (tens of µs): cheaper in place than a hop to the worker
-            s = self._score_batch([(text, task)])[0]
-            self._remember(key, s)
-            return s
+            return self._score_now(key, text, task)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self._pending.append((text, task, fut))
