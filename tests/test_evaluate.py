@@ -13,7 +13,7 @@ from litellm_energy_router.router.decide import decide_lambda, lambda_breakpoint
 from litellm_energy_router.table import Candidate, Run, make_query, open_store
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 from litellm_energy_router.training.data import (
-    MatrixError, estimate_energy, fit_energy_estimate, holdout_split, kfold, load_matrix,
+    MatrixError, estimate_energy, fit_energy_estimate, holdout_split, kfold, load_matrix, near_duplicate_groups,
 )
 from litellm_energy_router.training.evaluate import (
     Curve, aiq, evaluate, hull_value, joules_at_accuracy, oracle_choices, pareto_hull, phase_transition, write_report,
@@ -193,6 +193,53 @@ def test_holdout_is_stable_as_the_table_grows():
     ids2 = ids + [f"new{i}" for i in range(500)]
     _, te2 = holdout_split(ids2, 0.2)
     assert {ids[i] for i in te} == {ids2[i] for i in te2 if i < 1000}  # old queries keep their side
+
+
+FEW_SHOT = "Q: an example?\nA) x\nB) y\nAnswer:\nB\n\n"
+
+
+def _twins():
+    """WinoGrande-style twins (one word changed), unrelated queries, and a twin text under another task."""
+    texts = [
+        FEW_SHOT + "The trophy did not fit in the suitcase because the _ was too large.\nA) trophy\nB) suitcase\nAnswer:",
+        FEW_SHOT + "The trophy did not fit in the suitcase because the _ was too small.\nA) trophy\nB) suitcase\nAnswer:",
+        FEW_SHOT + "Write a function to reverse the words of a sentence.",
+        FEW_SHOT + "Which gas do plants take in from the air?\nA) oxygen\nB) carbon dioxide\nAnswer:",
+        "The trophy did not fit in the suitcase because the _ was too large.\nA) trophy\nB) suitcase\nAnswer:",
+        None,
+        None,
+    ]
+    ids = ["w2", "w1", "m1", "a1", "z1", "p1", "p2"]
+    tasks = ["wino", "wino", "mbpp", "arc", "other", "wino", "wino"]
+    return texts, ids, tasks
+
+
+def test_near_duplicates_share_a_group_key_within_a_task_only():
+    texts, ids, tasks = _twins()
+    g = near_duplicate_groups(texts, ids, tasks)
+    assert g[0] == g[1] == "w1"  # the twins: key is the group's smallest id
+    assert list(g[2:]) == ["m1", "a1", "z1", "p1", "p2"]  # unrelated, other task, and text-less rows stand alone
+    assert near_duplicate_groups(texts, ids, tasks, threshold=1.0)[0] == "w2"  # a changed word: not identical
+
+
+def test_splits_keep_near_duplicates_on_one_side():
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(400)]
+    texts, ids, tasks = [], [], []
+    for p in range(60):  # 60 twin pairs, answer word changed
+        base = " ".join(rng.choice(words, 12, replace=False))
+        for j, last in enumerate(("large", "small")):
+            texts.append(f"{base} because it was too {last}")
+            ids.append(f"q{p}-{j}")
+            tasks.append("wino")
+    g = near_duplicate_groups(texts, ids, tasks)
+    assert len(set(g)) == 60
+    for tr, te in kfold(g, 5, seed=0, groups=tasks):
+        assert {g[i] for i in tr}.isdisjoint({g[i] for i in te})
+    tr, te = holdout_split(ids, 0.3, groups=g)
+    assert {g[i] for i in tr}.isdisjoint({g[i] for i in te}) and len(te) > 0
+    plain_tr, plain_te = holdout_split(ids, 0.3)
+    assert set(plain_te) <= set(te)  # grouping only moves rows into the held-out side
 
 
 # -- matrix and energy estimator from a real table ----------------------------------------------------

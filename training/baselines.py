@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 import numpy as np
 
-from .data import TableMatrix, kfold
+from .data import TableMatrix, kfold, near_duplicate_groups
 from .embed import Embedder, embed_queries
 
 
@@ -107,7 +107,8 @@ class Baseline(ABC):
         free = {k: v for k, v in self.grid.items() if k not in self.fixed}
         combos = [dict(zip(free, vals)) for vals in itertools.product(*free.values())] if free else [{}]
         if len(combos) > 1 and self.inner_folds >= 2 and train.n >= 2 * self.inner_folds:
-            splits = kfold(train.ids, self.inner_folds, seed=self.seed + 1, groups=train.tasks)
+            keys = near_duplicate_groups(train.texts, train.ids, train.tasks)
+            splits = kfold(keys, self.inner_folds, seed=self.seed + 1, groups=train.tasks)
             for combo in combos:
                 params = {**self.fixed, **combo}
                 P = np.empty_like(train.Y)

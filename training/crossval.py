@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .baselines import BASELINES, Predictor, brier, make_baseline
-from .data import TableMatrix, estimate_energy, fit_energy_estimate, kfold, load_matrix
+from .data import TableMatrix, estimate_energy, fit_energy_estimate, kfold, load_matrix, near_duplicate_groups
 from .evaluate import Evaluation, evaluate
 
 Factory = Callable[[], Predictor]
@@ -43,7 +43,8 @@ def cross_validate(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Evaluation:
     """Cross-validate ``methods`` (name → factory, or one factory, named "router") on ``matrix``
-    (default: the bundled RouterBench development rows) with ``folds`` folds by query, stratified by task.
+    (default: the bundled RouterBench development rows) with ``folds`` folds by query, stratified by task;
+    near-duplicate queries (:func:`~.data.near_duplicate_groups`, e.g. WinoGrande's twins) share a fold.
 
     Returns the :class:`~.evaluate.Evaluation` of the pooled held-out predictions, with per-fold AIQ,
     and notes giving each method's fit time, held-out Brier score and tuned hyperparameters.
@@ -52,7 +53,7 @@ def cross_validate(
     if callable(methods) and not isinstance(methods, Mapping):
         methods = {"router": methods}
     m = matrix if matrix is not None else routerbench_matrix(profile=profile)
-    splits = kfold(m.ids, folds, seed=seed, groups=m.tasks)
+    splits = kfold(near_duplicate_groups(m.texts, m.ids, m.tasks), folds, seed=seed, groups=m.tasks)
     P = {name: np.full((m.n, m.K), np.nan) for name in methods}
     Eh = {name: np.full((m.n, m.K), np.nan) for name in methods}
     secs = {name: 0.0 for name in methods}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -208,13 +209,77 @@ def kfold(ids: Sequence[str], k: int = 5, *, seed: int = 0, groups: Sequence[str
     return [(np.flatnonzero(row_fold != f), np.flatnonzero(row_fold == f)) for f in range(k)]
 
 
-def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout") -> tuple[np.ndarray, np.ndarray]:
-    """(train_idx, test_idx) by a stable hash of each query id: a query keeps its side as the table
-    grows, so a held-out set used to compare checkpoints never leaks into later training."""
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks: Sequence[str] | None = None,
+                          *, threshold: float = 0.8) -> np.ndarray:  # fmt: skip
+    """One group key per row: rows whose queries are near-duplicates share a key (the smallest query id of
+    the group), so a split on these keys never puts two near-duplicates on opposite sides.
+
+    Two queries (the block after the prompt's last blank line, lower-cased words) are near-duplicates
+    when the Jaccard similarity of their word sets is >= ``threshold``; groups are the connected
+    components. Only rows of the same task (when ``tasks`` is given) are compared. WinoGrande is built
+    from such twins (one word changed, the answer flipped), which a split by query alone spreads over
+    train and test.
+    """
+    from scipy.sparse import csr_matrix
+
+    from .embed import query_block
+
+    ids = [str(i) for i in ids]
+    n = len(ids)
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    words = [set(_WORD.findall(query_block(t).lower())) for t in texts]
+    task_arr = np.asarray(list(tasks) if tasks is not None else [""] * n, dtype=object).astype(str)
+    for task in sorted(set(task_arr.tolist())):
+        rows = np.flatnonzero(task_arr == task)
+        vocab: dict[str, int] = {}
+        indptr, indices = [0], []
+        for i in rows:
+            indices.extend(vocab.setdefault(w, len(vocab)) for w in words[i])
+            indptr.append(len(indices))
+        B = csr_matrix((np.ones(len(indices), dtype=np.float32), indices, indptr), shape=(len(rows), max(len(vocab), 1)))
+        inter = (B @ B.T).tocoo()
+        size = np.asarray(B.sum(axis=1)).ravel()
+        keep = inter.row < inter.col
+        r, c, v = inter.row[keep], inter.col[keep], inter.data[keep]
+        union = size[r] + size[c] - v
+        hit = (union > 0) & (v >= threshold * np.maximum(union, 1))
+        for a, b in zip(rows[r[hit]], rows[c[hit]]):
+            ra, rb = find(int(a)), find(int(b))
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    key: dict[int, str] = {}
+    for i in range(n):
+        root = find(i)
+        key[root] = min(key.get(root, ids[i]), ids[i])
+    return np.array([key[find(i)] for i in range(n)], dtype=object)
+
+
+def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout",
+                  groups: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(train_idx, test_idx) by a stable hash of each query id: a held-out query stays held out as the
+    table grows, so a held-out set used to compare checkpoints never leaks into later training.
+
+    ``groups`` (e.g. :func:`near_duplicate_groups`): a row is held out when any row of its group hashes
+    into the held-out share, so near-duplicates never straddle the split.
+    """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction={test_fraction}: must be in (0, 1)")
     u = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:8], "big") / 2**64 for i in ids])
     test = u < test_fraction
+    if groups is not None and len(test):
+        g = np.asarray(list(groups), dtype=object).astype(str)
+        held = set(g[test].tolist())
+        test = np.array([x in held for x in g])
     return np.flatnonzero(~test), np.flatnonzero(test)
 
 

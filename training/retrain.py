@@ -35,7 +35,7 @@ from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError, Settings, _one_line, load_settings, read_yaml_section
 from litellm_energy_router.table import open_store
 
-from .data import TableMatrix, holdout_split, load_matrix
+from .data import TableMatrix, holdout_split, load_matrix, near_duplicate_groups
 
 Log = Callable[[str], None]
 
@@ -246,7 +246,8 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 log(msg)
                 return RetrainResult("nothing_new", msg, details={"new_rows": new})
             m = load_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources)
-            tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt)
+            tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
+                                   groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
             train_m, hold = m.take(tr), m.take(te)
             if transform_train is not None:
                 train_m = transform_train(train_m)
