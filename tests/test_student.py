@@ -48,7 +48,9 @@ def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
         z[i] = st.W[idx].sum(axis=0) / np.sqrt(max(len(idx), 1)) + st.b
         if task in st.tasks:
             z[i] += st.W_task[st.tasks[task]]
-    P_ref = scores_from_logits(z, m.manifest.calibration, tasks)
+    # the student was distilled on the router's calibrated logits (probe head included): no calibration on top
+    assert m.manifest.student["target"] == "calibrated_logit" and m.student_is_final
+    P_ref = 1.0 / (1.0 + np.exp(-z))
     P = m.score(TEXTS, tasks)
     np.testing.assert_allclose(P, P_ref, atol=1e-6)
     E = m.energy(TEXTS, tasks)
@@ -91,3 +93,22 @@ def test_broken_student_is_refused(planted_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="student"):
         RouterModel(d)
     assert RouterModel(d, scorer="lm").scorer_name == "lm-fast"  # the LM alone still loads
+
+
+def test_lm_scorer_adds_the_slot_logits_to_the_probe_head(planted_ckpt, tmp_path):
+    from litellm_energy_router.router.encoder import MiniLMEmbedder, query_block
+    from litellm_energy_router.router.probe import PROBE_FILE, Probe
+
+    lm = RouterModel(planted_ckpt, scorer="lm")
+    assert lm.manifest.probe["file"] == PROBE_FILE and lm.manifest.calibration.get("offset") == "probe"
+    probe = Probe.load(planted_ckpt / PROBE_FILE)
+    tasks = [None, "synthetic", None, None, "unseen-task"]
+    emb = MiniLMEmbedder().embed([query_block(t) for t in TEXTS])
+    q = probe.logits(emb, tasks)
+    z = lm.slot_logits(TEXTS, tasks)
+    np.testing.assert_allclose(lm.score(TEXTS, tasks), scores_from_logits(z, lm.manifest.calibration, tasks, offset=q), atol=1e-6)
+    assert np.abs(q).max() > 0  # the probe learned something from the planted rows
+    d = _copy(planted_ckpt, tmp_path / "badprobe")
+    (d / PROBE_FILE).write_bytes(b"not an npz")
+    with pytest.raises(CheckpointError, match="probe"):
+        RouterModel(d, scorer="lm")

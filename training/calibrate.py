@@ -1,10 +1,19 @@
-"""Calibration of the router's slot logits (fitted on queries the SFT stage did not train on).
+"""The router's scoring head: the probe on sentence embeddings and the calibration of the LM's slot logits.
 
-Per candidate j: ``P_j = sigmoid(a_j * z_j + b_{task, j})`` with ``z_j`` = logit(yes) − logit(no) of slot j
-and one intercept per known task; for unknown tasks (production) a separate slope/intercept fitted on
-logits computed with the task tag hidden. Logistic regression by Newton's method with a small L2 penalty
-(numpy). The per-task intercepts carry each task's prior, so the calibrated router is never worse
-calibrated than the task prior on the calibration queries.
+**Probe** (:func:`fit_probe`): per (task, candidate) an L2 logistic regression on the query's embedding,
+fitted on every training query (plus one pooled over tasks for unknown tasks). It carries each task's
+prior and the within-task signal the embedding holds.
+
+**Calibration** (fitted on queries the SFT stage did not train on), per candidate j, ``z_j`` =
+logit(yes) − logit(no) of slot j:
+
+* with a probe: ``P_j = sigmoid(q_j + a_j * (z_j − mean_task z_j))``: the LM adds its within-task
+  deviation on top of the probe's logit ``q_j`` (one slope per candidate; the task levels stay the
+  probe's, fitted on all training queries, not re-estimated on the few calibration queries);
+* without: ``P_j = sigmoid(a_j * z_j + b_{task, j})``, one intercept per known task.
+
+For unknown tasks (production) a separate slope/intercept fitted on logits computed with the task tag
+hidden. Logistic regression by Newton's method with a small L2 penalty (numpy).
 """
 
 from __future__ import annotations
@@ -27,8 +36,24 @@ def _logreg(X: np.ndarray, y: np.ndarray, l2: float = 1e-2, iters: int = 50) -> 
     return w
 
 
-def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str]) -> dict:
-    """``z_task``/``z_any``: slot logits [n, K] with the task tag shown / hidden; ``Y`` [n, K] in {0, 1}."""
+def _slope_with_offset(x: np.ndarray, offset: np.ndarray, y: np.ndarray, l2: float = 1e-2, iters: int = 50) -> float:
+    """``a`` maximising the penalised likelihood of ``y`` under ``sigmoid(offset + a * x)``."""
+    a = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(offset + a * x)))
+        step = (float(np.sum((p - y) * x)) + l2 * a) / (float(np.sum(p * (1 - p) * x * x)) + l2)
+        a -= step
+        if abs(step) < 1e-10:
+            break
+    return a
+
+
+def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str],
+                    q_task: np.ndarray | None = None, q_any: np.ndarray | None = None) -> dict:  # fmt: skip
+    """``z_task``/``z_any``: slot logits [n, K] with the task tag shown / hidden; ``Y`` [n, K] in {0, 1};
+    ``q_task``/``q_any``: the probe's logits for the same queries (fitted without them), or None."""
+    if q_task is not None and q_any is not None:
+        return _fit_on_probe(z_task, z_any, Y, tasks, q_task, q_any)
     names = sorted(set(tasks))
     onehot = np.array([[t == n for n in names] for t in tasks], dtype=float)
     k = Y.shape[1]
@@ -42,3 +67,49 @@ def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks:
         w2 = _logreg(np.column_stack([z_any[:, j], np.ones(len(Y))]), Y[:, j])
         a_any[j], b_any[j] = w2
     return {"a": a.tolist(), "b_task": b_task, "a_any": a_any.tolist(), "b_any": b_any.tolist()}
+
+
+def _fit_on_probe(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str],
+                  q_task: np.ndarray, q_any: np.ndarray) -> dict:  # fmt: skip
+    names = sorted(set(tasks))
+    t_arr = np.asarray([str(t) for t in tasks])
+    mean_t = {n: z_task[t_arr == n].mean(axis=0) for n in names}
+    zc = z_task - np.stack([mean_t[t] for t in t_arr])
+    mean_any = z_any.mean(axis=0)
+    k = Y.shape[1]
+    a = np.array([_slope_with_offset(zc[:, j], q_task[:, j], Y[:, j]) for j in range(k)])
+    a_any = np.array([_slope_with_offset(z_any[:, j] - mean_any[j], q_any[:, j], Y[:, j]) for j in range(k)])
+    return {"a": a.tolist(), "b_task": {n: (-a * mean_t[n]).tolist() for n in names},
+            "a_any": a_any.tolist(), "b_any": (-a_any * mean_any).tolist(), "offset": "probe"}  # fmt: skip
+
+
+def fit_probe(emb: np.ndarray, Y: np.ndarray, tasks: Sequence[str], encoder: str, C: float = 0.3):
+    """The probe head (:class:`~litellm_energy_router.router.probe.Probe`) on embeddings ``emb[n, D]``:
+    per (task, candidate) and pooled over tasks, an L2 logistic regression with inverse strength ``C``
+    (a constant label gives zero weights and a clipped log-odds bias)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from litellm_energy_router.router.probe import Probe
+
+    names = sorted({str(t) for t in tasks})
+    t_arr = np.asarray([str(t) for t in tasks])
+    n, d = emb.shape
+    k = Y.shape[1]
+
+    def one(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+        y = (np.asarray(y) >= 0.5).astype(int)
+        if y.min() == y.max():
+            p = min(max(float(y.mean()), 1e-3), 1 - 1e-3)
+            return np.zeros(d), float(np.log(p / (1 - p)))
+        clf = LogisticRegression(C=C, max_iter=3000).fit(X, y)
+        return clf.coef_[0], float(clf.intercept_[0])
+
+    W, b = np.zeros((len(names), k, d)), np.zeros((len(names), k))
+    for i, name in enumerate(names):
+        rows = t_arr == name
+        for j in range(k):
+            W[i, j], b[i, j] = one(emb[rows], Y[rows, j])
+    W_any, b_any = np.zeros((k, d)), np.zeros(k)
+    for j in range(k):
+        W_any[j], b_any[j] = one(emb, Y[:, j])
+    return Probe(names, W, b, W_any, b_any, encoder)

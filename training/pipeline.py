@@ -16,13 +16,15 @@ from litellm_energy_router.router.checkpoint import Manifest, library_versions, 
 from litellm_energy_router.router.decide import lambda_grid
 from litellm_energy_router.router.fastpath import build_slot_scorer
 from litellm_energy_router.router.format import UNKNOWN_TASK, Layout, label_token
+from litellm_energy_router.router.probe import PROBE_FILE
 from litellm_energy_router.router.student import STUDENT_FILE
-from litellm_energy_router.router.model import compute_slot_logits, scores_from_logits
+from litellm_energy_router.router.model import calibrated_logits, compute_slot_logits, scores_from_logits
 from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone, load_warm_start
-from .calibrate import fit_calibration
-from .data import TableMatrix as Matrix, fit_energy_estimate, load_matrix
+from .calibrate import fit_calibration, fit_probe
+from .embed import default_embedder, embed_queries
+from .data import TableMatrix as Matrix, fit_energy_estimate, load_matrix, near_duplicate_groups
 from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
 
@@ -42,7 +44,10 @@ class TrainConfig:
             it has not been shown to improve the held-out curve over SFT + calibration (see README).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the calibration.
-        student: distil the LM into the serving student (``student.npz``; README: fidelity of the student).
+        student: distil the router into the serving student (``student.npz``; README: fidelity of the student).
+        probe_c: the probe head (``probe.npz``): inverse L2 strength of its per-(task, candidate) logistic
+            regressions on the query's MiniLM embedding; the LM's slot logits are calibrated on top of it
+            (:mod:`.calibrate`). ``None`` leaves the LM alone with per-task intercepts (README: ablation).
         candidates: candidate names in slot order (default: all in the table, cheapest first).
         sources: table sources used for training.
         seed: split seed.
@@ -56,6 +61,7 @@ class TrainConfig:
     max_len: int = 128
     calib_fraction: float = 0.2
     student: bool = True
+    probe_c: float | None = 0.3
     candidates: list[str] | None = None
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
     seed: int = 0
@@ -72,6 +78,27 @@ def _version() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{int(time.time() * 1000) % 1000:03d}"
 
 
+def calibration_split(m: Matrix, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(fit_idx, cal_idx): about ``fraction`` of the queries (at least 5) held out of SFT to fit the
+    calibration; near-duplicates (:func:`~.data.near_duplicate_groups`) stay on one side, so the
+    calibration never sees the twin of a query SFT memorised."""
+    keys = near_duplicate_groups(m.texts, m.ids, m.tasks)
+    uniq = np.unique(keys.astype(str))
+    perm = np.random.default_rng(seed).permutation(len(uniq))
+    n_cal = max(int(round(fraction * len(m))), 5)
+    size = {u: 0 for u in uniq}
+    for k in keys.astype(str):
+        size[k] += 1
+    chosen, count = set(), 0
+    for i in perm:
+        if count >= n_cal:
+            break
+        chosen.add(uniq[i])
+        count += size[uniq[i]]
+    cal = np.array([k in chosen for k in keys.astype(str)])
+    return np.flatnonzero(~cal), np.flatnonzero(cal)
+
+
 def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
                  log: Callable[[str], None] = print, on_step: Callable[[dict], None] | None = None) -> Path:  # fmt: skip
     """Train on a :class:`Matrix` and write a checkpoint into ``out_dir``. Returns the directory."""
@@ -79,10 +106,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         raise TrainingDataError(f"only {len(m)} fully labelled queries for candidates {m.candidates}; need >= 10")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(cfg.seed)
-    perm = rng.permutation(len(m))
-    n_cal = max(int(round(cfg.calib_fraction * len(m))), 5)
-    cal, fit = m.take(perm[:n_cal]), m.take(perm[n_cal:])
+    fit_idx, cal_idx = calibration_split(m, cfg.calib_fraction, cfg.seed)
+    cal, fit = m.take(cal_idx), m.take(fit_idx)
     k = len(m.candidates)
     t0 = time.time()
     if cfg.init_from:
@@ -112,12 +137,37 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     lean = build_slot_scorer(model, layout.yes_id, layout.no_id)  # the HF forward's numbers, faster
     z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks, scorer=lean)
     z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal), scorer=lean)
-    calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
-    P_cal = scores_from_logits(z_task, calibration, cal.tasks)
+    probe, probe_entry, q_cal = None, None, None
+    if cfg.probe_c:
+        # the probe fitted on the SFT queries scores the calibration queries out of sample; the one
+        # shipped is refitted on every training query
+        t1 = time.time()
+        emb = embed_queries(m.texts)
+        enc = default_embedder().name
+        early = fit_probe(emb[fit_idx], fit.Y, fit.tasks, enc, cfg.probe_c)
+        q_cal = early.logits(emb[cal_idx], list(cal.tasks))
+        q_cal_any = early.logits(emb[cal_idx], [None] * len(cal))
+        calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks, q_cal, q_cal_any)
+        probe = fit_probe(emb, m.Y, m.tasks, enc, cfg.probe_c)
+        probe.save(out / PROBE_FILE)
+        probe_entry = {"file": PROBE_FILE, "encoder": enc, "dim": probe.dim, "C": cfg.probe_c}
+        log(f"probe head: {enc} embeddings ({probe.dim}), LM slopes {np.round(calibration['a'], 3).tolist()}, {time.time() - t1:.0f}s")
+    else:
+        calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
+    P_cal = scores_from_logits(z_task, calibration, cal.tasks, offset=q_cal)
     grid = lambda_grid(P_cal, E_hat, e_ref, 2)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
-    student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log) if cfg.student else None
+    student = None
+    if cfg.student:
+        head = None
+        if probe is not None:
+            def head(texts, tasks, z_t, z_a):  # the shipped router's calibrated logits, task shown / hidden
+                e = embed_queries(texts)
+                none = [None] * len(texts)
+                return (calibrated_logits(z_t, calibration, tasks, offset=probe.logits(e, tasks)),
+                        calibrated_logits(z_a, calibration, none, offset=probe.logits(e, none)))  # fmt: skip
+        student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log, head)
     manifest = Manifest(
         version=_version(), candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
@@ -127,7 +177,7 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]), "e_ref_j": e_ref,
               "target_min": 0.0, "target_max": 1.0,
               "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets]},
-        energy=est, calibration=calibration, student=student,
+        energy=est, calibration=calibration, student=student, probe=probe_entry,
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources)},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
               "calibration_queries": len(cal), "sft_seconds": round(t_sft, 1)},
@@ -142,9 +192,10 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
 
 
 def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray,
-            out: Path, log: Callable[[str], None]) -> dict:  # fmt: skip
+            out: Path, log: Callable[[str], None], head: Callable | None = None) -> dict:  # fmt: skip
     """Fit the student on the LM's slot logits of every training query (task shown and hidden; ``scorer``
-    the lean forward or None); the calibration queries' logits are already computed."""
+    the lean forward or None); the calibration queries' logits are already computed. ``head(texts, tasks,
+    z_task, z_any) -> (u_task, u_any)``: distil these (the calibrated logits, probe included) instead."""
     from .student import fit_student
 
     t0 = time.time()
@@ -152,13 +203,15 @@ def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal:
     z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
     z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])
     texts, all_tasks = list(fit.texts) + list(cal.texts), tasks + [str(t) for t in cal.tasks]
+    if head is not None:
+        z_task, z_any = head(texts, all_tasks, z_task, z_any)
     st = fit_student(texts, all_tasks, z_task, z_any)
     st.save(out / STUDENT_FILE)
     z_hat = st.slot_logits(texts, [None] * len(texts))
     corr = float(np.corrcoef(z_hat.ravel(), z_any.ravel())[0, 1])
     log(f"student: {st.dim} hashed n-gram features, training-fit correlation with the LM {corr:.3f}, {time.time() - t0:.0f}s")
     return {"file": STUDENT_FILE, "dim": st.dim, "ngrams": list(st.ngrams), "tail_chars": st.tail_chars,
-            "train_corr_any": round(corr, 4)}  # fmt: skip
+            "train_corr_any": round(corr, 4), "target": "slot_logit" if head is None else "calibrated_logit"}  # fmt: skip
 
 
 def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None,
@@ -190,17 +243,26 @@ class LMRouterPredictor(_RouterModelPredictor):
     (the reference; ``scorer="student"`` judges the distilled student serving runs by default)."""
 
     def __init__(self, cfg: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None,
-                 scorer: str = "lm") -> None:  # fmt: skip
+                 scorer: str = "lm", share: dict | None = None) -> None:  # fmt: skip
         self.cfg = cfg or TrainConfig()
-        self.log, self.scorer = log, scorer
+        self.log, self.scorer, self.share = log, scorer, share
 
     def fit(self, train) -> "LMRouterPredictor":
+        """Train a checkpoint on ``train`` (or reuse the one another predictor with the same ``share``
+        dict trained on the same queries: one training judged with both scorers)."""
+        import hashlib
         import tempfile
 
         from litellm_energy_router.router.model import RouterModel
 
-        self._dir = tempfile.TemporaryDirectory(prefix="er-cv-")
-        train_matrix(train, self._dir.name, self.cfg, log=self.log)
+        key = hashlib.sha256("\n".join(map(str, train.ids)).encode()).hexdigest()
+        if self.share is not None and self.share.get("key") == key:
+            self._dir = self.share["dir"]
+        else:
+            self._dir = tempfile.TemporaryDirectory(prefix="er-cv-")
+            train_matrix(train, self._dir.name, self.cfg, log=self.log)
+            if self.share is not None:
+                self.share.update(key=key, dir=self._dir)
         self.model = RouterModel(self._dir.name, scorer=self.scorer)
         return self
 

@@ -77,7 +77,9 @@ def eval_cmd(
         if router:
             from ..training.pipeline import LMRouterPredictor
 
-            methods = {"lm_router": LMRouterPredictor, **methods}
+            share: dict = {}  # one training per fold, judged with the LM (reference) and the serving student
+            methods = {"lm_router": lambda: LMRouterPredictor(share=share),
+                       "lm_router (serving student)": lambda: LMRouterPredictor(scorer="student", share=share), **methods}  # fmt: skip
         for name, pred in ckpts.items():
             if pred.model.candidates != m.candidates:
                 fail(f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}")

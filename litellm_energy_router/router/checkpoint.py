@@ -64,7 +64,8 @@ class Manifest(BaseModel):
     knob: dict[str, Any] = Field(description="lambda_min, lambda_max, e_ref_j (J)")
     energy: EnergyEstimate
     calibration: dict[str, Any] = Field(default_factory=dict)
-    student: dict[str, Any] | None = Field(None, description="distilled student: file, features, fit (router/student.py)")
+    student: dict[str, Any] | None = Field(None, description="distilled student: file, features, fit, target (router/student.py)")
+    probe: dict[str, Any] | None = Field(None, description="probe head: file, encoder, dim (router/probe.py)")
     watermark: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)

@@ -38,12 +38,20 @@ def count_prompt_tokens(text: str) -> int:
     return int(round(len(enc.encode(sample)) * len(text) / len(sample)))
 
 
-def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None]) -> np.ndarray:
-    """``slot_logits[n, K]`` = logit(yes) − logit(no) per slot → calibrated P[n, K].
+def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
+                       offset: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Calibrated P[n, K]: ``sigmoid`` of :func:`calibrated_logits`."""
+    return 1.0 / (1.0 + np.exp(-calibrated_logits(slot_logits, calibration, tasks, offset)))
+
+
+def calibrated_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
+                      offset: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """``slot_logits[n, K]`` = logit(yes) − logit(no) per slot → the calibrated logit of P[n, K].
 
     Calibration is Platt scaling per candidate with a per-task intercept (``b_task``; ``b_any`` for
-    unknown tasks such as production traffic, with slope ``a_any``): ``P = sigmoid(a_j * logit + b_{task, j})``. Without a
-    calibration entry the raw sigmoid is returned.
+    unknown tasks such as production traffic, with slope ``a_any``):
+    ``P = sigmoid(a_j * logit + b_{task, j} + offset_j)``, ``offset`` being the probe head's logits
+    (:mod:`.probe`) when the checkpoint has one. Without a calibration entry the slot logits pass unchanged.
     """
     k = slot_logits.shape[1]
     a = np.asarray(calibration.get("a", [1.0] * k), dtype=np.float64)
@@ -54,7 +62,7 @@ def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tas
     slope = np.where(known[:, None], a[None, :], a_any[None, :])
     b = np.stack([b_task.get(t or "", b_any) for t in tasks]) if len(tasks) else np.zeros((0, k))
     z = slope * slot_logits + b
-    return 1.0 / (1.0 + np.exp(-z))
+    return z + offset if offset is not None else z
 
 
 @lru_cache(maxsize=64)
@@ -140,6 +148,7 @@ class RouterModel:
 
         self.scorer = build_slot_scorer(self.model, self.layout.yes_id, self.layout.no_id) if fast else None
         self.student = self._load_student() if scorer == "student" else None
+        self.probe = self._load_probe()
         self._lock = threading.Lock()
         self._torch = torch
 
@@ -156,6 +165,35 @@ class RouterModel:
         if st.n_candidates != len(self.manifest.candidates):
             raise CheckpointError(f"{self.path}: the student has {st.n_candidates} outputs, not {len(self.manifest.candidates)}")
         return st
+
+    def _load_probe(self) -> Any:
+        from .probe import Probe
+
+        entry = self.manifest.probe
+        if not entry:
+            return None
+        try:
+            probe = Probe.load(self.path / str(entry.get("file", "probe.npz")))
+        except (OSError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{self.path}: cannot load the probe head ({str(e).splitlines()[0]})") from None
+        if probe.n_candidates != len(self.manifest.candidates):
+            raise CheckpointError(f"{self.path}: the probe has {probe.n_candidates} outputs, not {len(self.manifest.candidates)}")
+        return probe
+
+    @property
+    def student_is_final(self) -> bool:
+        """True when the student was distilled on the calibrated logits (probe head included), so its
+        output needs no calibration and no encoder."""
+        return self.student is not None and (self.manifest.student or {}).get("target") == "calibrated_logit"
+
+    def probe_logits(self, texts: Sequence[str], tasks: Sequence[str | None]) -> np.ndarray | None:
+        """The probe head's logits [n, K] (None without a probe); embeds the query blocks."""
+        if self.probe is None:
+            return None
+        from .encoder import get_encoder, query_block
+
+        emb = get_encoder(self.probe.encoder).embed([query_block(t) for t in texts])
+        return self.probe.logits(emb, tasks)
 
     @property
     def scorer_name(self) -> str:
@@ -178,8 +216,10 @@ class RouterModel:
     def score(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None) -> np.ndarray:
         """Calibrated P[n, K] in [0, 1] (the student's when one is loaded, else the LM's)."""
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
+        if self.student_is_final:
+            return 1.0 / (1.0 + np.exp(-self.student.slot_logits(texts, tasks)))
         z = self.student.slot_logits(texts, tasks) if self.student is not None else self.slot_logits(texts, tasks)
-        return scores_from_logits(z, self.manifest.calibration, tasks)
+        return scores_from_logits(z, self.manifest.calibration, tasks, offset=self.probe_logits(texts, tasks))
 
     def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip

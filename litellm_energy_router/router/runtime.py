@@ -197,7 +197,7 @@ class RouterRuntime:
         if hit is not None:
             return hit
         model = self._model
-        if model is not None and model.student is not None:
+        if model is not None and model.student is not None and (model.probe is None or model.student_is_final):
             # the student is a bounded numpy pass (tens of µs): cheaper in place than a hop to the worker
             return self._score_now(key, text, task)
         loop = asyncio.get_running_loop()
