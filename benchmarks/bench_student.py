@@ -1,12 +1,13 @@
-"""Fidelity of the distilled student to the LM router, on one cross-validation fold.
+"""Fidelity of the distilled student to the router it was distilled from, on one cross-validation fold.
 
     python benchmarks/bench_student.py [--checkpoint DIR] [--fold 0]
 
-Trains the LM router with the defaults of ``energy-router train`` on the training part of one 5-fold
-split of the bundled RouterBench rows (or loads ``--checkpoint``, trained on that same part), fits the
-student as ``train`` does, and compares the two on the held-out queries, with the task shown and hidden
-(serving scores production traffic without a task): mean |ΔP|, decision agreement at λ over the
-checkpoint's knob range, and the AIQ of each (λ sweep, same Ê).
+Trains the router with the defaults of ``energy-router train`` on the training part of one fold of the
+``energy-router eval`` split of the bundled RouterBench rows (or loads ``--checkpoint``, trained on that
+same part) and compares its two scorers on the held-out queries, with the task shown and hidden (serving
+scores production traffic without a task): ``router.scorer: lm`` (LM + probe head, the reference) and the
+serving student: mean |ΔP|, decision agreement at λ over the checkpoint's knob range, and the AIQ of each
+(λ sweep, same Ê).
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from litellm_energy_router.router.decide import decide_lambda, knob_sweep  # noqa: E402
-from litellm_energy_router.router.model import RouterModel, scores_from_logits  # noqa: E402
+from litellm_energy_router.router.model import RouterModel  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
-from litellm_energy_router.training.data import kfold  # noqa: E402
+from litellm_energy_router.training.data import kfold, near_duplicate_groups  # noqa: E402
 from litellm_energy_router.training.evaluate import aiq, sweep_lambda  # noqa: E402
 from litellm_energy_router.training.pipeline import TrainConfig, train_matrix  # noqa: E402
-from litellm_energy_router.training.student import fit_student  # noqa: E402
 
 
 def main() -> None:
@@ -35,25 +35,24 @@ def main() -> None:
     ap.add_argument("--fold", type=int, default=0)
     args = ap.parse_args()
     m = routerbench_matrix()
-    tr, te = kfold(m.ids, 5, seed=0, groups=m.tasks)[args.fold]
+    tr, te = kfold(near_duplicate_groups(m.texts, m.ids, m.tasks), 5, seed=0, groups=m.tasks)[args.fold]
     train, test = m.subset(tr), m.subset(te)
     ck = args.checkpoint
     if ck is None:
         ck = tempfile.mkdtemp(prefix="er-student-")
         t0 = time.time()
         train_matrix(train, ck, TrainConfig(), log=lambda s: None)
-        print(f"trained the LM router on {train.n} queries in {time.time() - t0:.0f} s")
-    lm = RouterModel(ck, scorer="lm")
-    tasks_tr, tasks_te = [str(t) for t in train.tasks], [str(t) for t in test.tasks]
-    st = fit_student(train.texts, tasks_tr, lm.slot_logits(train.texts, tasks_tr), lm.slot_logits(train.texts, [None] * train.n))
+        print(f"trained the router on {train.n} queries in {time.time() - t0:.0f} s")
+    lm, st = RouterModel(ck, scorer="lm"), RouterModel(ck)
+    if st.student is None:
+        raise SystemExit(f"{ck}: the checkpoint ships no student")
+    tasks_te = [str(t) for t in test.tasks]
     Eh = lm.energy(test.texts, tasks_te, prompt_tokens=list(test.prompt_tokens))
     e_ref, x_max = float(lm.manifest.knob["e_ref_j"]), float(test.E.mean(axis=0).max())
     lams = knob_sweep(lm.manifest.knob, 6)
-    cal = lm.manifest.calibration
     print(f"fold {args.fold}: {test.n} held-out queries; λ = {np.round(lams, 4).tolist()}")
     for label, tk in (("task shown", tasks_te), ("task hidden", [None] * test.n)):
-        P_lm = scores_from_logits(lm.slot_logits(test.texts, tk), cal, tk)
-        P_st = scores_from_logits(st.slot_logits(test.texts, tk), cal, tk)
+        P_lm, P_st = lm.score(test.texts, tk), st.score(test.texts, tk)
         agree = [float((decide_lambda(P_st, Eh, lam, e_ref) == decide_lambda(P_lm, Eh, lam, e_ref)).mean()) for lam in lams]
         a_lm = aiq(*(lambda c: (c.energy_j, c.accuracy))(sweep_lambda(P_lm, Eh, test.Y, test.E, e_ref)[0]), x_max)
         a_st = aiq(*(lambda c: (c.energy_j, c.accuracy))(sweep_lambda(P_st, Eh, test.Y, test.E, e_ref)[0]), x_max)

@@ -209,7 +209,7 @@ def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal:
     st.save(out / STUDENT_FILE)
     z_hat = st.slot_logits(texts, [None] * len(texts))
     corr = float(np.corrcoef(z_hat.ravel(), z_any.ravel())[0, 1])
-    log(f"student: {st.dim} hashed n-gram features, training-fit correlation with the LM {corr:.3f}, {time.time() - t0:.0f}s")
+    log(f"student: {st.dim} hashed n-gram features, training-fit correlation with its target {corr:.3f}, {time.time() - t0:.0f}s")
     return {"file": STUDENT_FILE, "dim": st.dim, "ngrams": list(st.ngrams), "tail_chars": st.tail_chars,
             "train_corr_any": round(corr, 4), "target": "slot_logit" if head is None else "calibrated_logit"}  # fmt: skip
 
