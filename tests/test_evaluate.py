@@ -220,6 +220,10 @@ def test_near_duplicates_share_a_group_key_within_a_task_only():
     assert g[0] == g[1] == "w1"  # the twins: key is the group's smallest id
     assert list(g[2:]) == ["m1", "a1", "z1", "p1", "p2"]  # unrelated, other task, and text-less rows stand alone
     assert near_duplicate_groups(texts, ids, tasks, threshold=1.0)[0] == "w2"  # a changed word: not identical
+    same = ["What is the capital of France? Answer in one word please"] * 30
+    g = near_duplicate_groups(same, [f"s{i}" for i in range(30)], ["t"] * 30)
+    assert len(set(g)) == 30  # a component larger than max_size (templated traffic) is not grouped
+    assert len(set(near_duplicate_groups(same, [f"s{i}" for i in range(30)], ["t"] * 30, max_size=30))) == 1
 
 
 def test_splits_keep_near_duplicates_on_one_side():

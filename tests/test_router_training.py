@@ -119,8 +119,45 @@ def test_train_cli_quick(tmp_path):
     r = _cli("train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck"), "--quick")
     assert r.returncode == 0, r.stderr
     assert "calibration Brier" in r.stdout and (tmp_path / "ck" / "manifest.json").exists()
+    assert read_manifest(tmp_path / "ck").probe["encoder"] == "all-MiniLM-L6-v2"
     empty = _cli("train", "--db", f"sqlite:///{tmp_path / 'empty.db'}", "--out", str(tmp_path / "ck2"), "--quick")
     assert empty.returncode == 2 and "fully labelled queries" in empty.stderr
+    r = _cli("train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck3"), "--quick", "--probe-c", "0")
+    assert r.returncode == 0, r.stderr
+    man = read_manifest(tmp_path / "ck3")  # the LM alone: per-task Platt intercepts, a student of its slot logits
+    assert man.probe is None and "offset" not in man.calibration and man.student["target"] == "slot_logit"
+    assert not (tmp_path / "ck3" / "probe.npz").exists()
+    P = RouterModel(tmp_path / "ck3").score(["Give a proof about tea number 3"])
+    assert P.shape == (1, len(man.candidates)) and np.isfinite(P).all()
+
+
+def test_calibration_split_keeps_near_duplicates_together():
+    from router_fixtures import planted_rows
+
+    from litellm_energy_router.training.data import load_matrix, near_duplicate_groups
+    from litellm_energy_router.training.pipeline import calibration_split
+
+    store = open_store("sqlite://")
+    c, q, runs = planted_rows(60)
+    from litellm_energy_router.table import make_query
+
+    rng = np.random.default_rng(1)
+    words = [f"w{i}" for i in range(300)]
+    bases = [" ".join(rng.choice(words, 12, replace=False)) for _ in range(len(q) // 2)]
+    # pairs of twins: the same sentence, the last word changed
+    q = [make_query(x.id, x.task, f"{bases[i // 2]} because it was too {('big', 'small')[i % 2]}", source="tournament")
+         for i, x in enumerate(q)]  # fmt: skip
+    store.write(q, runs, candidates=c)
+    m = load_matrix(store)
+    fit, cal = calibration_split(m, 0.2, seed=0)
+    assert set(fit).isdisjoint(cal) and len(fit) + len(cal) == m.n and 0.15 * m.n <= len(cal) <= 0.3 * m.n
+    g = near_duplicate_groups(m.texts, m.ids, m.tasks)
+    assert len(set(g)) == m.n // 2
+    assert {g[i] for i in fit}.isdisjoint({g[i] for i in cal})
+    same = load_matrix(store)  # one giant group (every text alike): still a usable split, by query
+    same.texts = ["the same question"] * same.n
+    fit, cal = calibration_split(same, 0.2, seed=0)
+    assert len(cal) == 12 and len(fit) == 48
 
 
 def test_grpo_reward_is_a_table_lookup_and_stage_runs(tmp_path):

@@ -213,7 +213,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks: Sequence[str] | None = None,
-                          *, threshold: float = 0.8) -> np.ndarray:  # fmt: skip
+                          *, threshold: float = 0.8, max_size: int = 20) -> np.ndarray:  # fmt: skip
     """One group key per row: rows whose queries are near-duplicates share a key (the smallest query id of
     the group), so a split on these keys never puts two near-duplicates on opposite sides.
 
@@ -221,7 +221,8 @@ def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks
     when the Jaccard similarity of their word sets is >= ``threshold``; groups are the connected
     components. Only rows of the same task (when ``tasks`` is given) are compared. WinoGrande is built
     from such twins (one word changed, the answer flipped), which a split by query alone spreads over
-    train and test.
+    train and test. A component larger than ``max_size`` rows (templated traffic chaining through shared
+    words) is not a twin set: its rows keep their own ids, so no split degenerates.
     """
     from scipy.sparse import csr_matrix
 
@@ -258,10 +259,12 @@ def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)
     key: dict[int, str] = {}
+    size: dict[int, int] = {}
     for i in range(n):
         root = find(i)
         key[root] = min(key.get(root, ids[i]), ids[i])
-    return np.array([key[find(i)] for i in range(n)], dtype=object)
+        size[root] = size.get(root, 0) + 1
+    return np.array([key[find(i)] if size[find(i)] <= max_size else ids[i] for i in range(n)], dtype=object)
 
 
 def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout",

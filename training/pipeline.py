@@ -93,8 +93,13 @@ def calibration_split(m: Matrix, fraction: float, seed: int = 0) -> tuple[np.nda
     for i in perm:
         if count >= n_cal:
             break
+        if count + size[uniq[i]] > max(1.5 * n_cal, n_cal + 1):
+            continue  # a group too large for the calibration share stays in SFT
         chosen.add(uniq[i])
         count += size[uniq[i]]
+    if count == 0 or count >= len(m):  # degenerate grouping: fall back to a split by query
+        order = np.random.default_rng(seed).permutation(len(m))
+        return np.sort(order[n_cal:]), np.sort(order[:n_cal])
     cal = np.array([k in chosen for k in keys.astype(str)])
     return np.flatnonzero(~cal), np.flatnonzero(cal)
 

@@ -26,8 +26,10 @@ def train_cmd(
     epochs: Optional[float] = typer.Option(None, "--epochs", help="SFT epochs (default from TrainConfig)"),
     candidates: Optional[str] = typer.Option(None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"),
     grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
+    probe_c: Optional[float] = typer.Option(None, "--probe-c", min=0,
+                                            help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone"),  # fmt: skip
 ) -> None:
-    """Train the LM router from the table (TRL SFT + calibration) and write a checkpoint."""
+    """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint."""
     from ..training.backbones import BackboneSpec
     from ..training.pipeline import TrainConfig, TrainingDataError, train
 
@@ -42,6 +44,8 @@ def train_cmd(
         cfg.grpo = GRPOStageConfig(steps=grpo_steps)
     if candidates:
         cfg.candidates = [c.strip() for c in candidates.split(",") if c.strip()]
+    if probe_c is not None:
+        cfg.probe_c = probe_c or None
     t0 = time.time()
     with _store(db_url(db, config)) as store, progress_bar() as bar:
         task = bar.add_task("SFT", total=None)
