@@ -153,32 +153,27 @@ class RouterModel:
         self._torch = torch
 
     def _load_student(self) -> Any:
-        from .student import Student
+        from .student import STUDENT_FILE, Student
 
-        entry = self.manifest.student
-        if not entry:
-            return None
-        try:
-            st = Student.load(self.path / str(entry.get("file", "student.npz")))
-        except (OSError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{self.path}: cannot load the student ({str(e).splitlines()[0]})") from None
-        if st.n_candidates != len(self.manifest.candidates):
-            raise CheckpointError(f"{self.path}: the student has {st.n_candidates} outputs, not {len(self.manifest.candidates)}")
-        return st
+        return self._load_part(self.manifest.student, STUDENT_FILE, Student.load, "student")
 
     def _load_probe(self) -> Any:
-        from .probe import Probe
+        from .probe import PROBE_FILE, Probe
 
-        entry = self.manifest.probe
+        return self._load_part(self.manifest.probe, PROBE_FILE, Probe.load, "probe head")
+
+    def _load_part(self, entry: dict | None, default_file: str, load: Any, what: str) -> Any:
+        """A numpy part of the checkpoint named by its manifest ``entry`` (None when absent); refuses a
+        file that does not load or does not have one output per candidate."""
         if not entry:
             return None
         try:
-            probe = Probe.load(self.path / str(entry.get("file", "probe.npz")))
+            part = load(self.path / str(entry.get("file", default_file)))
         except (OSError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{self.path}: cannot load the probe head ({str(e).splitlines()[0]})") from None
-        if probe.n_candidates != len(self.manifest.candidates):
-            raise CheckpointError(f"{self.path}: the probe has {probe.n_candidates} outputs, not {len(self.manifest.candidates)}")
-        return probe
+            raise CheckpointError(f"{self.path}: cannot load the {what} ({str(e).splitlines()[0]})") from None
+        if part.n_candidates != len(self.manifest.candidates):
+            raise CheckpointError(f"{self.path}: the {what} has {part.n_candidates} outputs, not {len(self.manifest.candidates)}")
+        return part
 
     @property
     def student_is_final(self) -> bool:
