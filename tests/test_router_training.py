@@ -205,3 +205,17 @@ def test_eval_cli_judges_a_given_checkpoint_on_held_out_rows(planted_ckpt, tmp_p
     bad = _cli("eval", "--db", f"sqlite:///{tmp_path / 'held.db'}", "--out", str(out), "--no-router",
                "--checkpoint", str(tmp_path / "nope"))  # fmt: skip
     assert bad.returncode == 2 and "manifest.json" in bad.stderr
+
+
+def test_calibration_keeps_the_lm_slope_non_negative():
+    from litellm_energy_router.training.calibrate import fit_calibration
+
+    rng = np.random.default_rng(0)
+    n = 400
+    Y = (rng.random((n, 2)) < 0.5).astype(float)
+    q = np.zeros((n, 2))  # the probe knows nothing
+    # candidate 0: the LM's logit rises with correctness; candidate 1: it falls (a calibration set's noise)
+    z = np.column_stack([2 * Y[:, 0] - 1, 1 - 2 * Y[:, 1]]) + rng.normal(0, 0.5, (n, 2))
+    cal = fit_calibration(z, z, Y, ["t"] * n, q, q)
+    assert cal["a"][0] > 1 and cal["a_any"][0] > 1  # real signal is used
+    assert cal["a"][1] == 0 and cal["a_any"][1] == 0  # an upside-down LM is ignored, never inverted

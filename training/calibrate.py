@@ -8,7 +8,7 @@ prior and the within-task signal the embedding holds.
 logit(yes) − logit(no) of slot j:
 
 * with a probe: ``P_j = sigmoid(q_j + a_j * (z_j − mean_task z_j))``: the LM adds its within-task
-  deviation on top of the probe's logit ``q_j`` (one slope per candidate; the task levels stay the
+  deviation on top of the probe's logit ``q_j`` (one slope ``a_j >= 0`` per candidate; the task levels stay the
   probe's, fitted on all training queries, not re-estimated on the few calibration queries);
 * without: ``P_j = sigmoid(a_j * z_j + b_{task, j})``, one intercept per known task.
 
@@ -37,7 +37,10 @@ def _logreg(X: np.ndarray, y: np.ndarray, l2: float = 1e-2, iters: int = 50) -> 
 
 
 def _slope_with_offset(x: np.ndarray, offset: np.ndarray, y: np.ndarray, l2: float = 1e-2, iters: int = 50) -> float:
-    """``a`` maximising the penalised likelihood of ``y`` under ``sigmoid(offset + a * x)``."""
+    """``a >= 0`` maximising the penalised likelihood of ``y`` under ``sigmoid(offset + a * x)``. SFT
+    trained ``x`` to rise with correctness, so a negative slope is noise of a small calibration set
+    (it would turn the LM's signal upside down); the likelihood is concave in ``a``, so the
+    constrained optimum is the unconstrained one clipped at 0."""
     a = 0.0
     for _ in range(iters):
         p = 1.0 / (1.0 + np.exp(-(offset + a * x)))
@@ -45,7 +48,7 @@ def _slope_with_offset(x: np.ndarray, offset: np.ndarray, y: np.ndarray, l2: flo
         a -= step
         if abs(step) < 1e-10:
             break
-    return a
+    return max(a, 0.0)
 
 
 def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str],

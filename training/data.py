@@ -272,17 +272,19 @@ def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str =
     """(train_idx, test_idx) by a stable hash of each query id: a held-out query stays held out as the
     table grows, so a held-out set used to compare checkpoints never leaks into later training.
 
-    ``groups`` (e.g. :func:`near_duplicate_groups`): a row is held out when any row of its group hashes
-    into the held-out share, so near-duplicates never straddle the split.
+    ``groups`` (e.g. :func:`near_duplicate_groups`, whose key is the group's smallest query id): rows
+    take the side of their group key's hash, so near-duplicates never straddle the split and the
+    held-out share stays ``test_fraction`` of the groups. A group moves only when a later query with a
+    smaller id joins it; a gate comparing checkpoints on the new held-out set then at worst judges the
+    serving checkpoint on queries it trained on, which favours keeping it (never a false promotion).
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction={test_fraction}: must be in (0, 1)")
-    u = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:8], "big") / 2**64 for i in ids])
+    keys = [str(i) for i in ids] if groups is None else [str(g) for g in groups]
+    if len(keys) != len(ids):
+        raise ValueError(f"groups has {len(keys)} entries for {len(ids)} ids")
+    u = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{k}".encode()).digest()[:8], "big") / 2**64 for k in keys])
     test = u < test_fraction
-    if groups is not None and len(test):
-        g = np.asarray(list(groups), dtype=object).astype(str)
-        held = set(g[test].tolist())
-        test = np.array([x in held for x in g])
     return np.flatnonzero(~test), np.flatnonzero(test)
 
 
