@@ -344,6 +344,21 @@ def test_report_files_written(tmp_path):
     n_rows = sum(len(m.curve.knob) + (len(m.target_curve.knob) if m.target_curve is not None else 0) for m in ev.methods)
     assert len(lines) == 1 + n_rows
     assert paths["pareto.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Calibration of the predicted P" in md and "| perfect | 0.0000 | 0.0000 |" in md
+
+
+def test_calibration_reliability_bins():
+    from litellm_energy_router.training.evaluate import calibration
+
+    rng = np.random.default_rng(0)
+    P = rng.random((4000, 3))
+    Y = (rng.random(P.shape) < P).astype(float)  # outcomes drawn at the predicted rate: calibrated
+    good = calibration(P, Y)
+    assert len(good.bins) == 10 and sum(b[2] for b in good.bins) == P.size
+    assert good.ece < 0.03 and all(abs(mp - obs) < 0.06 for _, _, _, mp, obs in good.bins)
+    assert abs(good.brier - np.mean((P - Y) ** 2)) < 1e-12
+    over = calibration(np.clip(P + 0.3, 0, 1), Y)  # over-confident by 0.3 where not clipped
+    assert over.ece > 0.2 and over.brier > good.brier
 
 
 def test_eval_command_writes_report_and_rejects_bad_input(sqlite_url, tmp_path):

@@ -200,6 +200,36 @@ class MethodResult:
     aiq_folds: list[float] = field(default_factory=list)
     phase: Phase | None = None
     kind: str = "router"  # router | zero | random | oracle
+    calibration: "Calibration | None" = None  # of the predicted P (routers only)
+
+
+@dataclass
+class Calibration:
+    """How well a router's predicted success probabilities ``P[n, K]`` match the outcomes.
+
+    ``brier``: mean squared error of P against the scores (lower is better). ``ece``: expected
+    calibration error, the count-weighted mean of |mean P − observed success| over ``bins`` equal-width
+    bins of P. ``bins``: the reliability table, one ``(lo, hi, count, mean_p, observed)`` per non-empty bin.
+    """
+
+    brier: float
+    ece: float
+    bins: list[tuple[float, float, int, float, float]]
+
+
+def calibration(P: np.ndarray, Y: np.ndarray, n_bins: int = 10) -> Calibration:
+    """The :class:`Calibration` of ``P`` against outcomes ``Y`` (same shape, scores in [0, 1]), every
+    (query, candidate) pair one forecast."""
+    p, y = np.asarray(P, dtype=np.float64).ravel(), np.asarray(Y, dtype=np.float64).ravel()
+    idx = np.minimum((np.clip(p, 0, 1) * n_bins).astype(int), n_bins - 1)
+    bins, ece = [], 0.0
+    for b in range(n_bins):
+        sel = idx == b
+        if sel.any():
+            mp, obs = float(p[sel].mean()), float(y[sel].mean())
+            bins.append((b / n_bins, (b + 1) / n_bins, int(sel.sum()), mp, obs))
+            ece += sel.sum() / len(p) * abs(mp - obs)
+    return Calibration(float(np.mean((p - y) ** 2)), float(ece), bins)
 
 
 @dataclass
@@ -314,7 +344,7 @@ def evaluate(
             per_fold.append(aiq(fc.energy_j, fc.accuracy, float(E[idx].mean(axis=0).max())))
         hx, hy = tc.hull()
         add(name, curve, "router", target_curve=tc, aiq_target=hull_area(hx, hy, x_max) / x_max, aiq_folds=per_fold,
-            phase=phase_transition(curve, se, candidates))  # fmt: skip
+            phase=phase_transition(curve, se, candidates), calibration=calibration(P, Y))  # fmt: skip
     return ev
 
 

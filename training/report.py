@@ -65,6 +65,26 @@ def paired_lines(ev: Evaluation, reference: str = "task_prior") -> list[str]:
     return out
 
 
+def calibration_tables(ev: Evaluation) -> str:
+    """Brier score, ECE and the reliability table (mean predicted P → observed success, per P bin) of
+    every router's predicted P, each (query, candidate) pair one forecast."""
+    rs = [m for m in _routers(ev) if m.calibration is not None]
+    if not rs:
+        return ""
+    lines = ["| method | Brier | ECE |", "|---|---|---|"]
+    lines += [f"| {m.name} | {m.calibration.brier:.4f} | {m.calibration.ece:.4f} |" for m in rs]
+    edges = sorted({(lo, hi) for m in rs for lo, hi, *_ in m.calibration.bins})
+    lines += ["", "Reliability: mean predicted P → observed success (pairs) per bin of P.", "",
+              "| P bin | " + " | ".join(m.name for m in rs) + " |", "|" + "---|" * (len(rs) + 1)]  # fmt: skip
+    for lo, hi in edges:
+        cells = []
+        for m in rs:
+            hit = [b for b in m.calibration.bins if (b[0], b[1]) == (lo, hi)]
+            cells.append(f"{hit[0][3]:.2f} → {hit[0][4]:.2f} ({hit[0][2]})" if hit else "–")
+        lines.append(f"| {lo:.1f}–{hi:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def static_table(ev: Evaluation) -> str:
     lines = ["| candidate | accuracy | mean J |", "|---|---|---|"]
     for c, a, e in zip(ev.candidates, ev.static_accuracy, ev.static_energy):
@@ -79,6 +99,7 @@ def write_markdown(ev: Evaluation, path: Path, title: str, extra: str = "") -> N
         f"{ev.n} held-out queries × {len(ev.candidates)} candidates{folds}. x_max = {ev.x_max:.2f} J.", "",
         "## Methods", "", summary_table(ev), "",
         "## Always one candidate", "", static_table(ev), "",
+        *(["## Calibration of the predicted P", "", cal, ""] if (cal := calibration_tables(ev)) else []),
         "![pareto](pareto.png)", "", "![phase](phase.png)", "",
         DEFINITIONS, "",
     ]  # fmt: skip
