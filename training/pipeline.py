@@ -41,7 +41,8 @@ class TrainConfig:
         backbone: which backbone to build (``tiny``, ``minilm``, ``hf:<id>``) and its size.
         sft: SFT stage hyper-parameters.
         grpo: GRPO stage (λ-conditioned choice policy) after SFT, or ``None`` to skip it. Off by default:
-            it has not been shown to improve the held-out curve over SFT + calibration (see README).
+            measured on the held-out curve it does not improve on SFT alone (README: GRPO vs SFT alone,
+            ``benchmarks/grpo_vs_sft.py``).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the calibration.
         student: distil the router into the serving student (``student.npz``; README: fidelity of the student).
