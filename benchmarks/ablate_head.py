@@ -40,6 +40,17 @@ from litellm_energy_router.training.pipeline import TrainConfig, calibration_spl
 METHODS = ("shipped (LM scorer)", "shipped (student)", "LM + Platt", "probe only", "task prior")
 
 
+def lm_platt_scores(lm: RouterModel, train, cfg: TrainConfig, texts: list[str], tasks: list[str]) -> np.ndarray:
+    """P[n, K] of the checkpoint's LM alone: its slot logits with per-task Platt intercepts fitted on the
+    checkpoint's calibration queries (the head of ``TrainConfig(probe_c=None)``)."""
+    _, cal_idx = calibration_split(train, cfg.calib_fraction, cfg.seed)
+    cal = train.take(cal_idx)
+    z_cal = lm.slot_logits(list(cal.texts), [str(t) for t in cal.tasks])
+    z_any = lm.slot_logits(list(cal.texts), [UNKNOWN_TASK] * cal.n)
+    platt = fit_calibration(z_cal, z_any, cal.Y, [str(t) for t in cal.tasks])
+    return scores_from_logits(lm.slot_logits(texts, tasks), platt, tasks)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--folds", type=int, default=5)
@@ -60,12 +71,7 @@ def main() -> None:
             lm, student = RouterModel(d, scorer="lm"), RouterModel(d)
             P["shipped (LM scorer)"][te] = lm.score(texts, tasks)
             P["shipped (student)"][te] = student.score(texts, tasks)
-            _, cal_idx = calibration_split(train, cfg.calib_fraction, cfg.seed)
-            cal = train.take(cal_idx)
-            z_cal = lm.slot_logits(list(cal.texts), [str(t) for t in cal.tasks])
-            z_any = lm.slot_logits(list(cal.texts), [UNKNOWN_TASK] * cal.n)
-            platt = fit_calibration(z_cal, z_any, cal.Y, [str(t) for t in cal.tasks])
-            P["LM + Platt"][te] = scores_from_logits(lm.slot_logits(texts, tasks), platt, tasks)
+            P["LM + Platt"][te] = lm_platt_scores(lm, train, cfg, texts, tasks)
             P["probe only"][te] = 1.0 / (1.0 + np.exp(-lm.probe_logits(texts, tasks)))
             P["task prior"][te] = task_prior(train, tasks)
             Eh[te] = lm.energy(texts, tasks, prompt_tokens=list(test.prompt_tokens))

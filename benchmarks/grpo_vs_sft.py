@@ -28,27 +28,21 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from litellm_energy_router.router.format import UNKNOWN_TASK  # noqa: E402
-from litellm_energy_router.router.model import RouterModel, scores_from_logits  # noqa: E402
+from ablate_head import lm_platt_scores  # noqa: E402  (this folder is on sys.path when run as a script)
+from litellm_energy_router.router.model import RouterModel  # noqa: E402
 from litellm_energy_router.training.baselines import task_prior  # noqa: E402
-from litellm_energy_router.training.calibrate import fit_calibration  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.data import kfold, near_duplicate_groups  # noqa: E402
 from litellm_energy_router.training.evaluate import Curve, aiq, evaluate, hull_value, joules_at_accuracy  # noqa: E402
 from litellm_energy_router.training.grpo import GRPOStageConfig, choice_logits  # noqa: E402
-from litellm_energy_router.training.pipeline import TrainConfig, calibration_split, train_matrix  # noqa: E402
+from litellm_energy_router.training.pipeline import TrainConfig, train_matrix  # noqa: E402
 
 
 def _heads(d: str, train, test, cfg: TrainConfig) -> tuple[RouterModel, np.ndarray, np.ndarray]:
     """(LM-scorer model, P of the shipped head, P of the LM alone with per-task Platt) on ``test``."""
     texts, tasks = list(test.texts), [str(t) for t in test.tasks]
     lm = RouterModel(d, scorer="lm")
-    _, cal_idx = calibration_split(train, cfg.calib_fraction, cfg.seed)
-    cal = train.take(cal_idx)
-    z_cal = lm.slot_logits(list(cal.texts), [str(t) for t in cal.tasks])
-    z_any = lm.slot_logits(list(cal.texts), [UNKNOWN_TASK] * cal.n)
-    platt = fit_calibration(z_cal, z_any, cal.Y, [str(t) for t in cal.tasks])
-    return lm, lm.score(texts, tasks), scores_from_logits(lm.slot_logits(texts, tasks), platt, tasks)
+    return lm, lm.score(texts, tasks), lm_platt_scores(lm, train, cfg, texts, tasks)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .baselines import BASELINES, Predictor, brier, make_baseline
+from .baselines import BASELINES, Predictor, make_baseline
 from .data import TableMatrix, estimate_energy, fit_energy_estimate, kfold, load_matrix, near_duplicate_groups
 from .evaluate import Evaluation, evaluate
 
@@ -80,7 +80,7 @@ def cross_validate(
     ev = evaluate(m.Y, m.E, routers, m.candidates, e_ref=float(np.mean(e_refs)), n_points=n_points, folds=[te for _, te in splits])
     for name in methods:
         chosen = f"; hyperparameters per fold: {params[name]}" if params[name] else ""
-        ev.notes.append(f"{name}: fit+predict {secs[name]:.1f} s over {folds} folds; held-out Brier {brier(P[name], m.Y):.4f}{chosen}")
+        ev.notes.append(f"{name}: fit+predict {secs[name]:.1f} s over {folds} folds; held-out Brier {ev.method(name).calibration.brier:.4f}{chosen}")
     return ev
 
 

@@ -76,11 +76,9 @@ def calibration_tables(ev: Evaluation) -> str:
     edges = sorted({(lo, hi) for m in rs for lo, hi, *_ in m.calibration.bins})
     lines += ["", "Reliability: mean predicted P → observed success (pairs) per bin of P.", "",
               "| P bin | " + " | ".join(m.name for m in rs) + " |", "|" + "---|" * (len(rs) + 1)]  # fmt: skip
+    by_edge = [{(lo, hi): (n, mp, obs) for lo, hi, n, mp, obs in m.calibration.bins} for m in rs]
     for lo, hi in edges:
-        cells = []
-        for m in rs:
-            hit = [b for b in m.calibration.bins if (b[0], b[1]) == (lo, hi)]
-            cells.append(f"{hit[0][3]:.2f} → {hit[0][4]:.2f} ({hit[0][2]})" if hit else "–")
+        cells = [f"{c[1]:.2f} → {c[2]:.2f} ({c[0]})" if (c := bins.get((lo, hi))) else "–" for bins in by_edge]
         lines.append(f"| {lo:.1f}–{hi:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
