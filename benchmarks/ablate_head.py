@@ -28,8 +28,10 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J  # noqa: E402
 from litellm_energy_router.router.format import UNKNOWN_TASK  # noqa: E402
-from litellm_energy_router.router.model import RouterModel, scores_from_logits  # noqa: E402
+from litellm_energy_router.router.model import RouterModel  # noqa: E402
+from litellm_energy_router.router.scoring import scores_from_logits  # noqa: E402
 from litellm_energy_router.training.baselines import task_prior  # noqa: E402
 from litellm_energy_router.training.calibrate import fit_calibration  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
@@ -75,7 +77,7 @@ def main() -> None:
             P["probe only"][te] = 1.0 / (1.0 + np.exp(-lm.probe_logits(texts, tasks)))
             P["task prior"][te] = task_prior(train, tasks)
             Eh[te] = lm.energy(texts, tasks, prompt_tokens=list(test.prompt_tokens))
-            e_refs.append(float(lm.manifest.knob["e_ref_j"]))
+            e_refs.append(DEFAULT_E_REF_J)
         print(f"fold {f + 1}/{len(splits)}: {time.time() - t0:.0f} s", flush=True)
     ev = evaluate(m.Y, m.E, {k: (P[k], Eh) for k in METHODS}, m.candidates, e_ref=float(np.mean(e_refs)),
                   folds=[te for _, te in splits])  # fmt: skip

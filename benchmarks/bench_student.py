@@ -21,7 +21,7 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from litellm_energy_router.router.decide import decide_lambda, knob_sweep  # noqa: E402
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda, knob_sweep  # noqa: E402
 from litellm_energy_router.router.model import RouterModel  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.data import kfold, near_duplicate_groups  # noqa: E402
@@ -48,7 +48,7 @@ def main() -> None:
         raise SystemExit(f"{ck}: the checkpoint ships no student")
     tasks_te = [str(t) for t in test.tasks]
     Eh = lm.energy(test.texts, tasks_te, prompt_tokens=list(test.prompt_tokens))
-    e_ref, x_max = float(lm.manifest.knob["e_ref_j"]), float(test.E.mean(axis=0).max())
+    e_ref, x_max = DEFAULT_E_REF_J, float(test.E.mean(axis=0).max())
     lams = knob_sweep(lm.manifest.knob, 6)
     print(f"fold {args.fold}: {test.n} held-out queries; λ = {np.round(lams, 4).tolist()}")
     for label, tk in (("task shown", tasks_te), ("task hidden", [None] * test.n)):

@@ -29,6 +29,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from ablate_head import lm_platt_scores  # noqa: E402  (this folder is on sys.path when run as a script)
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J  # noqa: E402
 from litellm_energy_router.router.model import RouterModel  # noqa: E402
 from litellm_energy_router.training.baselines import task_prior  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
@@ -81,7 +82,7 @@ def main() -> None:
                                             for b in range(len(buckets))]))  # fmt: skip
             P["task prior"][te] = task_prior(train, tasks)
             Eh[te] = lm.energy(texts, tasks, prompt_tokens=list(test.prompt_tokens))
-            e_refs.append(float(lm.manifest.knob["e_ref_j"]))
+            e_refs.append(DEFAULT_E_REF_J)
         print(f"fold {f + 1}/{len(splits)}: {time.time() - t0:.0f} s", flush=True)
     Y, E = m.Y[rows], m.E[rows]
     ev = evaluate(Y, E, {k: (P[k][rows], Eh[rows]) for k in names}, m.candidates, e_ref=float(np.mean(e_refs)))

@@ -24,8 +24,9 @@ class Decision:
         deployment_id: LiteLLM ``model_info.id`` of the chosen deployment, when known.
         scores: predicted probability of a correct answer per candidate, in [0, 1].
         energy_j: estimated joules per candidate for this prompt (J).
-        lambda_: energy weight used (1/J after normalisation by the reference joules), or None.
+        lambda_: energy weight used (accuracy given up per ``knob.e_ref_j`` joules), or None.
         target_accuracy: accuracy target used, or None.
+        max_energy_j: energy budget per request used (J, estimated), or None.
         propensity: probability that this policy picks ``candidate`` for this request, in (0, 1].
         router_version: checkpoint version that decided.
         fallback: why the router did not decide (``None`` when it did): e.g. "timeout", "error".
@@ -38,6 +39,7 @@ class Decision:
     energy_j: dict[str, float] = field(default_factory=dict)
     lambda_: float | None = None
     target_accuracy: float | None = None
+    max_energy_j: float | None = None
     propensity: float | None = None
     router_version: str | None = None
     fallback: str | None = None

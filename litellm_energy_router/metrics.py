@@ -27,6 +27,10 @@ DECISION_SECONDS = _get(
 )  # fmt: skip
 FALLBACKS = _get(Counter, "energy_router_fallbacks", "Requests served by the fallback, per reason", ("reason",))
 RELOADS = _get(Counter, "energy_router_reloads", "Checkpoint (re)loads, per result", ("result",))
+CHECKPOINT_LOAD_SECONDS = _get(
+    Histogram, "energy_router_checkpoint_load_seconds", "Time to load a router checkpoint, seconds",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)  # fmt: skip
 
 
 class RateLimitedWarning:

@@ -21,6 +21,8 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .router.decide import DEFAULT_E_REF_J
+
 ENV_PREFIX = "ENERGY_ROUTER_"
 DEFAULT_TABLE_URL = "sqlite:///energy_router.db"
 
@@ -58,17 +60,26 @@ class CandidateSettings(_Section):
 
 
 class KnobSettings(_Section):
-    """The accuracy/energy trade-off. ``lambda_`` weighs joules against correctness; a target accuracy,
-    when set, wins: the cheapest candidate whose predicted success >= target is chosen."""
+    """The accuracy/energy trade-off, applied after prediction (router/decide.py).
 
-    lambda_: float = Field(0.0, alias="lambda", ge=0, description="energy weight (1/reference joules)")
+    ``lambda_`` is the predicted accuracy (a fraction, 0-1) worth giving up to save ``e_ref_j`` joules per
+    request: the router picks ``argmax P_j - lambda * E_j / e_ref_j``. ``e_ref_j`` is fixed here, never
+    taken from a checkpoint, so a lambda keeps its meaning across retrains. A target accuracy, when set,
+    wins over lambda: the cheapest candidate whose predicted success >= target. ``max_energy_j`` (J per
+    request) removes costlier candidates first (when none fits: the cheapest).
+    """
+
+    lambda_: float = Field(0.0, alias="lambda", ge=0, le=1000, description="accuracy given up per e_ref_j joules")
     target_accuracy: float | None = Field(None, ge=0, le=1)
+    max_energy_j: float | None = Field(None, gt=0, description="energy budget per request, J (estimated)")
+    e_ref_j: float = Field(DEFAULT_E_REF_J, gt=0, description="the energy unit of lambda, J (default 100)")
     per_key: dict[str, "KnobOverride"] = Field(default_factory=dict, description="LiteLLM key alias/team -> knob")
 
 
 class KnobOverride(_Section):
-    lambda_: float | None = Field(None, alias="lambda", ge=0)
+    lambda_: float | None = Field(None, alias="lambda", ge=0, le=1000)
     target_accuracy: float | None = Field(None, ge=0, le=1)
+    max_energy_j: float | None = Field(None, gt=0)
 
 
 class RouterSettings(_Section):
@@ -79,9 +90,10 @@ class RouterSettings(_Section):
     batch_wait_ms: float = Field(0.0, ge=0, description="idle wait for company (micro-batch), ms; 0 = next loop turn")
     cache_size: int = Field(4096, ge=0, description="LRU entries keyed by prompt hash")
     threads: int = Field(1, ge=1, description="torch threads for scoring; 1 keeps OpenMP spin-waits off the proxy's cores")
-    scorer: Literal["student", "lm"] = Field(
-        "student", description="student: the checkpoint's distilled student when it ships one, else the LM; lm: always the LM"
-    )
+    scorer: str = Field(
+        "auto", pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        description="scorer kind (router/scoring.py): auto = the checkpoint's own; student, lm, task_prior, knn, logreg or a plugin's",
+    )  # fmt: skip
     fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")
     match_by: Literal["id", "name"] = "name"
     epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")

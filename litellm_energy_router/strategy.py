@@ -12,7 +12,12 @@ One core (:class:`EnergyRouterCore`) serves both entry points:
 
 Candidates map to deployments by, in order: ``model_info.energy_router_candidate``; then
 ``settings.router.match_by``: ``id`` (candidate ``deployment_id`` or name = ``model_info.id``) or
-``name`` (candidate name = ``litellm_params.model`` with or without its provider prefix).
+``name`` (candidate name = ``litellm_params.model`` with or without its provider prefix); see
+:mod:`.deployments`.
+
+The knob (λ, target accuracy, energy budget ``max_energy_j``) comes from request metadata
+``energy_router``, else the caller's key in ``knob.per_key``, else the global ``knob``; λ is in accuracy
+per ``knob.e_ref_j`` joules (fixed in the settings, so it means the same after every retrain).
 
 Fail-open: a router error, a timeout (``router.timeout_ms``), a missing checkpoint or no candidate in
 the pool → the configured ``router.fallback`` deployment, else LiteLLM's own choice; a warning at
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from typing import Any, Mapping, Sequence
@@ -31,10 +37,11 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from .decision import DECISION_KEY, KNOB_KEY, Decision
+from .deployments import CandidateMap, deployment_keys
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
-from .router.decide import decide_lambda, decide_target
+from .router.decide import decide
 from .router.extract import query_text
-from .router.runtime import RouterRuntime, Scored
+from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
@@ -61,17 +68,17 @@ class EnergyRouterCore:
         rs = self.settings.router
         self.runtime = runtime or RouterRuntime(
             rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads, scorer=rs.scorer
-        )
-        self._by_id = {c.deployment_id: c.name for c in self.settings.candidates if c.deployment_id}
-        self._configured = {c.name for c in self.settings.candidates}
+        )  # inside the proxy's event loop this loads on a thread: requests fail open ("loading") until ready
+        self._cmap = CandidateMap(self.settings.candidates)
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
 
     # -- request → knob, text ---------------------------------------------------------------------
-    def knob(self, request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None]:
-        """(λ, target accuracy): request metadata beats the per-key default, which beats the global one."""
+    def knob(self, request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None, float | None]:
+        """(λ, target accuracy, energy budget J): request metadata beats the per-key default, which beats
+        the global one. A request value that is not a finite number in range is ignored (warned)."""
         k = self.settings.knob
-        lam, target = k.lambda_, k.target_accuracy
+        lam, target, budget = k.lambda_, k.target_accuracy, k.max_energy_j
         mds = _md(request_kwargs)
         for md in mds:
             for f in _KEY_FIELDS:
@@ -79,36 +86,42 @@ class EnergyRouterCore:
                 if ov is not None:
                     lam = ov.lambda_ if ov.lambda_ is not None else lam
                     target = ov.target_accuracy if ov.target_accuracy is not None else target
+                    budget = ov.max_energy_j if ov.max_energy_j is not None else budget
                     break
         for md in mds:
             req = md.get(KNOB_KEY)
             if isinstance(req, Mapping):
-                if "lambda" in req:
-                    lam, target = float(req["lambda"]), None
+                if "lambda" in req and (v := self._number(req["lambda"], "lambda", 0.0, 1000.0)) is not None:
+                    lam, target = v, None
                 if req.get("target_accuracy") is not None:
-                    target = float(req["target_accuracy"])
-        return lam, target
+                    target = self._number(req["target_accuracy"], "target_accuracy", 0.0, 1.0, target)
+                if req.get("max_energy_j") is not None:
+                    budget = self._number(req["max_energy_j"], "max_energy_j", 1e-9, 1e9, budget)
+        return lam, target, budget
+
+    def _number(self, value: Any, field: str, lo: float, hi: float, default: float | None = None) -> float | None:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = float("nan")
+        if math.isfinite(v) and lo <= v <= hi:
+            return v
+        self._warn(f"knob:{field}", "energy-router: request knob %s ignored (not a number in [%g, %g])", field, lo, hi)
+        return default
 
     def _known(self) -> set[str]:
         model = self.runtime.model
-        return self._configured or (set(model.candidates) if model is not None else set())
+        return self._cmap.names or (set(model.candidates) if model is not None else set())
 
     def candidate_of(self, deployment: Mapping[str, Any] | None) -> str | None:
-        """The candidate a deployment serves, or ``None`` when it is not one of the router's."""
-        if not deployment:
-            return None
-        info = deployment.get("model_info") or {}
-        if isinstance(info, Mapping) and info.get("energy_router_candidate"):
-            return str(info["energy_router_candidate"])
+        """The candidate a deployment serves, or ``None`` when it is not one of the router's (with no
+        candidate known yet, e.g. while the checkpoint loads: its id or model string)."""
+        dep_id, model, tag = deployment_keys(deployment)
         known = self._known()
-        if self.settings.router.match_by == "id":
-            dep_id = str(info.get("id")) if isinstance(info, Mapping) and info.get("id") is not None else ""
-            name = self._by_id.get(dep_id, dep_id)
-        else:
-            name = str((deployment.get("litellm_params") or {}).get("model", ""))
-            if name not in known and name.split("/", 1)[-1] in known:
-                name = name.split("/", 1)[-1]
-        return name if (name in known or not known) and name else None
+        by = self.settings.router.match_by
+        if not known and not tag:
+            return dep_id if by == "id" else model
+        return self._cmap.lookup(dep_id, model, tag, known, by=(by,))
 
     # -- decision ---------------------------------------------------------------------------------
     def _fallback(self, deployments: Sequence[Mapping[str, Any]], reason: str, detail: str = "") -> tuple[Any, Decision]:
@@ -123,7 +136,7 @@ class EnergyRouterCore:
                                 router_version=self.runtime.version)  # fmt: skip
 
     def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], lam: float, target: float | None,
-               t0: float) -> tuple[Any, Decision]:  # fmt: skip
+               t0: float, max_energy_j: float | None = None) -> tuple[Any, Decision]:  # fmt: skip
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
         for d in deployments:
             c = self.candidate_of(d)
@@ -133,7 +146,7 @@ class EnergyRouterCore:
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
         P, E = scored.P[avail][None, :], scored.E[avail][None, :]
-        j_best = int((decide_target(P, E, target) if target is not None else decide_lambda(P, E, lam, scored.e_ref_j))[0])
+        j_best = int(decide(P, E, lam, target, self.settings.knob.e_ref_j, max_energy_j)[0])
         eps = self.settings.router.epsilon
         j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
         propensity = (1 - eps) * (j == j_best) + eps / len(avail)
@@ -146,7 +159,8 @@ class EnergyRouterCore:
             candidate=cand, deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
             energy_j={scored.candidates[i]: round(float(scored.E[i]), 3) for i in range(len(scored.candidates))},
-            lambda_=None if target is not None else lam, target_accuracy=target, propensity=round(propensity, 6),
+            lambda_=None if target is not None else lam, target_accuracy=target, max_energy_j=max_energy_j,
+            propensity=round(propensity, 6),
             router_version=scored.version, latency_ms=round(dt * 1000, 3),
         )  # fmt: skip
 
@@ -160,13 +174,12 @@ class EnergyRouterCore:
         return text, None if text is not None else "passthrough"
 
     def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
-              request_kwargs: Mapping[str, Any] | None) -> tuple[str, float, float | None] | None:  # fmt: skip
-        """(text, λ, target) to route on, or ``None`` to pass the request through unrouted."""
+              request_kwargs: Mapping[str, Any] | None) -> tuple[str, float, float | None, float | None] | None:  # fmt: skip
+        """(text, λ, target, energy budget) to route on, or ``None`` to pass the request through unrouted."""
         text, skip = self._prepare(deployments, messages, input, request_kwargs)
         if skip is not None:
             return None
-        lam, target = self.knob(request_kwargs)
-        return text or "", lam, target
+        return (text or "", *self.knob(request_kwargs))
 
     def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
         if isinstance(e, asyncio.TimeoutError):
@@ -185,7 +198,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], plan[2], t0)
+            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
             return self._failed(deployments, e)
 
@@ -200,14 +213,14 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], plan[2], t0)
+            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
 
 
 def _reason(e: Exception) -> str:
-    from .router.runtime import NoCheckpoint
-
+    if isinstance(e, RouterLoading):
+        return "loading"
     return "no_checkpoint" if isinstance(e, NoCheckpoint) else "error"
 
 

@@ -177,9 +177,9 @@ def parse_files(
 
     ``keep(query_id)`` selects the queries to import (default: all); the others are counted in
     ``summary.held_back`` and written nowhere (e.g. the demo's held-back traffic)."""
-    import bpe_openai
+    from litellm_energy_router.tokens import cl100k
 
-    enc = bpe_openai.get_encoding("cl100k_base")
+    enc = cl100k()
     entries = {m: profile.get(m, origin=profile_origin) for m in models}
     summary = ImportSummary()
     queries: list[Query] = []

@@ -16,7 +16,7 @@ import pytest
 
 from litellm_energy_router.demo.replay import FALLBACK_ANSWER, ReplayBackend
 from litellm_energy_router.profiling.routerbench import Record
-from litellm_energy_router.router.model import count_prompt_tokens
+from litellm_energy_router.tokens import count_prompt_tokens
 from litellm_energy_router.table import Candidate, Query, Run, open_store, text_hash
 
 EXE = str(Path(sys.executable).with_name("energy-router"))

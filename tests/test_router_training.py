@@ -31,7 +31,7 @@ def test_quick_train_learns_planted_rule(planted_ckpt):
 def test_manifest_contents_and_mismatch(planted_ckpt, tmp_path):
     m = read_manifest(planted_ckpt)
     assert m.candidates == CANDS and m.label_tokens["large"] == "<er:c2>"
-    assert m.knob["e_ref_j"] == pytest.approx(90.0) and m.knob["lambda_max"] > 0
+    assert "e_ref_j" not in m.knob and m.knob["lambda_max"] > 0  # λ's unit is the settings', not the checkpoint's
     assert m.watermark["queries"] == 60 and "transformers" in m.versions
     assert (planted_ckpt / "model.safetensors").exists()
     with pytest.raises(CheckpointError, match="candidates do not match the pool"):

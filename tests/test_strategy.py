@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
+
+import numpy as np
 
 import pytest
 import litellm
@@ -12,7 +15,7 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm_energy_router.decision import decision_from_kwargs
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.router.runtime import RouterRuntime
-from litellm_energy_router.settings import Settings
+from litellm_energy_router.settings import CandidateSettings, Settings
 from litellm_energy_router.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
 
 from backend import Backend
@@ -125,9 +128,11 @@ def test_deprecated_alias_and_cooldown(ckpt, backend):
 
 
 def test_filter_callback_narrows_by_deployment_id(ckpt, backend):
-    filt = EnergyRouterFilter(settings(ckpt, match_by="id"))
+    s = settings(ckpt, match_by="id")
     # map candidates to deployment ids explicitly
-    filt.core._by_id.update({f"dep-{c}": c for c in CANDS})
+    s.candidates = [CandidateSettings(name=c, deployment_id=f"dep-{c}") for c in CANDS]
+    filt = EnergyRouterFilter(s)
+    assert filt.core.runtime.model is not None  # built outside an event loop: loaded in the constructor
     router = Router(model_list=model_list(backend))
     litellm.callbacks = [filt]
     try:
@@ -181,7 +186,7 @@ def test_hot_reload_and_broken_checkpoint(ckpt, tmp_path):
     m = json.loads((v2 / "manifest.json").read_text())
     m["version"] = "v2"
     (v2 / "manifest.json").write_text(json.dumps(m))
-    (bad / "model.safetensors").write_bytes(b"garbage")
+    (bad / "student.npz").write_bytes(b"garbage")  # what the serving (student) scorer reads
     ptr = tmp_path / "current.json"
     point_to(ptr, v1)
     rt = RouterRuntime(ptr, poll_s=0.0)
@@ -200,13 +205,67 @@ def test_knob_precedence_request_over_key_over_default(ckpt):
     from litellm_energy_router.settings import KnobOverride
 
     s.knob.per_key = {"team-eco": KnobOverride(**{"lambda": 7.0}), "gold-key": KnobOverride(target_accuracy=0.95)}
+    s.knob.per_key["budget-key"] = KnobOverride(max_energy_j=25.0)
     core = EnergyRouterCore(s)
-    assert core.knob({}) == (0.05, None)  # global default
-    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco"}}) == (7.0, None)
-    assert core.knob({"litellm_metadata": {"user_api_key_alias": "gold-key"}}) == (0.05, 0.95)
+    assert core.knob({}) == (0.05, None, None)  # global default
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco"}}) == (7.0, None, None)
+    assert core.knob({"litellm_metadata": {"user_api_key_alias": "gold-key"}}) == (0.05, 0.95, None)
+    assert core.knob({"metadata": {"user_api_key_alias": "budget-key"}}) == (0.05, None, 25.0)
     # the request's own knob wins over its key's default
-    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == (0.2, None)
-    assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == (0.05, 0.7)
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == (0.2, None, None)
+    assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == (0.05, 0.7, None)
+    assert core.knob({"metadata": {"energy_router": {"max_energy_j": 40}}}) == (0.05, None, 40.0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e12, "lots", None, [1]])
+def test_request_knob_values_out_of_range_are_ignored(ckpt, bad):
+    core = EnergyRouterCore(settings(ckpt))
+    md = {"metadata": {"energy_router": {"lambda": bad, "target_accuracy": bad, "max_energy_j": bad}}}
+    assert core.knob(md) == (0.05, None, None)
+
+
+def test_energy_budget_excludes_costlier_candidates(ckpt, backend):
+    """A per-request budget below `large`'s estimated joules keeps the proof query off `large`, even at λ = 0."""
+    s = settings(ckpt)
+    s.knob.lambda_ = 0.0
+    core = EnergyRouterCore(s)
+    deps = model_list(backend)
+    E = core.runtime.score_sync(PROOF[-1]["content"]).E
+    cands = list(core.runtime.model.candidates)
+    free, _ = asyncio.run(core.choose(deps, PROOF))
+    assert core.candidate_of(free) == "large"
+    budget = float((E[cands.index("large")] + E[cands.index("medium")]) / 2)
+    dep, d = asyncio.run(core.choose(deps, PROOF, request_kwargs={"metadata": {"energy_router": {"max_energy_j": budget}}}))
+    assert core.candidate_of(dep) != "large" and d.max_energy_j == budget
+    tiny, d = asyncio.run(core.choose(deps, PROOF, request_kwargs={"metadata": {"energy_router": {"max_energy_j": 1e-6}}}))
+    assert core.candidate_of(tiny) == cands[int(np.argmin(E))]  # nothing fits: the cheapest
+
+
+def test_lambda_means_the_same_for_checkpoints_trained_on_different_tables(ckpt, tmp_path, sqlite_url):
+    """λ's unit is the settings' (accuracy per knob.e_ref_j J), not the checkpoint's: two checkpoints trained on
+    tables whose energies differ 10x decide identically for the same P, Ê and knob."""
+    from router_fixtures import planted_rows
+
+    from litellm_energy_router.router.runtime import Scored
+    from litellm_energy_router.table import open_store
+    from litellm_energy_router.training.pipeline import TrainConfig, train
+
+    cands, queries, runs = planted_rows(40, seed=3, prefix="w")
+    for r in runs:
+        r["energy_j"] *= 10.0
+    store = open_store(sqlite_url)
+    store.write(queries, runs, candidates=cands)
+    other = train(store, tmp_path / "other", TrainConfig.quick(), log=lambda s: None)
+    s = settings(ckpt)
+    cores = [EnergyRouterCore(s), EnergyRouterCore(settings(other))]
+    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}} for c in CANDS]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        P, E = rng.uniform(size=3), rng.uniform(1, 200, size=3)
+        lam = float(rng.uniform(0, 2))
+        picks = {core.candidate_of(core.decide(Scored(tuple(CANDS), P, E, "v"), deps, lam, None, time.perf_counter())[0])
+                 for core in cores}  # fmt: skip
+        assert len(picks) == 1
 
 
 def test_decision_metadata_equals_asdict_and_is_a_copy():

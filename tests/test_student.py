@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from litellm_energy_router.router.checkpoint import CheckpointError
-from litellm_energy_router.router.decide import decide_lambda
-from litellm_energy_router.router.model import RouterModel, scores_from_logits
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda
+from litellm_energy_router.router.model import RouterModel
+from litellm_energy_router.router.scoring import scores_from_logits
 from litellm_energy_router.router.student import STUDENT_FILE, Student, ngram_buckets
 
 TEXTS = ["Give a proof about chess number 7", "Tell me about rivers number 8", "", "Ünïcödé ✓ \ud800 proof", "a" * 5000]
@@ -54,7 +55,7 @@ def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
     P = m.score(TEXTS, tasks)
     np.testing.assert_allclose(P, P_ref, atol=1e-6)
     E = m.energy(TEXTS, tasks)
-    e_ref = float(m.manifest.knob["e_ref_j"])
+    e_ref = DEFAULT_E_REF_J
     for lam in (0.0, 0.05, 0.5, 5.0):
         np.testing.assert_array_equal(decide_lambda(P, E, lam, e_ref), decide_lambda(P_ref, E, lam, e_ref))
 

@@ -24,6 +24,8 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 import numpy as np
 
+from litellm_energy_router.router.baseline_scorers import knn_proba, task_onehot
+
 from .data import TableMatrix, kfold, near_duplicate_groups
 from .embed import Embedder, embed_queries
 
@@ -97,8 +99,7 @@ class Baseline(ABC):
     def features(self, m: TableMatrix) -> np.ndarray:
         """Query embedding (unit norm) followed by the task one-hot over the training tasks."""
         X = embed_queries(m.texts, self.embedder).astype(np.float64)
-        onehot = np.array([[t == s for s in self._tasks] for t in m.tasks], dtype=np.float64).reshape(m.n, len(self._tasks))
-        return np.hstack([X, onehot])
+        return np.hstack([X, task_onehot(self._tasks, list(m.tasks))])
 
     # fit / predict ----------------------------------------------------------------------------------
     def fit(self, train: TableMatrix) -> "Baseline":
@@ -125,6 +126,11 @@ class Baseline(ABC):
     def predict_proba(self, test: TableMatrix) -> np.ndarray:
         X = self.features(test) if self.uses_embeddings else None
         return np.clip(self._predict(test, X), 0.0, 1.0)
+
+    def export_arrays(self) -> dict[str, np.ndarray]:
+        """The fitted parameters as the arrays :mod:`~litellm_energy_router.router.baseline_scorers` serves
+        (beyond the task prior, which :func:`export_baseline` adds)."""
+        return {}
 
     @abstractmethod
     def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None: ...
@@ -159,12 +165,10 @@ class KNN(Baseline):
 
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
         d = self._Xtr.shape[1]
-        k = min(self.k, len(self._Ytr))
-        S = X[:, :d] @ self._Xtr.T
-        nn = np.argpartition(-S, k - 1, axis=1)[:, :k]
-        votes = self._Ytr[nn].sum(axis=1)  # [n, K]
-        prior = task_prior(self._train, list(test.tasks))
-        return (votes + self.shrink * prior) / (k + self.shrink)
+        return knn_proba(X[:, :d], self._Xtr, self._Ytr, self.k, self.shrink, task_prior(self._train, list(test.tasks)))
+
+    def export_arrays(self) -> dict[str, np.ndarray]:
+        return {"X": self._Xtr.astype(np.float32), "Y": self._Ytr, "k": np.array(self.k), "shrink": np.array(self.shrink)}
 
 
 @register_baseline("logreg")
@@ -189,6 +193,13 @@ class LogReg(Baseline):
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
         cols = [np.full(test.n, m) if isinstance(m, float) else m.predict_proba(X)[:, 1] for m in self._models]
         return np.stack(cols, axis=1)
+
+    def export_arrays(self) -> dict[str, np.ndarray]:
+        d = next((m.coef_.shape[1] for m in self._models if not isinstance(m, float)), 0)
+        coef = np.stack([np.zeros(d) if isinstance(m, float) else m.coef_[0] for m in self._models])
+        intercept = np.array([0.0 if isinstance(m, float) else float(m.intercept_[0]) for m in self._models])
+        const = np.array([m if isinstance(m, float) else np.nan for m in self._models])
+        return {"coef": coef, "intercept": intercept, "const": const}
 
 
 @register_baseline("mf")

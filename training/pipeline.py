@@ -13,12 +13,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from litellm_energy_router.router.checkpoint import Manifest, library_versions, write_manifest
-from litellm_energy_router.router.decide import lambda_grid
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
 from litellm_energy_router.router.fastpath import build_slot_scorer
 from litellm_energy_router.router.format import UNKNOWN_TASK, Layout, label_token
 from litellm_energy_router.router.probe import PROBE_FILE
 from litellm_energy_router.router.student import STUDENT_FILE
-from litellm_energy_router.router.model import calibrated_logits, compute_slot_logits, scores_from_logits
+from litellm_energy_router.router.model import compute_slot_logits
+from litellm_energy_router.router.scoring import calibrated_logits, scores_from_logits
 from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone, load_warm_start
@@ -161,7 +162,7 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     else:
         calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks, offset=q_cal)
-    grid = lambda_grid(P_cal, E_hat, e_ref, 2)
+    grid = lambda_grid(P_cal, E_hat, DEFAULT_E_REF_J, 2)  # λ in the serving unit (accuracy per 100 J)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
     student = None
@@ -180,9 +181,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         backbone={"name": cfg.backbone.name, "hidden_size": cfg.backbone.hidden_size, "layers": cfg.backbone.layers,
                   "params": int(sum(p.numel() for p in model.parameters())), "warm_start_from": cfg.init_from},
         max_len=cfg.max_len,
-        knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]), "e_ref_j": e_ref,
-              "target_min": 0.0, "target_max": 1.0,
-              "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets]},
+        knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]),
+              "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets], "grpo_e_ref_j": e_ref},
         energy=est, calibration=calibration, student=student, probe=probe_entry,
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources)},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from ..decision import decision_from_kwargs
+from ..deployments import CANDIDATE_KEY, CandidateMap
 from ..router.extract import query_text as routed_text
 
-CANDIDATE_KEY = "energy_router_candidate"  # model_info key naming a deployment's candidate (as the strategy reads it)
 
 
 @dataclass(slots=True)
@@ -45,47 +45,6 @@ class PendingRow:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "PendingRow":
         return cls(**{f: d.get(f) for f in cls.__slots__})  # type: ignore[attr-defined]
-
-
-class CandidateMap:
-    """Served deployment -> candidate name: the deployment's ``model_info.energy_router_candidate``,
-    else settings ``candidates[].deployment_id / name / model`` (see :meth:`resolve`)."""
-
-    def __init__(self, candidates: Iterable[Any] = ()) -> None:
-        self.by_id: dict[str, str] = {}
-        self.by_model: dict[str, str] = {}
-        self.names: set[str] = set()
-        self.info: dict[str, dict[str, Any]] = {}
-        for c in candidates:
-            self.names.add(c.name)
-            self.info[c.name] = {k: getattr(c, k) for k in ("model", "params_b", "active_params_b", "hardware")}
-            if c.deployment_id:
-                self.by_id[c.deployment_id] = c.name
-            if c.model:
-                self.by_model.setdefault(c.model, c.name)
-
-    def resolve(
-        self, model_id: str | None, model: str | None, chosen: str | None, chosen_id: str | None, tagged: str | None = None
-    ) -> str | None:
-        """The served deployment's candidate: its ``model_info.energy_router_candidate`` (``tagged``),
-        else by ``model_info.id``, else by model string (with or without the provider prefix); when
-        the served model is not a configured candidate, the router's choice if it names this
-        deployment (or none); else the raw model string."""
-        if tagged:
-            return tagged
-        if model_id and model_id in self.by_id:
-            return self.by_id[model_id]
-        if model:
-            if model in self.names:
-                return model
-            if model in self.by_model:
-                return self.by_model[model]
-            tail = model.split("/", 1)[-1]  # "openai/small" -> "small"
-            if tail in self.names:
-                return tail
-        if chosen and (chosen_id is None or chosen_id == model_id):
-            return chosen
-        return model or None
 
 
 def query_text(kwargs: Mapping[str, Any], slo: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..router.decide import decide_lambda
+from ..router.decide import DEFAULT_E_REF_J, decide_lambda
 
 
 @dataclass
@@ -67,13 +67,13 @@ def router_sweep(checkpoint: Path, texts: Sequence[str], prompt_tokens: Sequence
                  lam: float, n_points: int = 41) -> Sweep:  # fmt: skip
     """Score the served queries with ``checkpoint`` as serving did (no task tag), sweep λ with the serving
     decision rule; ``Y``/``E`` in the checkpoint's candidate order."""
-    from ..router.model import RouterModel
+    from ..router.scoring import load_scorer
     from ..training.evaluate import evaluate
 
-    model = RouterModel(checkpoint)
+    model = load_scorer(checkpoint)
     P = model.score(list(texts), None)
     Ehat = model.energy(list(texts), None, prompt_tokens=list(prompt_tokens))
-    e_ref = float(model.manifest.knob["e_ref_j"])
+    e_ref = DEFAULT_E_REF_J
     ev = evaluate(Y, E, {"router": (P, Ehat)}, model.candidates, e_ref=e_ref, n_points=n_points)
     c = decide_lambda(P, Ehat, lam, e_ref)
     rows = np.arange(len(Y))

@@ -23,7 +23,7 @@ from ..table import Run, open_store
 
 Out = Callable[[str], None]
 
-DEFAULT_LAMBDA = 0.3  # mid-curve on the bundled rows: most of the accuracy for a fraction of the joules
+DEFAULT_LAMBDA = 0.22  # accuracy per 100 J; mid-curve on the bundled rows: most of the accuracy for a fraction of the joules
 ENERGY_NOTE = ("ESTIMATED joules: bundled ML.ENERGY H100 profile (J/prompt token, J/output token) x cl100k token "
                "counts of the replayed answers (energy_method=estimate); nothing here is measured on a GPU")  # fmt: skip
 MARKER = "demo.json"
@@ -199,7 +199,7 @@ def summary_json(path: Path, data: dict[str, Any]) -> None:
 
 def _served_matrices(recs: list[Any], candidates: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(prompt tokens[n], completion tokens[n, K], correctness Y[n, K], estimated J E[n, K]) of the records."""
-    from ..router.model import count_prompt_tokens
+    from ..tokens import count_prompt_tokens
 
     profile = load_profile()
     pt = np.array([count_prompt_tokens(r.prompt) for r in recs], dtype=np.int64)

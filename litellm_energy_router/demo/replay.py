@@ -21,7 +21,7 @@ import time
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from ..router.model import count_prompt_tokens
+from ..tokens import count_prompt_tokens
 
 FALLBACK_ANSWER = "I do not have a recorded answer to this question."
 

@@ -57,15 +57,17 @@ class Manifest(BaseModel):
     format: str = FORMAT
     version: str = Field(description="checkpoint version label, e.g. a timestamp")
     candidates: list[str]
-    label_tokens: dict[str, str]
-    backbone: dict[str, Any]
-    max_len: int
+    scorer: str | None = Field(None, description="scorer kind serving this checkpoint (router/scoring.py); None: student if shipped, else lm")
+    label_tokens: dict[str, str] = Field(default_factory=dict, description="LM checkpoints: candidate -> label token")
+    backbone: dict[str, Any] = Field(default_factory=dict)
+    max_len: int = 0
     max_chars: int = 4096
-    knob: dict[str, Any] = Field(description="lambda_min, lambda_max, e_ref_j (J)")
+    knob: dict[str, Any] = Field(default_factory=dict, description="lambda_min, lambda_max (accuracy per the settings' e_ref_j)")
     energy: EnergyEstimate
     calibration: dict[str, Any] = Field(default_factory=dict)
     student: dict[str, Any] | None = Field(None, description="distilled student: file, features, fit, target (router/student.py)")
     probe: dict[str, Any] | None = Field(None, description="probe head: file, encoder, dim (router/probe.py)")
+    baseline: dict[str, Any] | None = Field(None, description="exported baseline: file, kind, params (router/baseline_scorers.py)")
     watermark: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
@@ -112,7 +114,7 @@ def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str]
         raise CheckpointError(f"{f}: not valid JSON ({e})") from None
     if m.format != FORMAT:
         raise CheckpointError(f"{f}: format {m.format!r} is not {FORMAT!r}")
-    if set(m.label_tokens) != set(m.candidates):
+    if m.label_tokens and set(m.label_tokens) != set(m.candidates):
         raise CheckpointError(f"{f}: label_tokens do not cover candidates {m.candidates}")
     if expect_candidates is not None and list(expect_candidates) != list(m.candidates):
         missing = sorted(set(expect_candidates) - set(m.candidates))

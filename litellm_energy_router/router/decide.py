@@ -2,11 +2,15 @@
 
 Given per-candidate predicted success ``P[n, K]`` in [0, 1] and estimated energy ``E[n, K]`` (J):
 
-* **λ mode** — choose ``argmax_j P_j − λ · E_j / e_ref``. ``e_ref`` (J) normalises energy so λ is
-  unit-free: λ = 0 maximises predicted accuracy; large λ picks the cheapest candidate. Ties go to the
-  cheaper candidate.
+* **λ mode** — choose ``argmax_j P_j − λ · E_j / e_ref``: λ is the predicted accuracy (a fraction,
+  0–1) worth giving up to save ``e_ref`` joules. Serving fixes ``e_ref`` in the settings
+  (``knob.e_ref_j``, default :data:`DEFAULT_E_REF_J` = 100 J), never in a checkpoint, so a λ keeps its
+  meaning across retrains: λ = 0.05 pays up to 5 accuracy points to save 100 J per request. λ = 0
+  maximises predicted accuracy; large λ picks the cheapest candidate. Ties go to the cheaper candidate.
 * **target mode** — choose the cheapest candidate with ``P_j ≥ target``; if none reaches the target,
   the one with the highest ``P_j`` (ties: cheaper).
+* **energy budget** — with ``max_energy_j``, candidates whose ``E_j`` exceeds it are not considered
+  (when none fits, the cheapest one is chosen); λ or the target then decides among the rest.
 
 The knob is applied after prediction, so one set of predictions serves every trade-off.
 """
@@ -14,6 +18,23 @@ The knob is applied after prediction, so one set of predictions serves every tra
 from __future__ import annotations
 
 import numpy as np
+
+DEFAULT_E_REF_J = 100.0  # J: the energy unit of λ (accuracy given up per 100 J), fixed across checkpoints
+
+
+def decide(P: np.ndarray, E: np.ndarray, lam: float = 0.0, target: float | None = None,
+           e_ref_j: float = DEFAULT_E_REF_J, max_energy_j: float | None = None) -> np.ndarray:  # fmt: skip
+    """Index of the chosen candidate per row: λ (accuracy per ``e_ref_j`` J) or an accuracy ``target``
+    (wins over λ), among the candidates within ``max_energy_j`` (J; None: all)."""
+    P = np.asarray(P, dtype=np.float64)
+    E = np.asarray(E, dtype=np.float64)
+    none_fit = np.zeros(len(P), dtype=bool)
+    if max_energy_j is not None:
+        over = E > max_energy_j
+        none_fit = over.all(axis=1)
+        P = np.where(over, -np.inf, P)  # an over-budget candidate never wins while another fits
+    choice = decide_target(P, E, target) if target is not None else decide_lambda(P, E, lam, e_ref_j)
+    return np.where(none_fit, np.argmin(E, axis=1), choice)
 
 
 def decide_lambda(P: np.ndarray, E: np.ndarray, lam: float, e_ref: float) -> np.ndarray:

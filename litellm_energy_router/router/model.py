@@ -1,7 +1,7 @@
-"""Scoring: P(candidate j answers correctly) for every candidate in one forward pass (no ``generate``).
+"""The LM scorer: P(candidate j answers correctly) for every candidate in one forward pass (no ``generate``).
 
-Used by serving (runtime, strategy), by ``energy-router route`` and by evaluation. Imports torch and
-transformers, never TRL.
+The ``lm`` kind of the scorer registry (:mod:`.scoring`), ``energy-router route --scorer lm`` and
+evaluation. Imports torch and transformers (inside :class:`RouterModel`), never TRL.
 """
 
 from __future__ import annotations
@@ -13,56 +13,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .checkpoint import CheckpointError, Manifest, read_manifest, resolve
-from .decide import decide_lambda, decide_target
+from .checkpoint import CheckpointError, Manifest
 from .format import Layout
-
-_CL100K_EXACT_CHARS = 32_768
-
-
-@lru_cache(maxsize=1)
-def _cl100k() -> Any:
-    from bpe_openai import get_encoding
-
-    return get_encoding("cl100k_base")
-
-
-def count_prompt_tokens(text: str) -> int:
-    """tiktoken ``cl100k_base`` token count (the unit of the energy profiles), bounded time: texts longer
-    than 32 KiB are counted on their last 32 KiB and scaled by length."""
-    enc = _cl100k()
-    text = text.encode("utf-8", "replace").decode("utf-8", "replace")
-    if len(text) <= _CL100K_EXACT_CHARS:
-        return len(enc.encode(text))
-    sample = text[-_CL100K_EXACT_CHARS:]
-    return int(round(len(enc.encode(sample)) * len(text) / len(sample)))
-
-
-def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
-                       offset: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """Calibrated P[n, K]: ``sigmoid`` of :func:`calibrated_logits`."""
-    return 1.0 / (1.0 + np.exp(-calibrated_logits(slot_logits, calibration, tasks, offset)))
-
-
-def calibrated_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
-                      offset: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """``slot_logits[n, K]`` = logit(yes) − logit(no) per slot → the calibrated logit of P[n, K].
-
-    Calibration is Platt scaling per candidate with a per-task intercept (``b_task``; ``b_any`` for
-    unknown tasks such as production traffic, with slope ``a_any``):
-    ``P = sigmoid(a_j * logit + b_{task, j} + offset_j)``, ``offset`` being the probe head's logits
-    (:mod:`.probe`) when the checkpoint has one. Without a calibration entry the slot logits pass unchanged.
-    """
-    k = slot_logits.shape[1]
-    a = np.asarray(calibration.get("a", [1.0] * k), dtype=np.float64)
-    a_any = np.asarray(calibration.get("a_any", a), dtype=np.float64)
-    b_any = np.asarray(calibration.get("b_any", [0.0] * k), dtype=np.float64)
-    b_task = {t: np.asarray(v, dtype=np.float64) for t, v in calibration.get("b_task", {}).items()}
-    known = np.array([(t or "") in b_task for t in tasks], dtype=bool)
-    slope = np.where(known[:, None], a[None, :], a_any[None, :])
-    b = np.stack([b_task.get(t or "", b_any) for t in tasks]) if len(tasks) else np.zeros((0, k))
-    z = slope * slot_logits + b
-    return z + offset if offset is not None else z
+from .scoring import CheckpointScorer, StudentScorer, scores_from_logits
 
 
 @lru_cache(maxsize=64)
@@ -110,25 +63,28 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
     return out
 
 
-class RouterModel:
-    """A loaded router checkpoint. ``score`` is thread-safe (one forward pass at a time).
+class RouterModel(CheckpointScorer):
+    """The LM scorer: a loaded router checkpoint's LM. ``score`` is thread-safe (one forward pass at a time).
 
     ``scorer``: ``"student"`` scores with the checkpoint's distilled student when it ships one (else the
     LM); ``"lm"`` always runs the LM forward (the reference). ``fast=False`` keeps the HF forward even
-    where the lean one (:mod:`.fastpath`) covers the architecture.
+    where the lean one (:mod:`.fastpath`) covers the architecture. Serving loads the student through
+    :func:`~.scoring.load_scorer` without this class (and without torch).
     """
 
+    name = "lm"
+
     def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None, threads: int | None = None,
-                 fast: bool = True, scorer: str = "student"):  # fmt: skip
+                 fast: bool = True, scorer: str = "student", manifest: Manifest | None = None):  # fmt: skip
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-
-        self.path = resolve(path)
-        self.manifest: Manifest = read_manifest(self.path, expect_candidates)
+        super().__init__(path, manifest, expect_candidates)
         m = self.manifest
+        if set(m.label_tokens) != set(m.candidates):
+            raise CheckpointError(f"{self.path}: label_tokens do not cover candidates {m.candidates} (not an LM checkpoint)")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
             self.model = AutoModelForCausalLM.from_pretrained(str(self.path))
@@ -147,61 +103,21 @@ class RouterModel:
         from .fastpath import build_slot_scorer
 
         self.scorer = build_slot_scorer(self.model, self.layout.yes_id, self.layout.no_id) if fast else None
-        self.student = self._load_student() if scorer == "student" else None
-        self.probe = self._load_probe()
+        self._student = StudentScorer(self.path, m) if scorer == "student" and m.student else None
+        self.student = self._student.student if self._student is not None else None
+        self.probe = self.read_probe()
         self._lock = threading.Lock()
-        self._torch = torch
-
-    def _load_student(self) -> Any:
-        from .student import STUDENT_FILE, Student
-
-        return self._load_part(self.manifest.student, STUDENT_FILE, Student.load, "student")
-
-    def _load_probe(self) -> Any:
-        from .probe import PROBE_FILE, Probe
-
-        return self._load_part(self.manifest.probe, PROBE_FILE, Probe.load, "probe head")
-
-    def _load_part(self, entry: dict | None, default_file: str, load: Any, what: str) -> Any:
-        """A numpy part of the checkpoint named by its manifest ``entry`` (None when absent); refuses a
-        file that does not load or does not have one output per candidate."""
-        if not entry:
-            return None
-        try:
-            part = load(self.path / str(entry.get("file", default_file)))
-        except (OSError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{self.path}: cannot load the {what} ({str(e).splitlines()[0]})") from None
-        if part.n_candidates != len(self.manifest.candidates):
-            raise CheckpointError(f"{self.path}: the {what} has {part.n_candidates} outputs, not {len(self.manifest.candidates)}")
-        return part
 
     @property
     def student_is_final(self) -> bool:
         """True when the student was distilled on the calibrated logits (probe head included), so its
         output needs no calibration and no encoder."""
-        return self.student is not None and (self.manifest.student or {}).get("target") == "calibrated_logit"
-
-    def probe_logits(self, texts: Sequence[str], tasks: Sequence[str | None]) -> np.ndarray | None:
-        """The probe head's logits [n, K] (None without a probe); embeds the query blocks."""
-        if self.probe is None:
-            return None
-        from .encoder import get_encoder, query_block
-
-        emb = get_encoder(self.probe.encoder).embed([query_block(t) for t in texts])
-        return self.probe.logits(emb, tasks)
+        return self._student is not None and self._student.final
 
     @property
     def scorer_name(self) -> str:
         """What :meth:`score` runs: ``student``, ``lm-fast`` (lean forward) or ``lm``."""
         return "student" if self.student is not None else "lm-fast" if self.scorer is not None else "lm"
-
-    @property
-    def candidates(self) -> list[str]:
-        return list(self.manifest.candidates)
-
-    @property
-    def version(self) -> str:
-        return self.manifest.version
 
     def slot_logits(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None, batch_size: int = 64) -> np.ndarray:
         """logit(yes) − logit(no) per candidate slot, shape [n, K]."""
@@ -210,21 +126,8 @@ class RouterModel:
 
     def score(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None) -> np.ndarray:
         """Calibrated P[n, K] in [0, 1] (the student's when one is loaded, else the LM's)."""
+        if self._student is not None:
+            return self._student.score(texts, tasks)
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        if self.student_is_final:
-            return 1.0 / (1.0 + np.exp(-self.student.slot_logits(texts, tasks)))
-        z = self.student.slot_logits(texts, tasks) if self.student is not None else self.slot_logits(texts, tasks)
+        z = self.slot_logits(texts, tasks)
         return scores_from_logits(z, self.manifest.calibration, tasks, offset=self.probe_logits(texts, tasks))
-
-    def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
-               prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip
-        """Ê[n, K] in joules from the prompt length (known at routing time) and expected output tokens."""
-        tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
-        return self.manifest.energy.estimate(self.manifest.candidates, n_tok, tasks)
-
-    def decide(self, P: np.ndarray, E: np.ndarray, lam: float | None = None, target: float | None = None) -> np.ndarray:
-        """Chosen candidate index per row (target accuracy wins over λ when both are given)."""
-        if target is not None:
-            return decide_target(P, E, target)
-        return decide_lambda(P, E, lam or 0.0, float(self.manifest.knob["e_ref_j"]))

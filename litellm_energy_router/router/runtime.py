@@ -1,13 +1,18 @@
-"""The router at serving time: a loaded checkpoint, micro-batching, an LRU cache, hot reload.
+"""The router at serving time: a loaded :class:`~.scoring.Scorer`, micro-batching, an LRU cache, hot reload.
 
 * ``await runtime.score(text, task)`` → ``Scored`` (P per candidate, Ê per candidate in J, version).
-  The LM scores on a worker thread (never on the event loop); a checkpoint's distilled student (a
-  bounded numpy pass over the query's last KiB, tens of µs) scores in place, as a thread hop costs
-  more. For the LM, when idle, a request waits ``batch_wait_ms`` for company (0, the default: until
+  Depends on the scorer protocol only. A scorer that is not ``inline`` (the LM, the embedding
+  baselines) scores on a worker thread (never on the event loop); an ``inline`` one (the distilled
+  student, the task prior: a bounded numpy pass, tens of µs) scores in place, as a thread hop costs
+  more. Off the loop, when idle, a request waits ``batch_wait_ms`` for company (0, the default: until
   the next loop turn); while a forward pass
   runs, arriving requests queue and the next pass scores all of them at once (up to
   ``max_batch``), so a burst costs few forward passes.
 * ``runtime.score_sync(...)`` for LiteLLM's sync paths.
+* Loading never stalls the event loop: a runtime built inside a running loop (the proxy) loads on a
+  background thread, and until the scorer is ready every request fails open (``RouterLoading``, the
+  strategy's ``energy_router_fallbacks_total{reason="loading"}``); built outside a loop it loads in the
+  constructor. The load time is logged and observed in ``energy_router_checkpoint_load_seconds``.
 * Hot reload: the checkpoint path may be a pointer file or symlink; at most once per
   ``poll_s`` a request checks whether it now names another checkpoint (or the manifest changed) and,
   if so, loads it on a background thread and swaps it in. A broken checkpoint is refused (error
@@ -20,6 +25,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -30,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..metrics import RELOADS
+from ..metrics import CHECKPOINT_LOAD_SECONDS, RELOADS
 from .checkpoint import MANIFEST, resolve
 
 log = logging.getLogger("litellm_energy_router")
@@ -44,11 +50,22 @@ class Scored:
     P: np.ndarray
     E: np.ndarray
     version: str
-    e_ref_j: float
 
 
 class NoCheckpoint(RuntimeError):
     """No usable checkpoint is loaded."""
+
+
+class RouterLoading(NoCheckpoint):
+    """The first checkpoint is still loading (in the background); the request fails open."""
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _fingerprint(path: Path | None) -> tuple[str, float] | None:
@@ -65,7 +82,9 @@ class RouterRuntime:
     def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.0,
                  cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
                  expect_candidates: Sequence[str] | None = None, threads: int | None = None,
-                 scorer: str = "student") -> None:  # fmt: skip
+                 scorer: str = "auto", background: bool | None = None) -> None:  # fmt: skip
+        """``background``: load the first checkpoint on a thread (None: when called inside a running
+        event loop, so the loop never waits for it)."""
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.cache_size, self.max_batch, self.poll_s = cache_size, max_batch, poll_s
@@ -82,20 +101,45 @@ class RouterRuntime:
         self._flush_scheduled = False
         self._busy = False
         self.last_error: str | None = None
+        self._loading = False
         if self.checkpoint is not None:
-            self._load(_fingerprint(self.checkpoint))
+            if background if background is not None else _in_event_loop():
+                self._loading = True
+                self._reloading.acquire()
+                threading.Thread(target=self._load_then_release, args=(_fingerprint(self.checkpoint),),
+                                 name="energy-router-load", daemon=True).start()  # fmt: skip
+            else:
+                self._load(_fingerprint(self.checkpoint))
+
+    def _load_then_release(self, fp: tuple[str, float] | None) -> None:
+        try:
+            self._load(fp)
+        finally:
+            self._loading = False
+            self._reloading.release()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the first load finished (True when a scorer is serving). Not for the event loop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._loading and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.01)
+        return self._model is not None
 
     # -- loading ----------------------------------------------------------------------------------
     def _load(self, fp: tuple[str, float] | None) -> bool:
-        from .model import RouterModel
+        from .scoring import load_scorer
 
         if fp is None:
             self.last_error = f"checkpoint {self.checkpoint} not found"
             RELOADS.labels(result="missing").inc()
             log.error("energy-router: %s; serving falls back", self.last_error)
             return False
+        t0 = time.perf_counter()
         try:
-            model = RouterModel(fp[0], expect_candidates=self.expect_candidates, threads=self.threads, scorer=self.scorer)
+            model = load_scorer(fp[0], self.scorer, expect_candidates=self.expect_candidates)
+            model.score(["warm-up"], [None]), model.energy(["warm-up"], [None])  # tokenizer tables etc. built here, not on a request
+            if self.threads and "torch" in sys.modules:  # a torch scorer: keep its threads off the proxy's cores
+                sys.modules["torch"].set_num_threads(self.threads)
         except Exception as e:  # noqa: BLE001 - refuse any broken checkpoint, keep the old one
             self.last_error = f"checkpoint {fp[0]} refused: {str(e).splitlines()[0]}"
             RELOADS.labels(result="error").inc()
@@ -106,8 +150,10 @@ class RouterRuntime:
         with self._cache_lock:
             self._cache.clear()
         self.last_error = None
+        dt = time.perf_counter() - t0
         RELOADS.labels(result="ok").inc()
-        log.info("energy-router: serving checkpoint %s (version %s, scorer %s)", fp[0], model.version, model.scorer_name)
+        CHECKPOINT_LOAD_SECONDS.observe(dt)
+        log.info("energy-router: serving checkpoint %s (version %s, scorer %s), loaded in %.2f s", fp[0], model.version, model.name, dt)
         return True
 
     def maybe_reload(self, block: bool = False) -> None:
@@ -153,6 +199,8 @@ class RouterRuntime:
 
     def _cached(self, key: str) -> Scored | None:
         if self._model is None:
+            if self._loading:
+                raise RouterLoading("the checkpoint is still loading")
             raise NoCheckpoint(self.last_error or "no checkpoint configured")
         with self._cache_lock:
             hit = self._cache.get(key)
@@ -174,8 +222,8 @@ class RouterRuntime:
             raise NoCheckpoint(self.last_error or "no checkpoint configured")
         texts, tasks = [t for t, _ in items], [k for _, k in items]
         P, E = model.score(texts, tasks), model.energy(texts, tasks)
-        cands, e_ref = tuple(model.candidates), float(model.manifest.knob["e_ref_j"])
-        return [Scored(cands, P[i], E[i], model.version, e_ref) for i in range(len(items))]
+        cands = tuple(model.candidates)
+        return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
 
     def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:
         """(cache key, cached score or None), after the hot-reload check."""
@@ -197,8 +245,8 @@ class RouterRuntime:
         if hit is not None:
             return hit
         model = self._model
-        if model is not None and model.student is not None and (model.probe is None or model.student_is_final):
-            # the student is a bounded numpy pass (tens of µs): cheaper in place than a hop to the worker
+        if model is not None and model.inline:
+            # a bounded numpy pass (tens of µs): cheaper in place than a hop to the worker
             return self._score_now(key, text, task)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
