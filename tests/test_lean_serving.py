@@ -1,0 +1,120 @@
+"""The serving path is lean and never stalls the event loop.
+
+* A student checkpoint routes through a real ``litellm.Router`` without importing torch or transformers
+  (checked in a fresh interpreter: this test process has imported both for training).
+* A checkpoint that loads slowly does not hold up the first request: it is answered within the routing
+  timeout on the fail-open path (``reason="loading"``), and routed by the router once loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import litellm
+import pytest
+from litellm import Router
+
+from backend import Backend
+from litellm_energy_router.metrics import FALLBACKS
+from litellm_energy_router.router import scoring
+from litellm_energy_router.settings import Settings
+from litellm_energy_router.strategy import EnergyRoutingStrategy
+from router_fixtures import CANDS
+
+TESTS = Path(__file__).parent
+
+
+def _model_list(backend):
+    return [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+             "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+
+
+def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
+    backend = Backend().start()
+    try:
+        script = textwrap.dedent(f"""
+            import asyncio, json, sys
+            sys.path.insert(0, {str(TESTS)!r})
+            from litellm import Router
+            from litellm_energy_router.settings import Settings
+            from litellm_energy_router.strategy import EnergyRoutingStrategy
+            s = Settings.model_validate({{"router": {{"checkpoint": {str(planted_ckpt)!r}, "timeout_ms": 5000}},
+                                         "candidates": [{{"name": c}} for c in {CANDS!r}], "knob": {{"lambda": 0.05}}}})
+            router = Router(model_list={json.dumps(_model_list(backend))})
+            strategy = EnergyRoutingStrategy(router, s)
+            router.register_plugin(strategy)
+            async def go():
+                out = []
+                for t in ("Give a proof about chess number 7", "Tell me about rivers number 8"):
+                    r = await router.acompletion(model="pool", messages=[{{"role": "user", "content": t}}])
+                    out.append(r._hidden_params.get("model_id"))
+                return out
+            served = asyncio.run(go())
+            print(json.dumps({{"served": served, "scorer": strategy.core.runtime.model.name,
+                              "heavy": sorted(m for m in ("torch", "transformers", "trl", "sklearn") if m in sys.modules)}}))
+        """)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        backend.stop()
+    assert res["scorer"] == "student"
+    assert res["heavy"] == []  # neither torch nor transformers (nor trl, scikit-learn) in sys.modules
+    assert res["served"] == ["dep-large", "dep-small"]  # and it routed by the planted rule
+
+
+@pytest.fixture
+def slow_student(monkeypatch):
+    """The student scorer takes 2 s to load (a large checkpoint on a slow disk)."""
+    real = scoring.StudentScorer.__init__
+
+    def slow(self, *a, **kw):
+        time.sleep(2.0)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(scoring.StudentScorer, "__init__", slow)
+
+
+def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads(planted_ckpt, slow_student):
+    backend = Backend().start()
+    timeout_ms = 50.0
+    s = Settings.model_validate({"router": {"checkpoint": str(planted_ckpt), "timeout_ms": timeout_ms, "fallback": "dep-medium"},
+                                 "candidates": [{"name": c} for c in CANDS]})  # fmt: skip
+    before = FALLBACKS.labels(reason="loading")._value.get()
+    proof = [{"role": "user", "content": "Give a proof about chess number 11"}]
+
+    async def go():
+        router = Router(model_list=_model_list(backend))
+        strategy = EnergyRoutingStrategy(router, s)  # built inside the running loop: loads on a thread
+        router.register_plugin(strategy)
+        kw = {"metadata": {}}
+        t0 = time.perf_counter()
+        dep = await strategy.async_get_available_deployment("pool", messages=proof, request_kwargs=kw)
+        first_s = time.perf_counter() - t0
+        first = kw["metadata"]["energy_router_decision"]
+        deadline = time.monotonic() + 60
+        while strategy.core.runtime.model is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the loop keeps running while the checkpoint loads
+        kw2 = {"metadata": {}}
+        dep2 = await strategy.async_get_available_deployment("pool", messages=proof, request_kwargs=kw2)
+        r = await router.acompletion(model="pool", messages=proof)
+        return dep, first_s, first, dep2, kw2["metadata"]["energy_router_decision"], r
+
+    try:
+        dep, first_s, first, dep2, second, resp = asyncio.run(go())
+    finally:
+        backend.stop()
+        litellm.callbacks = []
+    assert first_s * 1000 < timeout_ms  # answered within the routing budget, not after the 2 s load
+    assert first["fallback"] == "loading" and dep["model_info"]["id"] == "dep-medium"
+    assert FALLBACKS.labels(reason="loading")._value.get() == before + 1
+    assert second["fallback"] is None and dep2["model_info"]["id"] == "dep-large"  # routed once loaded
+    assert resp._hidden_params["model_id"] == "dep-large"
