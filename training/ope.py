@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -169,9 +170,9 @@ def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, lam: float | None
     """Off-policy estimate of the router in ``checkpoint`` at knob ``lam`` (or accuracy ``target``) on the
     logged production rows of ``store`` (or ``rows``). Production queries are scored without a task tag,
     as serving scores them. ``None`` when no usable logged row names one of the router's candidates."""
-    from litellm_energy_router.router.model import RouterModel
+    from litellm_energy_router.router.scoring import load_scorer
 
-    model = checkpoint if isinstance(checkpoint, RouterModel) else RouterModel(checkpoint)
+    model = load_scorer(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     rows = logged_rows(store.iter_runs(sources=["production"])) if rows is None else list(rows)
     rows = [r for r in rows if r["candidate"] in model.candidates and r.get("text")]
     if not rows:

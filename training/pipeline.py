@@ -230,7 +230,7 @@ def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None
 
 
 class _RouterModelPredictor:
-    """Cross-validation predictor over a loaded :class:`RouterModel` (``self.model``): P and Ê of a
+    """Cross-validation predictor over a loaded :class:`~litellm_energy_router.router.scoring.Scorer` (``self.model``): P and Ê of a
     matrix's queries, as serving scores them."""
 
     model: Any = None
@@ -280,9 +280,9 @@ class CheckpointPredictor(_RouterModelPredictor):
     checkpoint routing other candidates."""
 
     def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None) -> None:
-        from litellm_energy_router.router.model import RouterModel
+        from litellm_energy_router.router.scoring import load_scorer
 
-        self.model = RouterModel(path, expect_candidates=expect_candidates)
+        self.model = load_scorer(path, expect_candidates=expect_candidates)
 
     def fit(self, train) -> "CheckpointPredictor":
         return self

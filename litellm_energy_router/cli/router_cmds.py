@@ -28,10 +28,15 @@ def train_cmd(
     grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
     probe_c: Optional[float] = typer.Option(None, "--probe-c", min=0,
                                             help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone"),  # fmt: skip
+    scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or a baseline to serve: task_prior, knn, logreg"),
 ) -> None:
-    """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint."""
+    """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
+    with ``--scorer task_prior|knn|logreg``, fit that baseline instead and write it as a servable checkpoint."""
     from ..training.backbones import BackboneSpec
     from ..training.pipeline import TrainConfig, TrainingDataError, train
+
+    if scorer != "lm":
+        return _export_baseline_cmd(scorer, out, db_url(db, config), candidates)
 
     cfg = TrainConfig.quick() if quick else TrainConfig()
     if backbone != cfg.backbone.name:
@@ -59,6 +64,23 @@ def train_cmd(
         except (TrainingDataError, ValueError) as e:
             fail(str(e))
     console.print(f"trained {ck} in {time.time() - t0:.0f}s", highlight=False)
+
+
+def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None) -> None:
+    from ..router.baseline_scorers import BASELINE_KINDS
+    from ..training.baselines import export_baseline
+    from ..training.data import load_matrix
+
+    if kind not in BASELINE_KINDS:
+        fail(f"--scorer {kind!r}: use lm or one of {', '.join(BASELINE_KINDS)}")
+    t0 = time.time()
+    with _store(url) as store:
+        cands = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
+        try:
+            ck = export_baseline(kind, load_matrix(store, cands), out)
+        except ValueError as e:
+            fail(str(e))
+    console.print(f"{kind} checkpoint {ck} in {time.time() - t0:.0f}s", highlight=False)
 
 
 def _read_route_input(path: Path) -> list[tuple[str, str, str]]:
@@ -97,17 +119,15 @@ def route_cmd(
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
     sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points over the checkpoint's knob range"),
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="cheapest candidate predicted >= X"),
-    scorer: str = typer.Option("student", "--scorer", help="student (the checkpoint's distilled student if shipped, as serving) or lm"),
+    scorer: str = typer.Option("auto", "--scorer", help="auto (the checkpoint's own, as serving), student, lm, or another registered kind"),
 ) -> None:
-    """Batch routing: one JSON line per (row, operating point)."""
+    """Batch routing: one JSON line per (row, operating point). λ in accuracy per 100 J (knob.e_ref_j)."""
     from ..router.checkpoint import CheckpointError
     from ..router.decide import knob_sweep
-    from ..router.model import RouterModel
+    from ..router.scoring import load_scorer
 
-    if scorer not in ("student", "lm"):
-        fail(f"--scorer {scorer!r}: use student or lm")
     try:
-        router = RouterModel(checkpoint, scorer=scorer)
+        router = load_scorer(checkpoint, scorer)
     except CheckpointError as e:
         fail(str(e))
     rows = _read_route_input(input)
