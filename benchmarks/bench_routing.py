@@ -10,10 +10,14 @@
    energy strategy vs LiteLLM's ``simple-shuffle``, sequentially and with 64 concurrent callers (and
    sequentially with the LM scorer), ``--calls`` each. The routers take turns in blocks (50 calls
    sequentially, 250 concurrently), so load from other processes drifts over all of them alike.
+3. A real ``litellm --config`` proxy process, plain vs with the energy router + logger on the same
+   checkpoint (:mod:`proxy_footprint`): resident memory after 200 requests and the time from start to the
+   first request the router routed (``--no-proxy`` skips this part).
 
 Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
 max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
-length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>``.
+length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
+proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d>``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from backend import Backend  # noqa: E402
 
@@ -82,8 +87,10 @@ async def main_async(args) -> None:
             "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer},
             "knob": {"lambda": 0.3}}))  # fmt: skip
 
-    core, lm_core = make_core("student"), make_core("lm")
-    print(f"scorers: serving default {core.runtime.model.scorer_name}, reference {lm_core.runtime.model.scorer_name}")
+    core, lm_core = make_core("auto"), make_core("lm")
+    for c in (core, lm_core):
+        c.runtime.wait_ready()  # built inside the event loop: they load on a thread
+    print(f"scorers: serving default {core.runtime.model.name}, reference {lm_core.runtime.model.name}")
     deps = model_list
 
     def msgs(i):
@@ -111,7 +118,7 @@ async def main_async(args) -> None:
         return single
 
     lm_single = await decisions(lm_core, "lm")
-    single = await decisions(core, c_label := core.runtime.model.scorer_name)
+    single = await decisions(core, c_label := core.runtime.model.name)
 
     shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
     energy = Router(model_list=model_list)
@@ -156,8 +163,20 @@ async def main_async(args) -> None:
     print(f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
     print(f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
           f"lm decision single p50 {pct(lm_single, 50):.2f} ms")  # fmt: skip
+    tail = ""
+    if not args.no_proxy:
+        from proxy_footprint import run_proxy
+
+        plain = await asyncio.to_thread(run_proxy, None, cands, backend.base, texts)
+        ours = await asyncio.to_thread(run_proxy, ck, cands, backend.base, texts)
+        print(f"proxy process: plain LiteLLM {plain['rss_mib']:.0f} MiB, with the energy router ({c_label}) {ours['rss_mib']:.0f} MiB "
+              f"(+{ours['rss_mib'] - plain['rss_mib']:.0f} MiB)")
+        print(f"start to first answered request: plain {plain['first_routed_s']:.1f} s; start to first routed request: "
+              f"{ours['first_routed_s']:.1f} s ({ours['fail_open_before_ready']} answered fail-open before)")  # fmt: skip
+        tail = (f" proxy_rss_mib={ours['rss_mib']:.0f} plain_rss_mib={plain['rss_mib']:.0f}"
+                f" first_routed_s={ours['first_routed_s']:.1f} plain_first_s={plain['first_routed_s']:.1f}")  # fmt: skip
     backend.stop()
-    print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}")
+    print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}{tail}")
 
 
 def main() -> None:
@@ -165,6 +184,7 @@ def main() -> None:
     ap.add_argument("--checkpoint")
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--decisions", type=int, default=300)
+    ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-process part")
     asyncio.run(main_async(ap.parse_args()))
 
 
