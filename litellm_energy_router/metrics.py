@@ -1,5 +1,31 @@
-"""Prometheus metrics of the serving path (registered once per process, on the default registry so a
-LiteLLM proxy's ``/metrics`` exposes them)."""
+"""Every ``energy_router_*`` Prometheus metric of the serving process (router and energy callback).
+
+Each metric is defined once, here, at import (a module is imported once per process), on
+prometheus_client's default registry: the LiteLLM proxy's ``/metrics`` serves that registry once its
+``prometheus`` callback is enabled (see docs/metrics.md). Under ``PROMETHEUS_MULTIPROC_DIR`` (several
+proxy workers) the values go to the shared directory like LiteLLM's own.
+
+Router (strategy / proxy filter, router runtime):
+
+* ``energy_router_decisions_total{candidate}`` — routed requests per chosen candidate;
+* ``energy_router_decision_seconds`` — histogram of the routing decision time, seconds;
+* ``energy_router_fallbacks_total{reason}`` — requests that failed open (``loading``: router not loaded
+  yet; ``no_checkpoint``; ``timeout``; ``no_candidate``; ``error``);
+* ``energy_router_reloads_total{result}`` — checkpoint (re)load attempts (``ok``, ``missing``, ``error``);
+* ``energy_router_checkpoint_load_seconds`` — histogram of the time to load a checkpoint, seconds.
+
+Energy callback and its table writer:
+
+* ``energy_router_request_joules{candidate,method}`` — histogram of GPU energy per request, joules;
+* ``energy_router_rows_total{method}`` — production rows by energy method (``nvml_counter``, ``agent``,
+  ``estimate``, ``none``...); ``energy_router_measured_energy_ratio`` — share (0..1) of rows with
+  measured (not estimated) energy since the process started;
+* ``energy_router_writer_queue_depth`` — rows held in memory by the writer (queue + waiting for energy);
+* ``energy_router_spool_backlog_rows`` — rows in the local spool not yet in the table;
+* ``energy_router_spooled_rows_total``, ``energy_router_rows_written_total``,
+  ``energy_router_rejected_rows_total`` (kept in ``rejected.jsonl``), ``energy_router_callback_errors_total``
+  (callback events that could not be turned into a row) — rows.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +33,50 @@ import logging
 import threading
 import time
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-_lock = threading.Lock()
-
-
-def _get(cls, name, doc, labels=(), **kw):
-    with _lock:
-        existing = REGISTRY._names_to_collectors.get(name) or REGISTRY._names_to_collectors.get(name + "_total")
-        if existing is not None:
-            return existing
-        return cls(name, doc, labels, **kw)
-
-
-DECISIONS = _get(Counter, "energy_router_decisions", "Routing decisions per chosen candidate", ("candidate",))
-DECISION_SECONDS = _get(
-    Histogram, "energy_router_decision_seconds", "Decision time, seconds",
+# -- router -----------------------------------------------------------------------------------------
+DECISIONS = Counter("energy_router_decisions", "Routing decisions per chosen candidate", ["candidate"])
+DECISION_SECONDS = Histogram(
+    "energy_router_decision_seconds", "Decision time, seconds",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
 )  # fmt: skip
-FALLBACKS = _get(Counter, "energy_router_fallbacks", "Requests served by the fallback, per reason", ("reason",))
-RELOADS = _get(Counter, "energy_router_reloads", "Checkpoint (re)loads, per result", ("result",))
-CHECKPOINT_LOAD_SECONDS = _get(
-    Histogram, "energy_router_checkpoint_load_seconds", "Time to load a router checkpoint, seconds",
+FALLBACKS = Counter("energy_router_fallbacks", "Requests served by the fallback, per reason", ["reason"])
+RELOADS = Counter("energy_router_reloads", "Checkpoint (re)loads, per result", ["result"])
+CHECKPOINT_LOAD_SECONDS = Histogram(
+    "energy_router_checkpoint_load_seconds", "Time to load a router checkpoint, seconds",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )  # fmt: skip
+
+# -- energy callback / table writer ------------------------------------------------------------------
+JOULE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+REQUEST_JOULES = Histogram("energy_router_request_joules", "GPU energy per request, J", ["candidate", "method"],
+                           buckets=JOULE_BUCKETS)  # fmt: skip
+ROWS = Counter("energy_router_rows", "production rows by energy method", ["method"])
+MEASURED_ENERGY_RATIO = Gauge("energy_router_measured_energy_ratio", "share of rows with measured energy")
+WRITER_QUEUE_DEPTH = Gauge("energy_router_writer_queue_depth", "rows held in memory by the writer",
+                           multiprocess_mode="livesum")  # fmt: skip
+SPOOL_BACKLOG_ROWS = Gauge("energy_router_spool_backlog_rows", "rows in the local spool, not yet in the table",
+                           multiprocess_mode="livesum")  # fmt: skip
+SPOOLED_ROWS = Counter("energy_router_spooled_rows", "rows written to the local spool")
+ROWS_WRITTEN = Counter("energy_router_rows_written", "rows written to the table")
+REJECTED_ROWS = Counter("energy_router_rejected_rows", "rows the table rejected (kept in rejected.jsonl)")
+CALLBACK_ERRORS = Counter("energy_router_callback_errors", "callback events that could not be turned into a row")
+
+_rows_lock = threading.Lock()
+_rows_seen = [0, 0]  # rows, rows with measured energy
+
+
+def observe_row(candidate: str, method: str | None, energy_j: float | None) -> None:
+    """Count one production row (energy in joules, ``None`` when unknown) and its energy method."""
+    m = method or "none"
+    ROWS.labels(m).inc()
+    if energy_j is not None:
+        REQUEST_JOULES.labels(candidate, m).observe(energy_j)
+    with _rows_lock:
+        _rows_seen[0] += 1
+        _rows_seen[1] += m not in ("estimate", "none")
+        MEASURED_ENERGY_RATIO.set(_rows_seen[1] / _rows_seen[0])
 
 
 class RateLimitedWarning:

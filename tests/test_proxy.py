@@ -10,10 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from litellm_energy_router.router.checkpoint import point_to
 from litellm_energy_router.table import open_store
@@ -26,6 +28,9 @@ NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-7
 KEY = "sk-energy-router-test-0123456789"
 PROOF = "Give a proof about chess number 4242"
 EASY = "Tell me about rivers number 4242"
+# The `litellm` console script run by this interpreter (the script's own shebang may name another venv).
+LITELLM = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points; "
+           "sys.exit(next(iter(entry_points(group='console_scripts', name='litellm'))).load()())"]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -63,9 +68,8 @@ def proxy(tmp_path_factory):
         "ENERGY_ROUTER_TABLE__URL": f"sqlite:///{d / 'production.db'}",
         "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"),
     }  # fmt: skip
-    exe = str(Path(sys.executable).with_name("litellm"))
     log = open(d / "proxy.log", "w")
-    proc = subprocess.Popen([exe, "--config", str(ROOT / "config_examples/proxy_config.yaml"), "--host", "127.0.0.1",
+    proc = subprocess.Popen([*LITELLM, "--config", str(ROOT / "config_examples/proxy_config.yaml"), "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)  # fmt: skip
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -119,6 +123,42 @@ def test_proxy_routing_knob_fallback_reload(proxy):
             break
         time.sleep(1.0)
     assert dep == "vllm-llama-70b"
+
+
+def _scrape(port, auth=True):
+    headers = {"Authorization": f"Bearer {KEY}"} if auth else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}  # fmt: skip
+
+
+def test_proxy_metrics_endpoint(proxy):
+    """The proxy's own /metrics (the `prometheus` callback in the config) carries the router's and the
+    callback's energy_router_* series; it asks for the master key like any proxy route."""
+    port = proxy["port"]
+    for text in (PROOF + " metrics", EASY + " metrics"):
+        _post(port, text)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _scrape(port, auth=False)
+    assert e.value.code == 401
+    large, small = (("candidate", "meta/llama-2-70b-chat"),), (("candidate", "mistralai/mistral-7b-chat"),)
+    deadline = time.time() + 30
+    while time.time() < deadline:  # the writer observes joules and writes rows off the serving path
+        m = _scrape(port)
+        joules = {k[1]: v for k, v in m.items() if k[0] == "energy_router_request_joules_sum"}
+        if len(joules) >= 2 and m.get(("energy_router_rows_written_total", ())):
+            break
+        time.sleep(0.5)
+    assert m[("energy_router_decisions_total", large)] > 0 and m[("energy_router_decisions_total", small)] > 0
+    assert m[("energy_router_decision_seconds_count", ())] >= 2
+    assert joules[(*large, ("method", "estimate"))] > 0 and joules[(*small, ("method", "estimate"))] > 0
+    assert m[("energy_router_request_joules_count", (*small, ("method", "estimate")))] > 0
+    assert m[("energy_router_rows_total", (("method", "estimate"),))] >= 2
+    assert m[("energy_router_rows_written_total", ())] > 0 and m[("energy_router_reloads_total", (("result", "ok"),))] > 0
+    for name in ("spool_backlog_rows", "writer_queue_depth", "checkpoint_load_seconds_count", "measured_energy_ratio"):
+        assert (f"energy_router_{name}", ()) in m
+    assert any(k[0].startswith("litellm_") for k in m)  # one registry, LiteLLM's own series beside ours
 
 
 def test_proxy_energy_logger_writes_production_rows(proxy):

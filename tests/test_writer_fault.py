@@ -11,6 +11,7 @@ import time
 
 import litellm
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -161,11 +162,13 @@ def test_table_down_at_start_then_up(tmp_path):
         w.submit(_row(i))
     assert w.flush(10)
     assert w.spooled == 120 and w.written == 0
+    assert REGISTRY.get_sample_value("energy_router_spool_backlog_rows") >= 120  # the gauge follows the outage
     target.parent.mkdir()
     assert w.wait_replayed(20)
     for i in range(120, 150):
         w.submit(_row(i))
     w.close()
+    assert REGISTRY.get_sample_value("energy_router_spool_backlog_rows") == 0
     store = open_store(url)
     assert store.count_runs() == 150
     store.close()

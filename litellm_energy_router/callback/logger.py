@@ -22,10 +22,10 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from ..energy.meter import RequestEnergyMeter
 from ..energy.request_meter import open_request_meter
+from ..metrics import CALLBACK_ERRORS
 from ..settings import Settings, load_settings
 from ..shadow import ShadowQueue
 from .extract import CandidateMap, extract_row
-from .metrics import metrics
 from .writer import TableWriter
 
 log = logging.getLogger("litellm_energy_router.callback")
@@ -60,7 +60,6 @@ class EnergyLogger(CustomLogger):
             table_url or s.table.url, self.meter, writer=s.writer, privacy=s.privacy, cmap=self.cmap, shadow=shadow,
             settle_timeout_s=s.energy.settle_timeout_s, **writer_kwargs,
         )  # fmt: skip
-        self._m = metrics()
         self._closed = False
         ref = weakref.ref(self)
         atexit.register(lambda: (lambda o: o.close() if o is not None else None)(ref()))
@@ -72,7 +71,7 @@ class EnergyLogger(CustomLogger):
             if call_id:
                 self.meter.request_started(call_id, time.time())
         except Exception:  # noqa: BLE001 - never raise into LiteLLM
-            self._m.errors.inc()
+            CALLBACK_ERRORS.inc()
 
     def _handle(self, kwargs: Any, start_time: Any, end_time: Any, status: str) -> None:
         try:
@@ -80,7 +79,7 @@ class EnergyLogger(CustomLogger):
             if row is not None:
                 self.writer.submit(row)
         except Exception as e:  # noqa: BLE001 - never raise into LiteLLM
-            self._m.errors.inc()
+            CALLBACK_ERRORS.inc()
             log.debug("energy-router: event not recorded: %s", e)
 
     async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:

@@ -21,10 +21,11 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
+from ..metrics import (REJECTED_ROWS, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS, WRITER_QUEUE_DEPTH,
+                       observe_row)  # fmt: skip
 from ..shadow import ShadowQueue
 from ..table import BadRowError, Query, Run, TableError, make_query, open_store
 from .extract import CandidateMap, PendingRow
-from .metrics import metrics
 from .spool import Chunk, Spool
 
 log = logging.getLogger("litellm_energy_router.callback")
@@ -74,7 +75,6 @@ class TableWriter:
         self.settle_timeout_s = settle_timeout_s
         self.store_factory = store_factory
         self.spool = Spool(writer.spool_dir)
-        self.m = metrics()
         self._q: queue.Queue[PendingRow] = queue.Queue(maxsize=writer.queue_size)
         self._pending: list[PendingRow] = []
         self._ready: list[dict[str, Any]] = []
@@ -112,7 +112,8 @@ class TableWriter:
         except queue.Full:
             try:
                 self.spool.append([{"k": "pending", **row.to_json()}], sync=False)
-                self.m.spooled_total.inc()
+                SPOOLED_ROWS.inc()
+                SPOOL_BACKLOG_ROWS.inc()
                 self._backlog = True
                 self._account(1, spooled=True)
             except Exception as e:  # noqa: BLE001 - disk full: nothing more we can do without blocking
@@ -172,7 +173,7 @@ class TableWriter:
             except Exception:  # noqa: BLE001 - the writer thread must survive anything
                 log.exception("energy-router writer: unexpected error")
                 time.sleep(0.1)
-            self.m.queue_depth.set(self._q.qsize() + len(self._pending) + len(self._ready))
+            WRITER_QUEUE_DEPTH.set(self._q.qsize() + len(self._pending) + len(self._ready))
             if closing:
                 if self._q.empty() and not self._pending and not self._ready and (not self._backlog or self._is_down()):
                     return
@@ -253,11 +254,11 @@ class TableWriter:
             msg = f"row for call {row.call_id!r}: field '{'.'.join(map(str, first['loc']))}': {first['msg']}"
             log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
             self.spool.reject([str(row.to_json())], msg)
-            self.m.rejected.inc()
+            REJECTED_ROWS.inc()
             if account_reject:
                 self._account(1)
             return None
-        self.m.observe_row(row.candidate, e.method, e.energy_j)
+        observe_row(row.candidate, e.method, e.energy_j)
         cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
         return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand}
 
@@ -311,7 +312,8 @@ class TableWriter:
     def _to_spool(self, records: list[dict[str, Any]]) -> None:
         self.spool.append(records)
         self._backlog = True
-        self.m.spooled_total.inc(len(records))
+        SPOOLED_ROWS.inc(len(records))
+        SPOOL_BACKLOG_ROWS.inc(len(records))  # counted exactly again after each replay pass
         self._account(len(records), spooled=True)
 
     def _write(self, records: list[dict[str, Any]]) -> None:
@@ -330,7 +332,7 @@ class TableWriter:
                 msg = str(e).splitlines()[0][:300]
                 log.warning("energy-router: table rejected a row (%s); kept in %s", msg, self.spool.rejected_path)
                 self.spool.reject([str(records[0])], msg)
-                self.m.rejected.inc()
+                REJECTED_ROWS.inc()
                 return
             mid = len(records) // 2
             self._write(records[:mid])
@@ -338,7 +340,7 @@ class TableWriter:
             return
         known.update(cands)
         self.written += len(records)
-        self.m.written.inc(len(records))
+        ROWS_WRITTEN.inc(len(records))
 
     def _maybe_replay(self, closing: bool) -> None:
         now = time.monotonic()
@@ -355,7 +357,7 @@ class TableWriter:
                 break
             if not self._replay(chunk):
                 break
-        self.m.spooled.set(self.spool.backlog_records() if self._backlog else 0)
+        SPOOL_BACKLOG_ROWS.set(self.spool.backlog_records() if self._backlog else 0)
 
     def _replay(self, chunk: Chunk) -> bool:
         pend = [r for r in chunk.records if r["k"] == "pending"]
