@@ -189,9 +189,10 @@ def test_meter_windows_split_concurrent_energy_without_double_counting(sqlite_ur
 
 
 def test_config_errors_are_one_line(backend, tmp_path):
-    with pytest.raises(ConfigError) as e:
-        Tournament(config(backend, energy={"meter": "no-such-meter"}), open_store(f"sqlite:///{tmp_path / 'a.db'}"))
-    assert str(e.value).startswith("energy meter 'no-such-meter' is not registered (known:") and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as e:  # refused when the config is read, before any table is opened
+        config(backend, energy={"meter": "no-such-meter"})
+    assert "energy.meter' = 'no-such-meter': energy meter 'no-such-meter' is not registered (known: agent, " in str(e.value)
+    assert "standin-constant-power" in str(e.value) and "\n" not in str(e.value)
     bad = config(backend)
     bad.candidates[0].energy_profile_key = None  # 'small' is not in the bundled profile
     with pytest.raises(ConfigError, match=r"no entry for candidate 'small'.*energy_profile_key"):
