@@ -103,11 +103,13 @@ class EnergySettings(_Section):
     """How joules are obtained.
 
     ``nvml`` and ``simulated`` meters are sampled in-process (the proxy runs on the GPU host); ``agent``
-    asks the GPU-node agent (``energy-router agent``) over HTTP; ``estimate`` uses the profile. Per-request
+    asks the GPU-node agent (``energy-router agent``) over HTTP; ``estimate`` uses the profile. A plugin's
+    meter (see ``docs/plugins.md``) is sampled in-process like ``nvml``, built with ``options``. Per-request
     attribution weights: ``prefill_weight`` per prompt token and ``decode_weight`` per output token.
     """
 
-    meter: Literal["estimate", "nvml", "agent", "simulated"] = "estimate"
+    meter: str = Field("estimate", description="'estimate', 'nvml', 'agent', 'simulated' or a plugin's meter name")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the meter's factory")
     profile: Path | None = Field(None, description="energy profile YAML; None = the bundled ML.ENERGY H100 profile")
     agent_url: str | None = Field(None, description="GPU-node agent base URL, e.g. http://gpu-node:9400")
     agent_token: str | None = Field(None, description="bearer token of the agent (client and server side)")
@@ -122,6 +124,16 @@ class EnergySettings(_Section):
     history_s: float = Field(600.0, gt=0, description="seconds of meter intervals/requests kept for attribution")
     settle_timeout_s: float = Field(30.0, gt=0, description="max seconds a row waits for its energy to settle")
     fallback_to_estimate: bool = Field(True, description="use the profile estimate when a measured meter has no answer")
+
+    @field_validator("meter")
+    @classmethod
+    def _registered_meter(cls, v: str) -> str:
+        from .plugins import meter_factories  # entry points are read on first use, not at import
+
+        factories = meter_factories()
+        if v not in factories:
+            raise ValueError(f"energy meter {v!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})")
+        return v
 
     @field_validator("idle_power_w")
     @classmethod
@@ -242,7 +254,7 @@ def _one_line(err: ValidationError, data: Mapping[str, Any], origin: str) -> str
     shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     if e["type"] == "missing":
         return f"{origin}: config key '{loc}' is required"
-    return f"{origin}: config key '{loc}' = {shown}: {e['msg']}"
+    return f"{origin}: config key '{loc}' = {shown}: {e['msg'].removeprefix('Value error, ')}"
 
 
 def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = True) -> dict[str, Any]:

@@ -7,12 +7,12 @@ Example (``config_examples/tournament.yaml``)::
         litellm_params: {model: hosted_vllm/mistralai/Mistral-7B-Instruct-v0.2, api_base: http://gpu1:8000/v1}
         params_b: 7.2
         energy_profile_key: mistralai/mistral-7b-chat
-    tasks: [mmlu, gsm8k, {name: mbpp, sample_size: 100}]
+    tasks: [mmlu, gsm8k, {name: mbpp, sample_size: 100}]   # built-in or a plugin's (docs/plugins.md)
     sample_size: 200                   # items per task (None = all)
     seed: 0
     concurrency: 8                     # requests in flight per candidate
     generation: {temperature: 0.0}
-    energy: {meter: estimate}          # or nvml / agent / any registered meter
+    energy: {meter: estimate}          # or nvml / agent / a plugin's meter (+ options: {...})
     judge: {model_name: judge, litellm_params: {model: openai/gpt-4o, api_key: os.environ/OPENAI_API_KEY}}
 
 ``os.environ/VAR`` values are resolved as in a LiteLLM config. Errors are one line naming the file
@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from litellm_energy_router.plugins import task_factories
 from litellm_energy_router.settings import (
     ConfigError,
     EnergySettings,
@@ -78,10 +79,8 @@ class GenerationSettings(_Model):
 
 
 class TournamentEnergy(EnergySettings):
-    """The settings' energy section, with any registered meter name allowed (plugins add meters)."""
+    """The settings' energy section (any registered meter, plugins' included), plus the GPU label."""
 
-    meter: str = Field("estimate", description="'estimate' (profile x tokens) or a registered meter name")
-    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for make_meter(meter, ...)")
     gpu: str | None = Field(None, description="label written to the runs' gpu column, e.g. '1x H100 80GB'")
 
 
@@ -127,6 +126,9 @@ class TournamentConfig(_Model):
         tasks = [t.name for t in self.tasks]
         if len(set(tasks)) != len(tasks):
             raise ValueError("a task is listed twice")
+        known = task_factories()
+        if unknown := [t for t in tasks if t not in known]:
+            raise ValueError(f"task {unknown[0]!r} is not registered (known: {', '.join(sorted(known)) or 'none'})")
         if self.mode == "litellm":
             missing = [c.model_name for c in self.candidates if not c.litellm_params.get("model")]
             if missing:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +80,40 @@ def planted_ckpt(tmp_path_factory):
     ck = train_planted(store, d / "router")
     store.close()
     return ck
+
+
+EXAMPLE_PLUGIN_SRC = Path(__file__).parent / "plugin_pkg"
+
+
+@pytest.fixture(scope="session")
+def example_plugin_dir(tmp_path_factory):
+    """tests/plugin_pkg (a third-party plugin) pip-installed, offline and without dependencies, into a
+    fresh directory — never into the venv. Built from a copy so the source tree stays clean."""
+    root = tmp_path_factory.mktemp("example_plugin")
+    src, target = root / "src", root / "site"
+    shutil.copytree(EXAMPLE_PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+           "--disable-pip-version-check", "--target", str(target), str(src)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return target
+
+
+@pytest.fixture(scope="module")
+def example_plugin(example_plugin_dir):
+    """The example plugin installed and seen by this process for one test module: its directory on
+    sys.path and its entry point loaded into the plugin manager; all undone afterwards."""
+    from litellm_energy_router.plugins import get_plugin_manager, load_entry_points
+
+    pm = get_plugin_manager()
+    sys.path.insert(0, str(example_plugin_dir))
+    importlib.invalidate_caches()
+    added = load_entry_points(pm)
+    assert added == ["example"], added
+    yield example_plugin_dir
+    for name in added:
+        pm.unregister(name=name)
+    sys.path.remove(str(example_plugin_dir))
+    importlib.invalidate_caches()
+    for mod in [m for m in sys.modules if m.split(".")[0] == "energy_router_example_plugin"]:
+        del sys.modules[mod]

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from litellm_energy_router.energy.meter import EnergyReading, register_meter
+from litellm_energy_router.energy.meter import EnergyReading
 from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.plugins import get_plugin_manager, hookimpl
 from litellm_energy_router.profiling.config import parse_tournament_config
 from litellm_energy_router.profiling.runner import Tournament, build_jobs
 from litellm_energy_router.profiling.shadow import read_queue, shadow_jobs
@@ -35,7 +36,6 @@ ACC = {
 PROFILE_KEY = {"small": "mistralai/mistral-7b-chat", "medium": "mistralai/mixtral-8x7b-chat", "large": "meta/llama-2-70b-chat"}
 
 
-@register_meter("standin-constant-power")
 class ConstantPowerStandIn:
     """STAND-IN for a GPU energy meter (there is no GPU here): a GPU drawing a constant ``power_w``
     watts, so cumulative joules = power_w x seconds since creation."""
@@ -53,6 +53,21 @@ class ConstantPowerStandIn:
 
     def close(self) -> None:
         pass
+
+
+class _StandInPlugin:
+    @hookimpl
+    def energy_router_meters(self):
+        return {"standin-constant-power": ConstantPowerStandIn}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standin_meter():
+    """The stand-in meter, registered with the plugin manager as a plugin would be for this module."""
+    pm = get_plugin_manager()
+    pm.register(_StandInPlugin(), name="test-standin-meter")
+    yield
+    pm.unregister(name="test-standin-meter")
 
 
 @pytest.fixture(scope="module")
@@ -174,9 +189,10 @@ def test_meter_windows_split_concurrent_energy_without_double_counting(sqlite_ur
 
 
 def test_config_errors_are_one_line(backend, tmp_path):
-    with pytest.raises(ConfigError) as e:
-        Tournament(config(backend, energy={"meter": "no-such-meter"}), open_store(f"sqlite:///{tmp_path / 'a.db'}"))
-    assert str(e.value).startswith("energy meter 'no-such-meter' is not registered (known:") and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as e:  # refused when the config is read, before any table is opened
+        config(backend, energy={"meter": "no-such-meter"})
+    assert "energy.meter' = 'no-such-meter': energy meter 'no-such-meter' is not registered (known: agent, " in str(e.value)
+    assert "standin-constant-power" in str(e.value) and "\n" not in str(e.value)
     bad = config(backend)
     bad.candidates[0].energy_profile_key = None  # 'small' is not in the bundled profile
     with pytest.raises(ConfigError, match=r"no entry for candidate 'small'.*energy_profile_key"):

@@ -17,7 +17,7 @@ def agent(
     port: int = typer.Option(9400, "--port", help="TCP port (0: any free port)"),
     token: Optional[str] = typer.Option(None, "--token", envvar="ENERGY_ROUTER_AGENT_TOKEN",
                                         help="bearer token required on every endpoint (default: energy.agent_token)"),
-    meter: str = typer.Option("nvml", "--meter", help="nvml | simulated"),
+    meter: str = typer.Option("nvml", "--meter", help="nvml | simulated | a plugin's meter (built with energy.options)"),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (default: energy.gpus or all)"),
     vllm_metrics_url: Optional[str] = typer.Option(None, "--vllm-metrics-url",
                                                    help="vLLM /metrics, e.g. http://127.0.0.1:8000/metrics (token counters)"),
@@ -39,16 +39,20 @@ def agent(
         check_bind(host, token)
     except BindError as e:
         fail(str(e))
-    if meter not in ("nvml", "simulated"):
-        fail(f"--meter {meter!r}: the agent measures with 'nvml' (or 'simulated' for tests)")
+    if meter in ("estimate", "agent"):
+        fail(f"--meter {meter!r}: the agent measures with a counter meter ('nvml', a plugin's, or 'simulated' for tests)")
     try:
         idx = [int(x) for x in gpus.split(",") if x.strip()] if gpus else s.gpus
     except ValueError:
         fail(f"--gpus {gpus!r}: expected comma-separated GPU indices, e.g. 0,1")
+    builtin = {"nvml": {"gpus": idx}, "simulated": {"power_w": simulated_power_w}}
+    kwargs = builtin.get(meter, s.options if meter == s.meter else {})
     try:
-        m = make_meter("nvml", gpus=idx) if meter == "nvml" else make_meter("simulated", power_w=simulated_power_w)
+        m = make_meter(meter, **kwargs)
     except MeterError as e:
         fail(f"{getattr(e, 'reason', e)}; the agent runs on a GPU host (--meter simulated for a test run)")
+    except Exception as e:  # noqa: BLE001 - unknown name, or a plugin's meter refusing its options
+        fail(f"--meter {meter!r}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     cfg = AgentConfig(
         host=host, port=port, token=token, sample_hz=sample_hz or s.sample_hz, history_s=history_s or s.history_s,
         prefill_weight=s.prefill_weight, decode_weight=s.decode_weight, idle_power_w=s.idle_power_w,

@@ -1,8 +1,7 @@
-"""Energy: profiles (J/token per candidate), meters (one Protocol, one registry) and per-request
-attribution. Importing this package registers the meters ``estimate``, ``nvml``, ``agent`` and
-``simulated``."""
+"""Energy: profiles (J/token per candidate), meters (one Protocol; the built-ins ``estimate``, ``nvml``,
+``agent`` and ``simulated`` and any plugin's, see :mod:`litellm_energy_router.plugins`) and
+per-request attribution."""
 
-from . import agent_client, estimate, nvml, simulated  # noqa: F401  (register the meters)
 from .meter import (
     EnergyMeter,
     EnergyReading,
@@ -11,7 +10,6 @@ from .meter import (
     RequestEnergyMeter,
     RequestUsage,
     make_meter,
-    register_meter,
     registered_meters,
 )
 from .profile import EnergyProfile, ModelEnergy, ProfileError, bundled_profile_path, load_profile
@@ -20,5 +18,5 @@ from .request_meter import AttributedMeter, FallbackMeter, open_request_meter
 __all__ = [
     "AttributedMeter", "EnergyMeter", "EnergyProfile", "EnergyReading", "FallbackMeter", "MeterError", "ModelEnergy",
     "ProfileError", "RequestEnergy", "RequestEnergyMeter", "RequestUsage", "bundled_profile_path", "load_profile",
-    "make_meter", "open_request_meter", "register_meter", "registered_meters",
+    "make_meter", "open_request_meter", "registered_meters",
 ]

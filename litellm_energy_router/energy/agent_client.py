@@ -12,12 +12,11 @@ import logging
 import time
 from urllib.parse import quote
 
-from .meter import EnergyReading, MeterError, RequestEnergy, RequestUsage, register_meter
+from .meter import EnergyReading, MeterError, RequestEnergy, RequestUsage
 
 log = logging.getLogger("litellm_energy_router.energy")
 
 
-@register_meter("agent")
 class AgentMeter:
     """HTTP client of the GPU-node agent.
 

@@ -10,11 +10,10 @@ import threading
 import time
 from pathlib import Path
 
-from .meter import EnergyReading, RequestEnergy, RequestUsage, register_meter
+from .meter import EnergyReading, RequestEnergy, RequestUsage
 from .profile import EnergyProfile, ProfileError, load_profile
 
 
-@register_meter("estimate")
 class EstimateMeter:
     """Profile-based energy estimate.
 

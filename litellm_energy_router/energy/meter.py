@@ -1,4 +1,4 @@
-"""The energy-meter interface: one Protocol, one registry.
+"""The energy-meter interface: one Protocol; meters come from plugins.
 
 A meter reports **cumulative** GPU energy. Energy over a window is the difference of two readings::
 
@@ -6,9 +6,10 @@ A meter reports **cumulative** GPU energy. Energy over a window is the differenc
     a = meter.read(); ...work...; b = meter.read()
     joules = b.total_j - a.total_j        # J, summed over the meter's GPUs
 
-Implementations register themselves with :func:`register_meter` under a short name (``nvml``,
-``estimate``, ``agent``, ``simulated``...) and say in ``method`` how the joules were obtained — the
-value written to the table's ``energy_method`` column.
+Implementations are provided under a short name (``nvml``, ``estimate``, ``agent``, ``simulated``...)
+by the ``energy_router_meters`` hook of a plugin (:mod:`litellm_energy_router.plugins`; the built-ins in
+:mod:`.builtin`) and say in ``method`` how the joules were obtained — the value written to the
+table's ``energy_method`` column.
 
 **Per request.** Under continuous batching a request's energy is not the counter delta over its own
 window (other requests run at the same time). The callback therefore asks one
@@ -24,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from ..table.rows import EnergyMethod
+from ..plugins import meter_factories
+from ..table.rows import ENERGY_METHODS, EnergyMethod
 
 
 @dataclass(frozen=True)
@@ -62,30 +64,29 @@ class EnergyMeter(Protocol):
 
 
 MeterFactory = Callable[..., EnergyMeter]
-_REGISTRY: dict[str, MeterFactory] = {}
-
-
-def register_meter(name: str) -> Callable[[MeterFactory], MeterFactory]:
-    """Class/function decorator: make a meter constructible as ``make_meter(name, **kw)``."""
-
-    def deco(factory: MeterFactory) -> MeterFactory:
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
 
 
 def make_meter(name: str, **kwargs: Any) -> EnergyMeter:
-    """Build a registered meter; unknown names raise ``ValueError`` listing the known ones."""
+    """Build the meter registered as ``name`` (built-in or plugin, see :mod:`litellm_energy_router.plugins`).
+
+    An unknown name raises ``ValueError`` listing the known ones; a meter whose ``method`` is not one of
+    the table's ``energy_method`` values raises :class:`MeterError`.
+    """
+    factories = meter_factories()
     try:
-        factory = _REGISTRY[name]
+        factory = factories[name]
     except KeyError:
-        raise ValueError(f"energy meter {name!r} is not registered (known: {', '.join(sorted(_REGISTRY)) or 'none'})") from None
-    return factory(**kwargs)
+        raise ValueError(f"energy meter {name!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})") from None
+    meter = factory(**kwargs)
+    if getattr(meter, "method", None) not in ENERGY_METHODS:
+        meter.close()
+        raise MeterError(f"energy meter {name!r}: method {getattr(meter, 'method', None)!r} is not one of {', '.join(ENERGY_METHODS)}")
+    return meter
 
 
 def registered_meters() -> list[str]:
-    return sorted(_REGISTRY)
+    """Names of the meters of every installed plugin (built-ins included)."""
+    return sorted(meter_factories())
 
 
 class MeterError(RuntimeError):

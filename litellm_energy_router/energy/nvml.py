@@ -19,7 +19,7 @@ import time
 from types import ModuleType
 from typing import Any, Iterable, Literal
 
-from .meter import EnergyReading, MeterError, register_meter
+from .meter import EnergyReading, MeterError
 
 Mode = Literal["auto", "counter", "power"]
 
@@ -37,7 +37,6 @@ def _name(nvml: ModuleType, h: Any) -> str:
     return n.decode() if isinstance(n, bytes) else str(n)
 
 
-@register_meter("nvml")
 class NvmlMeter:
     """Cumulative GPU energy per GPU (J) from NVML.
 

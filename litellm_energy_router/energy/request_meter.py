@@ -4,8 +4,8 @@
 
 * ``estimate`` -> :class:`~.estimate.EstimateMeter` (tokens x profile);
 * ``agent`` -> :class:`~.agent_client.AgentMeter` (asks the GPU-node agent);
-* ``nvml`` / ``simulated`` -> :class:`AttributedMeter`: the counter is sampled in a thread at
-  ``sample_hz`` and each interval is split across the requests in flight (:mod:`.attribution`).
+* ``nvml`` / ``simulated`` / a plugin's meter -> :class:`AttributedMeter`: the counter is sampled in
+  a thread at ``sample_hz`` and each interval is split across the requests in flight (:mod:`.attribution`).
 
 Measured meters fall back to the estimate (``energy_method = "estimate"``) when they have no answer
 (``fallback_to_estimate``).
@@ -110,9 +110,11 @@ class FallbackMeter:
 def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, **meter_kwargs: Any) -> RequestEnergyMeter:
     """Build the per-request meter described by ``energy`` (an ``EnergySettings``).
 
-    ``meter_kwargs`` go to the meter's constructor (e.g. ``power_w`` for ``simulated``).
-    Raises :class:`~.meter.MeterError` when the meter cannot work here (e.g. no NVIDIA driver).
+    ``energy.options``, then ``meter_kwargs``, go to the meter's factory (e.g. ``power_w`` for
+    ``simulated``). Raises :class:`~.meter.MeterError` when the meter cannot work here (e.g. no NVIDIA
+    driver).
     """
+    meter_kwargs = {**getattr(energy, "options", {}), **meter_kwargs}
     estimate = EstimateMeter(energy.profile)
     if energy.meter == "estimate":
         return estimate

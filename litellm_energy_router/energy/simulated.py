@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable
 
-from .meter import EnergyReading, register_meter
+from .meter import EnergyReading
 
 PowerFn = Callable[[float], float]
 
@@ -31,7 +31,6 @@ class ManualClock:
         return self.t
 
 
-@register_meter("simulated")
 class SimulatedMeter:
     """Deterministic cumulative energy counter.
 

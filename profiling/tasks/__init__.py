@@ -1,7 +1,8 @@
-"""Benchmark tasks: one interface (:class:`Task`), one registry (:func:`register_task`, :func:`get_task`).
+"""Benchmark tasks: one interface (:class:`Task`); tasks come from plugins (:func:`get_task`, :func:`task_names`).
 
-Built in: ``mmlu``, ``arc_challenge``, ``hellaswag``, ``winogrande`` (multiple choice), ``gsm8k``
-(final number), ``mbpp`` (code run in a sandbox), ``mt_bench`` (LLM judge).
+Built in (:mod:`.builtin`): ``mmlu``, ``arc_challenge``, ``hellaswag``, ``winogrande`` (multiple choice),
+``gsm8k`` (final number), ``mbpp`` (code run in a sandbox), ``mt_bench`` (LLM judge). More through the
+``energy_router_tasks`` hook of a plugin (``docs/plugins.md``).
 """
 
 from .base import (
@@ -12,13 +13,10 @@ from .base import (
     TaskError,
     TaskItem,
     get_task,
-    register_task,
     sample_items,
     task_names,
 )
-from . import choice, gsm8k, mbpp, mt_bench  # noqa: E402,F401  (register the built-in tasks)
 
 __all__ = [
-    "Grade", "GradeContext", "HFSource", "Task", "TaskError", "TaskItem", "get_task", "register_task",
-    "sample_items", "task_names",
+    "Grade", "GradeContext", "HFSource", "Task", "TaskError", "TaskItem", "get_task", "sample_items", "task_names",
 ]

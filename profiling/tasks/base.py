@@ -1,4 +1,4 @@
-"""The task interface: a task = loader + prompt format + grader, registered under one name.
+"""The task interface: a task = loader + prompt format + grader, provided under one name by a plugin.
 
 A :class:`Task` turns raw benchmark records (Hugging Face ``datasets`` rows, or the same rows stored
 as JSON Lines) into :class:`TaskItem` objects, formats each item as chat messages, and grades a
@@ -9,7 +9,9 @@ candidate's answer text into a score in [0, 1]::
     messages = task.messages(items[0])
     grade = await task.grade(items[0], answer_text, GradeContext())
 
-New tasks subclass :class:`Task` and decorate the class with :func:`register_task`.
+New tasks subclass :class:`Task` and are listed by the ``energy_router_tasks`` hook of a plugin
+(:mod:`litellm_energy_router.plugins`; the built-ins in :mod:`.builtin`, third-party ones through the
+``litellm_energy_router`` entry-point group, see ``docs/plugins.md``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+
+from litellm_energy_router.plugins import task_factories
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..judge import Judge
@@ -186,23 +190,21 @@ def sample_items(items: Sequence[TaskItem], n: int | None, seed: int) -> list[Ta
     return sorted(rng.sample(ordered, n), key=lambda it: it.id)
 
 
-# -- registry ------------------------------------------------------------------------------------
-_REGISTRY: dict[str, Callable[[], Task]] = {}
-
-
-def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator: make ``cls`` available as ``get_task(cls.name)``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
+# -- registry (plugins: litellm_energy_router.plugins; the built-ins in .builtin) --------------------
 def get_task(name: str) -> Task:
-    """A fresh instance of the task registered as ``name``; unknown names raise :class:`TaskError`."""
+    """A fresh instance of the task registered as ``name`` by any plugin; unknown names raise :class:`TaskError`."""
+    factories = task_factories()
     try:
-        return _REGISTRY[name]()
+        factory = factories[name]
     except KeyError:
-        raise TaskError(f"task {name!r} is not registered (known: {', '.join(sorted(_REGISTRY))})") from None
+        raise TaskError(f"task {name!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})") from None
+    task = factory()
+    if not isinstance(task, Task) or task.name != name:
+        raise TaskError(f"task {name!r}: the factory returned {type(task).__name__} named {getattr(task, 'name', None)!r}, "
+                        f"expected a Task named {name!r}")  # fmt: skip
+    return task
 
 
 def task_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """Names of the tasks of every installed plugin (built-ins included)."""
+    return sorted(task_factories())

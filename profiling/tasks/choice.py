@@ -11,7 +11,7 @@ import re
 from abc import abstractmethod
 from typing import Any, ClassVar, Mapping, Sequence
 
-from .base import Grade, GradeContext, HFSource, Task, TaskItem, register_task
+from .base import Grade, GradeContext, HFSource, Task, TaskItem
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -90,7 +90,6 @@ class MultipleChoiceTask(Task):
         return Grade(1.0 if got == item.data["gold"] else 0.0, f"chose {LETTERS[got]}")
 
 
-@register_task
 class MMLU(MultipleChoiceTask):
     """MMLU (``cais/mmlu``, config ``all``): ``question``, ``subject``, ``choices`` (4), ``answer`` (0-3)."""
 
@@ -103,7 +102,6 @@ class MMLU(MultipleChoiceTask):
         return r.get("id", index), head + r["question"], list(r["choices"]), int(r["answer"])
 
 
-@register_task
 class ARCChallenge(MultipleChoiceTask):
     """ARC-Challenge (``allenai/ai2_arc``): ``id``, ``question``, ``choices{text,label}``, ``answerKey``."""
 
@@ -118,7 +116,6 @@ class ARCChallenge(MultipleChoiceTask):
         return r["id"], r["question"], list(r["choices"]["text"]), labels.index(key)
 
 
-@register_task
 class HellaSwag(MultipleChoiceTask):
     """HellaSwag (``Rowan/hellaswag``, validation split — test labels are hidden): ``ind``, ``ctx``,
     ``endings`` (4), ``label`` ("0"-"3"), ``activity_label``."""
@@ -132,7 +129,6 @@ class HellaSwag(MultipleChoiceTask):
         return r.get("ind", index), f"Complete the description.\n\n{topic}{r['ctx']}", list(r["endings"]), int(r["label"])
 
 
-@register_task
 class WinoGrande(MultipleChoiceTask):
     """WinoGrande (``allenai/winogrande``, ``winogrande_xl``, validation split): ``sentence`` with a
     ``_`` blank, ``option1``, ``option2``, ``answer`` ("1" or "2")."""

@@ -7,7 +7,7 @@ import re
 from fractions import Fraction
 from typing import Any, ClassVar, Mapping
 
-from .base import Grade, GradeContext, HFSource, Task, TaskItem, register_task
+from .base import Grade, GradeContext, HFSource, Task, TaskItem
 
 _NUM = r"-?\$?\s?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?"
 _MARKED = [
@@ -46,7 +46,6 @@ def numbers_equal(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
 
 
-@register_task
 class GSM8K(Task):
     """GSM8K (``openai/gsm8k``, config ``main``): ``question``, ``answer`` ending in ``#### <number>``."""
 

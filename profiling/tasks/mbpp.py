@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Mapping
 
-from .base import Grade, GradeContext, HFSource, Task, TaskError, TaskItem, register_task
+from .base import Grade, GradeContext, HFSource, Task, TaskError, TaskItem
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _BEGIN = re.compile(r"\[BEGIN\](.*?)(?:\[DONE\]|\Z)", re.DOTALL)
@@ -25,7 +25,6 @@ def extract_code(text: str) -> str:
     return text.strip("\n")
 
 
-@register_task
 class MBPP(Task):
     """MBPP (``google-research-datasets/mbpp``, config ``full``): ``task_id``, ``text``, ``code``
     (reference solution), ``test_list`` (asserts), ``test_setup_code``."""

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from .base import Grade, GradeContext, HFSource, Task, TaskError, TaskItem, register_task
+from .base import Grade, GradeContext, HFSource, Task, TaskError, TaskItem
 
 REFERENCE_CATEGORIES = {"math", "reasoning", "coding"}
 
 
-@register_task
 class MTBench(Task):
     """MT-Bench (``HuggingFaceH4/mt_bench_prompts``): ``prompt_id``, ``category``, ``prompt`` (list of
     turns), ``reference`` (list, may be empty)."""
