@@ -2,7 +2,8 @@
 
 * A student checkpoint routes through a real ``litellm.Router`` without importing torch or transformers
   (checked in a fresh interpreter: this test process has imported both for training).
-* A checkpoint that loads slowly does not hold up the first request: it is answered within the routing
+* A checkpoint that loads slowly (a third-party scorer plugin, installed by the ``example_plugin``
+  fixture) does not hold up the first request: it is answered within the routing
   timeout on the fail-open path (``reason="loading"``), and routed by the router once loaded.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,7 +25,6 @@ from litellm import Router
 
 from backend import Backend
 from litellm_energy_router.metrics import FALLBACKS
-from litellm_energy_router.router import scoring
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 from router_fixtures import CANDS
@@ -72,21 +73,19 @@ def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
 
 
 @pytest.fixture
-def slow_student(monkeypatch):
-    """The student scorer takes 2 s to load (a large checkpoint on a slow disk)."""
-    real = scoring.StudentScorer.__init__
-
-    def slow(self, *a, **kw):
-        time.sleep(2.0)
-        real(self, *a, **kw)
-
-    monkeypatch.setattr(scoring.StudentScorer, "__init__", slow)
+def slow_ckpt(planted_ckpt, example_plugin, tmp_path):
+    """The planted checkpoint served by the example plugin's ``slow-student`` scorer (2 s to load)."""
+    d = tmp_path / "slow"
+    shutil.copytree(planted_ckpt, d)
+    m = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**m, "scorer": "slow-student"}))
+    return d
 
 
-def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads(planted_ckpt, slow_student):
+def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads(slow_ckpt):
     backend = Backend().start()
     timeout_ms = 50.0
-    s = Settings.model_validate({"router": {"checkpoint": str(planted_ckpt), "timeout_ms": timeout_ms, "fallback": "dep-medium"},
+    s = Settings.model_validate({"router": {"checkpoint": str(slow_ckpt), "timeout_ms": timeout_ms, "fallback": "dep-medium"},
                                  "candidates": [{"name": c} for c in CANDS]})  # fmt: skip
     before = FALLBACKS.labels(reason="loading")._value.get()
     proof = [{"role": "user", "content": "Give a proof about chess number 11"}]
@@ -117,4 +116,9 @@ def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads
     assert first["fallback"] == "loading" and dep["model_info"]["id"] == "dep-medium"
     assert FALLBACKS.labels(reason="loading")._value.get() == before + 1
     assert second["fallback"] is None and dep2["model_info"]["id"] == "dep-large"  # routed once loaded
+    assert second["router_version"] == first_version(slow_ckpt)
     assert resp._hidden_params["model_id"] == "dep-large"
+
+
+def first_version(ckpt):
+    return json.loads((ckpt / "manifest.json").read_text())["version"]

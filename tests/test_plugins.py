@@ -41,11 +41,12 @@ def test_builtins_are_entry_points_of_the_package():
     eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
     assert eps["builtin_meters"].value == "litellm_energy_router.energy.builtin"
     assert eps["builtin_tasks"].value == "litellm_energy_router.profiling.tasks.builtin"
+    assert eps["builtin_scorers"].value == "litellm_energy_router.router.builtin"
     assert eps["builtin_meters"].dist.name == "litellm-energy-router"
     names = {n for n, _ in get_plugin_manager().list_name_plugin()}
     assert {"builtin_meters", "builtin_tasks"} <= names
     assert BUILTIN_METERS <= set(meter_factories()) and BUILTIN_TASKS <= set(task_factories())
-    assert isinstance(scorer_factories(), dict)
+    assert {"student", "lm", "task_prior", "knn", "logreg"} <= set(scorer_factories())
 
 
 LIST_IN_FRESH_PROCESS = """
@@ -72,6 +73,7 @@ def test_fresh_process_finds_the_installed_plugin_and_stays_lean(example_plugin_
     assert {"builtin_meters", "builtin_tasks", "example"} <= set(got["plugins"])
     assert set(got["meters"]) == BUILTIN_METERS | {"constant-power"}
     assert set(got["tasks"]) == BUILTIN_TASKS | {"echo"}
+    assert set(got["scorers"]) == {"student", "lm", "task_prior", "knn", "logreg", "slow-student"}
     assert got["heavy"] == []  # listing every plugin imports no implementation (lazy factories)
 
 

@@ -131,3 +131,8 @@ class RouterModel(CheckpointScorer):
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         z = self.slot_logits(texts, tasks)
         return scores_from_logits(z, self.manifest.calibration, tasks, offset=self.probe_logits(texts, tasks))
+
+
+def lm_scorer(path: str | Path, manifest: Manifest) -> RouterModel:
+    """The ``lm`` scorer kind: the LM forward pass, never the student."""
+    return RouterModel(path, manifest=manifest, scorer="lm")

@@ -7,7 +7,7 @@ One protocol (:class:`Scorer`), one registry (:func:`scorer_factories`: the plug
 settings may ask for another kind the checkpoint can serve. The serving runtime and the strategy depend
 on this protocol only.
 
-Built-in kinds (this module's hookimpl):
+Built-in kinds (registered by :mod:`.builtin`):
 
 * ``student`` — the distilled student (:mod:`.student`): numpy only, tens of µs per query.
 * ``lm`` — the LM router's forward pass (:class:`.model.RouterModel`); imports torch and transformers
@@ -175,34 +175,11 @@ class StudentScorer(CheckpointScorer):
         return scores_from_logits(z, self.manifest.calibration, tasks, offset=self.probe_logits(texts, tasks))
 
 
-def _lm(path: Path, manifest: Manifest) -> Scorer:
-    from .model import RouterModel  # torch + transformers: only when this kind is chosen
-
-    return RouterModel(path, manifest=manifest, scorer="lm")
-
-
-def _baseline(path: Path, manifest: Manifest) -> Scorer:
-    from .baseline_scorers import BaselineScorer
-
-    return BaselineScorer(path, manifest)
-
-
-BUILTIN_SCORERS: dict[str, Callable[[Path, Manifest], Scorer]] = {
-    "student": StudentScorer, "lm": _lm, "task_prior": _baseline, "knn": _baseline, "logreg": _baseline,
-}  # fmt: skip
-
-
-def energy_router_scorers() -> dict[str, Callable[[Path, Manifest], Scorer]]:
-    """Hookimpl of the ``energy_router_scorers`` hookspec: the built-in scorer kinds."""
-    return dict(BUILTIN_SCORERS)
-
-
 def scorer_factories() -> dict[str, Callable[[Path, Manifest], Scorer]]:
-    """Every registered scorer kind → factory(checkpoint_dir, manifest) (built-ins and plugins)."""
-    try:
-        from ..plugins import scorer_factories as registered
-    except ImportError:  # TODO(plugins branch): remove once the plugin manager lands
-        return dict(BUILTIN_SCORERS)
+    """Every registered scorer kind → factory(checkpoint_dir, manifest): the built-ins (:mod:`.builtin`)
+    and any plugin's, through the ``energy_router_scorers`` hook."""
+    from ..plugins import scorer_factories as registered
+
     return registered()
 
 

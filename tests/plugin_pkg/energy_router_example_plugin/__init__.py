@@ -5,7 +5,9 @@
   ``"simulated"``.
 * task ``echo``: "use the word X in your answer", graded 1 when the answer contains X. Loads the
   bundled ``echo.jsonl`` by default.
-* scorers: :func:`energy_router_scorers` is the place for a router scorer (none yet).
+* scorer ``slow-student``: the built-in student behind a deliberately slow load (``ER_EXAMPLE_LOAD_S``
+  seconds, default 2: a large checkpoint on a slow disk), for a checkpoint whose manifest says
+  ``"scorer": "slow-student"``.
 """
 
 from __future__ import annotations
@@ -72,8 +74,19 @@ def energy_router_tasks() -> dict:
     return {"echo": EchoTask}
 
 
+def slow_student(path: Path, manifest: Any) -> Any:
+    """factory(checkpoint_dir, manifest) -> a Scorer (``name``, ``candidates``, ``version``, ``inline``,
+    ``score(texts, tasks) -> P[n, K]``, ``energy(texts, tasks) -> E[n, K]``)."""
+    import os
+
+    from litellm_energy_router.router.scoring import StudentScorer
+
+    time.sleep(float(os.environ.get("ER_EXAMPLE_LOAD_S", "2")))
+    scorer = StudentScorer(path, manifest)
+    scorer.name = "slow-student"
+    return scorer
+
+
 @hookimpl
 def energy_router_scorers() -> dict:
-    # name -> factory(checkpoint_dir: Path, manifest) returning an object with `candidates`, `version`,
-    # `score(texts, tasks) -> P[n, K]` and `energy(texts, tasks) -> E[n, K]`. Add scorers here.
-    return {}
+    return {"slow-student": slow_student}
