@@ -3,14 +3,18 @@
 A checkpoint directory is self-describing: the manifest names the candidates (in slot order) and
 their label tokens, the backbone, the knob range, the energy estimator (J per token and expected
 output tokens per candidate), the calibration, the training-data watermark, evaluation scores and
-library versions. A *pointer* is a small JSON file ``{"checkpoint": "<dir>"}`` (or a symlink to a
-checkpoint directory) that ``retrain`` swaps atomically; serving watches it for hot reload.
+library versions, and the SHA-256 of every file beside it (``files``), verified when the checkpoint is
+loaded: a file changed or truncated after training is refused, never served. A *pointer* is a small
+JSON file ``{"checkpoint": "<dir>"}`` (or a symlink to a checkpoint directory) that ``retrain`` swaps
+atomically (mode 0640: readable by the proxy's group); serving watches it for hot reload.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -71,6 +75,7 @@ class Manifest(BaseModel):
     watermark: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict, description="file name -> SHA-256 (hex) of every file beside the manifest")
     created: float = Field(default_factory=time.time)
 
 
@@ -125,8 +130,40 @@ def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str]
     return m
 
 
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The regular files of a checkpoint directory that its manifest hashes (top level, not hidden)."""
+    return sorted(p for p in Path(directory).iterdir() if p.name != MANIFEST and not p.name.startswith(".")
+                  and stat.S_ISREG(p.lstat().st_mode))  # fmt: skip
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write ``manifest.json`` with the SHA-256 of every file now in ``directory`` (write it last)."""
+    manifest.files = {p.name: sha256_file(p) for p in checkpoint_files(directory)}
     (directory / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+
+
+def verify_files(directory: Path, manifest: Manifest) -> None:
+    """Refuse (:class:`CheckpointError`, one line) a checkpoint whose files do not match the manifest's
+    SHA-256 (changed, missing or added beside it). A manifest without hashes (written before they
+    existed) is accepted."""
+    if not manifest.files:
+        return
+    present = {p.name for p in checkpoint_files(directory)}
+    for name in sorted(set(manifest.files) | present):
+        if name not in manifest.files:
+            raise CheckpointError(f"{directory / name}: not listed in the manifest (added after training)")
+        if name not in present:
+            raise CheckpointError(f"{directory / name}: missing (the manifest lists it)")
+        if sha256_file(directory / name) != manifest.files[name]:
+            raise CheckpointError(f"{directory / name}: SHA-256 does not match the manifest (changed after training)")
 
 
 def point_to(pointer: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str]) -> None:
@@ -136,4 +173,7 @@ def point_to(pointer: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[
     fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=".pointer-")
     with os.fdopen(fd, "w") as fh:
         json.dump({"checkpoint": str(Path(checkpoint_dir).resolve())}, fh)
+        fh.flush()
+        os.fchmod(fh.fileno(), 0o640)  # the proxy may run as another user of the group
+        os.fsync(fh.fileno())
     os.replace(tmp, pointer)

@@ -68,12 +68,15 @@ def _in_event_loop() -> bool:
     return True
 
 
-def _fingerprint(path: Path | None) -> tuple[str, float] | None:
+def _fingerprint(path: Path | None) -> tuple[str, tuple] | None:
+    """(checkpoint dir, (name, size, mtime) of its files): changes when the pointer moves or any file of
+    the checkpoint changes, so a refused checkpoint is retried once its files are fixed."""
     if path is None:
         return None
     try:
         d = resolve(path)
-        return str(d), (d / MANIFEST).stat().st_mtime
+        (d / MANIFEST).stat()
+        return str(d), tuple((p.name, st.st_size, st.st_mtime_ns) for p in sorted(d.iterdir()) if (st := p.stat()))
     except (OSError, ValueError):
         return None
 
@@ -91,7 +94,7 @@ class RouterRuntime:
         self.expect_candidates = list(expect_candidates) if expect_candidates else None
         self.threads, self.scorer = threads, scorer
         self._model = None
-        self._loaded: tuple[str, float] | None = None
+        self._loaded: tuple[str, tuple] | None = None
         self._cache: OrderedDict[str, Scored] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="energy-router")
@@ -111,7 +114,7 @@ class RouterRuntime:
             else:
                 self._load(_fingerprint(self.checkpoint))
 
-    def _load_then_release(self, fp: tuple[str, float] | None) -> None:
+    def _load_then_release(self, fp: tuple[str, tuple] | None) -> None:
         try:
             self._load(fp)
         finally:
@@ -126,7 +129,7 @@ class RouterRuntime:
         return self._model is not None
 
     # -- loading ----------------------------------------------------------------------------------
-    def _load(self, fp: tuple[str, float] | None) -> bool:
+    def _load(self, fp: tuple[str, tuple] | None) -> bool:
         from .scoring import load_scorer
 
         if fp is None:

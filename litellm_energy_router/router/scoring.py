@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ..tokens import count_prompt_tokens
-from .checkpoint import CheckpointError, Manifest, read_manifest, resolve
+from .checkpoint import CheckpointError, Manifest, read_manifest, resolve, verify_files
 from .decide import DEFAULT_E_REF_J, decide_lambda, decide_target
 
 
@@ -200,6 +200,7 @@ def load_scorer(path: str | Path, kind: str = "auto", expect_candidates: Sequenc
     """
     d = resolve(path)
     manifest = read_manifest(d, expect_candidates)
+    verify_files(d, manifest)
     name = scorer_kind(manifest, kind)
     factories = scorer_factories()
     if name not in factories:

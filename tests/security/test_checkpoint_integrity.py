@@ -1,0 +1,67 @@
+"""Checkpoints (issue: trust in production, item 7): a file changed after training is refused and never
+served; the pointer is readable by the proxy's group; a refused checkpoint is retried once its files
+change back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+
+import numpy as np
+import pytest
+
+from litellm_energy_router.router.checkpoint import CheckpointError, point_to
+from litellm_energy_router.router.runtime import RouterRuntime
+from litellm_energy_router.router.scoring import load_scorer
+
+
+def _tamper_student(d):
+    """Same file name and size, other weights: a valid npz a plain mtime/size check would accept."""
+    z = dict(np.load(d / "student.npz"))
+    z["W"] = -z["W"]
+    np.savez(d / "student.npz", **z)
+
+
+def test_manifest_hashes_every_file_and_a_changed_file_is_refused(planted_ckpt, tmp_path):
+    d = tmp_path / "ck"
+    shutil.copytree(planted_ckpt, d)
+    m = json.loads((d / "manifest.json").read_text())
+    assert {"student.npz", "model.safetensors", "probe.npz"} <= set(m["files"]) and all(len(h) == 64 for h in m["files"].values())
+    _tamper_student(d)
+    with pytest.raises(CheckpointError, match=r"student.npz: SHA-256 does not match"):
+        load_scorer(d)
+    shutil.copy(planted_ckpt / "student.npz", d / "student.npz")
+    (d / "extra.pth").write_text("import os")
+    with pytest.raises(CheckpointError, match=r"extra.pth: not listed in the manifest"):
+        load_scorer(d)
+
+
+def test_pointer_is_group_readable(planted_ckpt, tmp_path):
+    old = os.umask(0o077)
+    try:
+        point_to(tmp_path / "current.json", planted_ckpt)
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "current.json").stat().st_mode)
+    assert mode & stat.S_IRGRP and not mode & stat.S_IWOTH and not mode & stat.S_IROTH
+
+
+def test_refused_checkpoint_is_retried_when_its_files_change(planted_ckpt, tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(planted_ckpt, good)
+    shutil.copytree(planted_ckpt, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**m, "version": "v-bad"}))  # manifest edited: its hashes still hold
+    _tamper_student(bad)
+    ptr = tmp_path / "current.json"
+    point_to(ptr, good)
+    rt = RouterRuntime(ptr, poll_s=0.0)
+    first = rt.version
+    point_to(ptr, bad)
+    rt.maybe_reload(block=True)
+    assert rt.version == first and "SHA-256" in rt.last_error  # refused; the good one keeps serving
+    shutil.copy(planted_ckpt / "student.npz", bad / "student.npz")  # the operator fixes the file, same directory
+    rt.maybe_reload(block=True)
+    assert rt.version == "v-bad" and rt.last_error is None
