@@ -19,6 +19,7 @@ import itertools
 import logging
 from typing import Any, Iterable, Protocol
 
+from litellm_energy_router.energy.attribution import split_energy
 from litellm_energy_router.energy.meter import EnergyMeter, make_meter
 from litellm_energy_router.energy.profile import EnergyProfile, ModelEnergy, ProfileError, load_profile
 from litellm_energy_router.settings import ConfigError
@@ -84,8 +85,7 @@ class EnergyLedger:
         delta = max(0.0, now - self._last)
         self._last = now
         if self._open and delta:
-            share = delta / len(self._open)
-            for k in self._open:
+            for k, share in zip(list(self._open), split_energy(delta, [1.0] * len(self._open))):
                 self._open[k] += share
             self.attributed_j += delta
 

@@ -18,6 +18,7 @@ import gc
 import time
 from typing import Any, Callable, Sequence
 
+from litellm_energy_router.energy.attribution import split_energy, token_weight
 from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import open_store
 
@@ -68,15 +69,6 @@ def unload(engine: Any) -> None:
         pass
 
 
-def split_by_tokens(total_j: float, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], prefill_weight: float) -> list[float]:
-    """Split a batch's joules across its requests in proportion to ``prefill_weight * prompt + completion`` tokens."""
-    w = [prefill_weight * p + c for p, c in zip(prompt_tokens, completion_tokens)]
-    total_w = sum(w)
-    if total_w <= 0:
-        return [total_j / len(w)] * len(w) if w else []
-    return [total_j * x / total_w for x in w]
-
-
 def _metric(out: Any, name: str) -> float | None:
     m = getattr(out, "metrics", None)
     v = getattr(m, name, None) if m is not None else None
@@ -110,7 +102,8 @@ class OfflineDriver:
                 p_tok = [len(o.prompt_token_ids or []) for o in outs]
                 c_tok = [len(o.outputs[0].token_ids) for o in outs]
                 if from_meter:
-                    energies: list[float | None] = list(split_by_tokens(max(0.0, r1 - r0), p_tok, c_tok, cfg.prefill_token_weight))
+                    weights = [token_weight(p, c, cfg.prefill_token_weight) for p, c in zip(p_tok, c_tok)]
+                    energies: list[float | None] = list(split_energy(max(0.0, r1 - r0), weights))
                 else:
                     energies = [t.accountant.end(None, cand.model_name, p, c) for p, c in zip(p_tok, c_tok)]
                 for job, out, p, c, e in zip(batch, outs, p_tok, c_tok, energies):

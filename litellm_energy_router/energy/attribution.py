@@ -35,9 +35,27 @@ import bisect
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Sequence
 
 _EPS = 1e-9
+
+
+def token_weight(prompt_tokens: float, output_tokens: float, prefill_weight: float, decode_weight: float = 1.0) -> float:
+    """Weighted tokens of a request: ``prefill_weight * prompt_tokens + decode_weight * output_tokens``."""
+    return prefill_weight * prompt_tokens + decode_weight * output_tokens
+
+
+def split_energy(energy_j: float, weights: Sequence[float], total: float | None = None) -> list[float]:
+    """Split ``energy_j`` (J) by weight: share ``i`` is ``energy_j * min(weights[i] / total, 1)`` J.
+
+    ``weights`` are weighted tokens (:func:`token_weight`), or 1 per request for an equal split;
+    ``total`` is the weighted tokens the energy was spent on (default: ``sum(weights)``, so the shares
+    add up to ``energy_j``). When ``total`` is 0 every share is equal.
+    """
+    w_total = sum(weights) if total is None else total
+    if w_total <= 0:
+        return [energy_j / len(weights)] * len(weights) if weights else []
+    return [energy_j * min(w / w_total, 1.0) for w in weights]
 
 
 @dataclass
@@ -136,7 +154,7 @@ class Attributor:
         counters (prompt, generation) sampled at the same time."""
         agg = None
         if prefill_total is not None and decode_total is not None:
-            agg = self.wp * float(prefill_total) + self.wd * float(decode_total)
+            agg = token_weight(float(prefill_total), float(decode_total), self.wp, self.wd)
         with self._lock:
             if self._last is None:
                 self._last = (t, cumulative_j, agg)
@@ -177,7 +195,7 @@ class Attributor:
             if t >= r.known_until and not r.finished:
                 dp = max(prompt_done - r.prefill, 0.0)
                 dd = max(output_done - r.decode, 0.0)
-                self._add_segment(r, r.known_until, t, self.wp * dp + self.wd * dd)
+                self._add_segment(r, r.known_until, t, token_weight(dp, dd, self.wp, self.wd))
                 r.prefill, r.decode = max(prompt_done, r.prefill), max(output_done, r.decode)
                 r.known_until = t
             if finished:
@@ -256,7 +274,7 @@ class Attributor:
                     if W <= _EPS:
                         continue
                     dyn = iv.energy_j - _idle(iv, W, floor)
-                    total += min(wk / W, 1.0) * dyn
+                    total += split_energy(dyn, [wk], W)[0]
             return Attribution(request_id, total, r.start, end, settled)
 
     def totals(self, t0: float | None = None, t1: float | None = None) -> Totals:
@@ -273,7 +291,7 @@ class Attributor:
                 W = _denominator(iv)
                 i = _idle(iv, W, floor)
                 dyn = iv.energy_j - i
-                known = dyn * min(iv.curve_w / W, 1.0) if W > _EPS else 0.0
+                known = split_energy(dyn, [iv.curve_w], W)[0] if W > _EPS else 0.0
                 m += iv.energy_j
                 idle += i
                 req += known
