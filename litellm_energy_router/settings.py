@@ -21,6 +21,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import one_line
 from .router.decide import DEFAULT_E_REF_J
 
 ENV_PREFIX = "ENERGY_ROUTER_"
@@ -245,18 +246,6 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _one_line(err: ValidationError, data: Mapping[str, Any], origin: str) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
-    if e["type"] == "extra_forbidden":
-        return f"{origin}: unknown config key '{loc}'"
-    value = e.get("input")
-    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
-    if e["type"] == "missing":
-        return f"{origin}: config key '{loc}' is required"
-    return f"{origin}: config key '{loc}' = {shown}: {e['msg'].removeprefix('Value error, ')}"
-
-
 def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = True) -> dict[str, Any]:
     """The mapping under ``key`` of a YAML file (when ``key`` is absent: the whole document, or ``{}``
     with ``whole_if_absent=False``).
@@ -297,4 +286,4 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_one_line(e, data, origin)) from None
+        raise ConfigError(one_line(e, origin, key="config key")) from None

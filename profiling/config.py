@@ -26,12 +26,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from litellm_energy_router.errors import one_line
 from litellm_energy_router.plugins import task_factories
 from litellm_energy_router.settings import (
     ConfigError,
     EnergySettings,
     TableSettings,
-    _one_line,
     read_yaml_section,
     resolve_env_refs,
 )
@@ -157,7 +157,4 @@ def parse_tournament_config(data: dict[str, Any], origin: str = "tournament conf
     try:
         return TournamentConfig.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        if err["type"] == "value_error" and not err["loc"]:
-            raise ConfigError(f"{origin}: {err['msg'].removeprefix('Value error, ')}") from None
-        raise ConfigError(_one_line(e, data, origin)) from None
+        raise ConfigError(one_line(e, origin, key="config key")) from None

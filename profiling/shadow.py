@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from litellm_energy_router.errors import one_line
 from litellm_energy_router.settings import PrivacySettings
 from litellm_energy_router.table import TableStore, make_query
 
@@ -60,9 +61,7 @@ def read_queue(path: str | Path) -> list[ShadowEntry]:
         except json.JSONDecodeError as e:
             raise QueueError(f"{p} line {n}: not valid JSON ({e.msg})") from None
         except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(x) for x in err["loc"]) or "<line>"
-            raise QueueError(f"{p} line {n}: field '{field}' = {err.get('input')!r}: {err['msg']}") from None
+            raise QueueError(one_line(e, f"{p} line {n}", whole="<line>")) from None
         out.setdefault(entry.query_id, entry)
     return list(out.values())
 

@@ -32,7 +32,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
-from litellm_energy_router.settings import ConfigError, Settings, _one_line, load_settings, read_yaml_section
+from litellm_energy_router.errors import one_line
+from litellm_energy_router.settings import ConfigError, Settings, load_settings, read_yaml_section
 from litellm_energy_router.table import open_store
 
 from .data import TableMatrix, holdout_split, load_matrix, near_duplicate_groups
@@ -76,7 +77,7 @@ def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainCon
     try:
         cfg = RetrainConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_one_line(e, data, f"{path}: retrain")) from None
+        raise ConfigError(one_line(e, f"{path}: retrain", key="config key")) from None
     cfg.table_url = cfg.table_url or settings.table.url
     if cfg.pointer is None:
         if settings.router.checkpoint is None:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
+from ..errors import one_line
 from ..metrics import (REJECTED_ROWS, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS, WRITER_QUEUE_DEPTH,
                        observe_row)  # fmt: skip
 from ..shadow import ShadowQueue
@@ -250,8 +251,7 @@ class TableWriter:
                 status=row.status, created=row.end_s,
             )  # fmt: skip
         except ValidationError as err:
-            first = err.errors()[0]
-            msg = f"row for call {row.call_id!r}: field '{'.'.join(map(str, first['loc']))}': {first['msg']}"
+            msg = one_line(err, f"row for call {row.call_id!r}")
             log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
             self.spool.reject([str(row.to_json())], msg)
             REJECTED_ROWS.inc()

@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..errors import one_line
+
 BUNDLED_PROFILE = "energy_profile_mlenergy_h100.yaml"
 
 
@@ -87,6 +89,4 @@ def _load(path: str) -> EnergyProfile:
     try:
         return EnergyProfile.model_validate(doc)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ProfileError(f"{path}: field '{loc}' = {err.get('input')!r}: {err['msg']}") from None
+        raise ProfileError(one_line(e, path)) from None

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..errors import one_line
+
 FORMAT = "energy-router-checkpoint/1"
 MANIFEST = "manifest.json"
 
@@ -113,8 +115,7 @@ def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str]
     try:
         m = Manifest.model_validate_json(f.read_text())
     except ValidationError as e:
-        err = e.errors()[0]
-        raise CheckpointError(f"{f}: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+        raise CheckpointError(one_line(e, str(f))) from None
     except ValueError as e:
         raise CheckpointError(f"{f}: not valid JSON ({e})") from None
     if m.format != FORMAT:

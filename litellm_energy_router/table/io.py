@@ -12,6 +12,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+from pydantic import ValidationError
+
+from ..errors import one_line
 from .rows import BadRowError, Candidate, Query, Run
 from .store import TableStore
 
@@ -109,12 +112,9 @@ def import_table(store: TableStore, path: str | Path) -> int:
                 queries[qid] = Query.model_validate(q)
             run = {k: r.get(k) for k in RUN_COLUMNS if r.get(k) is not None}
             runs.append(Run.model_validate({"query_id": qid, "candidate": name, **run}))
-        except Exception as e:  # pydantic ValidationError or KeyError
-            errs = getattr(e, "errors", None)
-            if callable(errs):
-                err = errs()[0]
-                field = ".".join(str(p) for p in err["loc"])
-                raise BadRowError(f"{where}: field '{field}' = {err.get('input')!r}: {err['msg']}") from None
+        except ValidationError as e:
+            raise BadRowError(one_line(e, where, whole="<row>")) from None
+        except Exception as e:  # noqa: BLE001  (a missing column: KeyError)
             raise BadRowError(f"{where}: {e}") from None
     store.write(list(queries.values()), runs, candidates=list(cands.values()))
     return len(runs)

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..errors import one_line
+
 EnergyMethod = Literal["nvml_counter", "power_sampling", "estimate", "agent", "simulated"]
 Source = Literal["tournament", "production", "shadow", "import"]
 ENERGY_METHODS: tuple[str, ...] = EnergyMethod.__args__  # type: ignore[attr-defined]
@@ -107,11 +109,7 @@ def validate_rows(model: type[R], items: Iterable[R | dict[str, Any]], kind: str
         try:
             out.append(model.model_validate(item))
         except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "<row>"
-            raise BadRowError(
-                f"{_describe(kind, i + offset, item)}: field '{field}' = {err.get('input')!r}: {err['msg']}"
-            ) from None
+            raise BadRowError(one_line(e, _describe(kind, i + offset, item), whole="<row>")) from None
     return out
 
 

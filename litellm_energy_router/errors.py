@@ -1,0 +1,28 @@
+"""One-line messages for pydantic validation errors: every bad input is reported as a single line
+naming where it came from (file, line or row), the field and the value."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str = "<root>") -> str:
+    """The first error of ``err`` as ``{where}: {key} '{loc}' = {value!r}: {msg}``.
+
+    ``loc`` is the dotted field path (``whole`` when the error is about the whole object); a dict or
+    list value is shown by its type name, and pydantic's ``Value error, `` prefix is dropped. An unknown field reads ``{where}: unknown {key} '{loc}'``, a
+    missing one ``{where}: {key} '{loc}' is required``, and a check on the whole object (a
+    ``ValueError`` from a model validator) ``{where}: {msg}``.
+    """
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or whole
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return f"{where}: unknown {key} '{loc}'"
+    if e["type"] == "missing":
+        return f"{where}: {key} '{loc}' is required"
+    if e["type"] == "value_error" and not e["loc"]:
+        return f"{where}: {msg}"
+    value = e.get("input")
+    shown = type(value).__name__ if isinstance(value, (dict, list)) else repr(value)
+    return f"{where}: {key} '{loc}' = {shown}: {msg}"
