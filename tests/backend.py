@@ -12,6 +12,8 @@ from collections import defaultdict
 
 from aiohttp import web
 
+from litellm_energy_router.threaded_app import ThreadedApp
+
 
 class Backend:
     def __init__(self, delay_s: float = 0.0, reply=None):
@@ -20,8 +22,7 @@ class Backend:
         self.received: dict[str, list[dict]] = defaultdict(list)
         self._lock = threading.Lock()
         self.port = None
-        self._loop = None
-        self._runner = None
+        self._server: ThreadedApp | None = None
 
     def count(self, name: str) -> int:
         with self._lock:
@@ -66,30 +67,16 @@ class Backend:
             "usage": usage,
         })  # fmt: skip
 
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/{name}/v1/{kind:chat/completions|completions|embeddings}", self._handle)
+        return app
+
     def start(self) -> "Backend":
-        ready = threading.Event()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/{name}/v1/{kind:chat/completions|completions|embeddings}", self._handle)
-            self._runner = web.AppRunner(app, access_log=None)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            self._loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]
-            ready.set()
-            self._loop.run_forever()
-
-        threading.Thread(target=run, daemon=True).start()
-        ready.wait(10)
+        self._server = ThreadedApp(self._app, name="test backend").start()
+        self.port = self._server.port
         return self
 
     def stop(self) -> None:
-        if self._loop:
-            async def _stop():
-                await self._runner.cleanup()
-
-            asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._server is not None:
+            self._server.stop()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 import time
 import uuid
 
 from aiohttp import web
+
+from litellm_energy_router.threaded_app import ThreadedApp
 
 
 def expected_usage(text: str) -> tuple[int, int]:
@@ -26,9 +27,7 @@ class OpenAIBackend:
         self.fail_every = fail_every
         self.requests = 0
         self.port: int | None = None
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._server = ThreadedApp(self._app, name="chat backend")
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -45,27 +44,17 @@ class OpenAIBackend:
             "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
         })  # fmt: skip
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
+    def _app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
+        return app
 
     def __enter__(self) -> "OpenAIBackend":
-        self._thread.start()
-        self._ready.wait(10)
+        self.port = self._server.start().port
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._server.stop()
 
     @property
     def api_base(self) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from litellm_energy_router.profiling.tasks import get_task, task_names
+from litellm_energy_router.threaded_app import ThreadedApp
 from litellm_energy_router.profiling.tasks.choice import LETTERS
 
 TASK_DIR = Path(__file__).parent / "data" / "tasks"
@@ -65,8 +66,7 @@ class Backend:
                 task = get_task(name)
                 for item in task.load(f):
                     self.index[task.messages(item)[-1]["content"]] = item
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedApp | None = None
         self.port: int | None = None
 
     # -- answers ---------------------------------------------------------------------------------
@@ -160,29 +160,16 @@ class Backend:
         return web.json_response({"log": self.log[since:], "judge_calls": self.judge_calls})
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/_log", self._log)
+        return app
+
     def start(self) -> str:
         """Serve in a background thread; returns the base URL (``http://127.0.0.1:<port>/v1``)."""
-        ready = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._chat)
-            app.router.add_get("/_log", self._log)
-            runner = web.AppRunner(app, access_log=None)
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=256)
-            loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
-        ready.wait(10)
+        self._server = ThreadedApp(self._app, name="task backend", backlog=256).start()
+        self.port = self._server.port
         return self.url
 
     @property
@@ -190,10 +177,8 @@ class Backend:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:
-        if self._loop:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread:
-            self._thread.join(10)
+        if self._server is not None:
+            self._server.stop()
 
     @staticmethod
     def fetch_log(url: str, since: int = 0) -> list[tuple[str, str, bool]]:

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from aio_thread import ThreadedApp
 from litellm_energy_router.energy import RequestUsage
 from litellm_energy_router.energy.agent import AgentConfig, BindError, EnergyAgent, check_bind, parse_vllm_tokens
 from litellm_energy_router.energy.agent_client import AgentMeter
 from litellm_energy_router.energy.simulated import SimulatedMeter
+from litellm_energy_router.threaded_app import ThreadedApp
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aio_thread import ThreadedApp
 from litellm_energy_router.callback import PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.feedback import FeedbackError, apply_feedback, feedback_app
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.table import open_store
+from litellm_energy_router.threaded_app import ThreadedApp
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
 

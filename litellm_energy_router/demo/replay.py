@@ -6,7 +6,8 @@ unit of the energy profile and of the imported rows); an unknown prompt or candi
 :data:`FALLBACK_ANSWER`. Streaming is not supported (400). The same recordings give the demo its
 "grader": the recorded correctness of (prompt, candidate), standing in for user feedback.
 
-It binds 127.0.0.1 on a free port and runs its own event loop on a background thread::
+It binds 127.0.0.1 on a free port and runs its own event loop on a background thread
+(:class:`~litellm_energy_router.threaded_app.ThreadedApp`)::
 
     with ReplayBackend(records) as backend:
         litellm.completion(model="openai/mistralai/mistral-7b-chat", api_base=backend.base_url, api_key="x",
@@ -15,7 +16,6 @@ It binds 127.0.0.1 on a free port and runs its own event loop on a background th
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from functools import lru_cache
@@ -61,9 +61,7 @@ class ReplayBackend:
         self.requests = 0
         self.unknown = 0
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: Any = None  # ThreadedApp while serving
 
     # -- what the demo asks directly ----------------------------------------------------------------
     @property
@@ -110,47 +108,23 @@ class ReplayBackend:
             "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
         })  # fmt: skip
 
-    def start(self) -> "ReplayBackend":
+    def _app(self) -> Any:
         from aiohttp import web
 
-        ready = threading.Event()
-        failure: list[BaseException] = []
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                app = web.Application(client_max_size=64 * 1024 * 1024)
-                app.router.add_post("/v1/chat/completions", self._chat)
-                self._runner = web.AppRunner(app, access_log=None)
-                loop.run_until_complete(self._runner.setup())
-                site = web.TCPSite(self._runner, "127.0.0.1", 0)
-                loop.run_until_complete(site.start())
-                self.port = site._server.sockets[0].getsockname()[1]
-            except BaseException as e:  # noqa: BLE001 - reported to the caller of start()
-                failure.append(e)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.close()
+    def start(self) -> "ReplayBackend":
+        from ..threaded_app import ThreadedApp
 
-        self._thread = threading.Thread(target=run, name="replay-backend", daemon=True)
-        self._thread.start()
-        if not ready.wait(30) or failure:
-            raise RuntimeError(f"replay backend did not start: {failure[0] if failure else 'timeout'}")
+        self._server = ThreadedApp(self._app, name="replay backend").start()
+        self.port = self._server.port
         return self
 
     def stop(self) -> None:
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop = None
+        if self._server is not None:
+            self._server.stop()
 
     def __enter__(self) -> "ReplayBackend":
         return self.start()
