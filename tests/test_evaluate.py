@@ -226,6 +226,16 @@ def test_near_duplicates_share_a_group_key_within_a_task_only():
     assert len(set(near_duplicate_groups(same, [f"s{i}" for i in range(30)], ["t"] * 30, max_size=30))) == 1
 
 
+def test_near_duplicate_groups_are_connected_components():
+    # a ~ b and b ~ c (Jaccard 9/11) but a !~ c (8/12): one chain, one group; d stands alone
+    a = "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9"
+    b = a.replace("w9", "x1")
+    c = b.replace("w8", "x2")
+    g = near_duplicate_groups([a, b, c, "something else entirely"], ["q3", "q7", "q1", "q0"])
+    assert list(g) == ["q1", "q1", "q1", "q0"]
+    assert list(near_duplicate_groups([], [])) == []
+
+
 def test_splits_keep_near_duplicates_on_one_side():
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(400)]

@@ -224,20 +224,16 @@ def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks
     train and test. A component larger than ``max_size`` rows (templated traffic chaining through shared
     words) is not a twin set: its rows keep their own ids, so no split degenerates.
     """
-    from scipy.sparse import csr_matrix
+    from scipy.sparse import coo_matrix, csr_matrix
+    from scipy.sparse.csgraph import connected_components
 
     from .embed import query_block
 
     ids = [str(i) for i in ids]
     n = len(ids)
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    if n == 0:
+        return np.array([], dtype=object)
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
     words = [set(_WORD.findall(query_block(t).lower())) for t in texts]
     task_arr = np.asarray(list(tasks) if tasks is not None else [""] * n, dtype=object).astype(str)
     for task in sorted(set(task_arr.tolist())):
@@ -254,17 +250,15 @@ def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks
         r, c, v = inter.row[keep], inter.col[keep], inter.data[keep]
         union = size[r] + size[c] - v
         hit = (union > 0) & (v >= threshold * np.maximum(union, 1))
-        for a, b in zip(rows[r[hit]], rows[c[hit]]):
-            ra, rb = find(int(a)), find(int(b))
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
+        pairs.append((rows[r[hit]], rows[c[hit]]))
+    a = np.concatenate([p[0] for p in pairs]).astype(np.int64)
+    b = np.concatenate([p[1] for p in pairs]).astype(np.int64)
+    _, label = connected_components(coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n)), directed=False)
     key: dict[int, str] = {}
-    size: dict[int, int] = {}
-    for i in range(n):
-        root = find(i)
-        key[root] = min(key.get(root, ids[i]), ids[i])
-        size[root] = size.get(root, 0) + 1
-    return np.array([key[find(i)] if size[find(i)] <= max_size else ids[i] for i in range(n)], dtype=object)
+    for i, comp in enumerate(label.tolist()):
+        key[comp] = min(key.get(comp, ids[i]), ids[i])
+    count = np.bincount(label)
+    return np.array([key[comp] if count[comp] <= max_size else ids[i] for i, comp in enumerate(label.tolist())], dtype=object)
 
 
 def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout",
