@@ -5,7 +5,9 @@ Sources, later ones winning:
 1. defaults (the embedded, offline setup: SQLite file, bundled energy profile, ``estimate`` meter);
 2. a YAML file (``energy_router:`` key if present, else the whole document);
 3. environment variables ``ENERGY_ROUTER_<SECTION>__<KEY>`` (``__`` separates levels, e.g.
-   ``ENERGY_ROUTER_TABLE__URL=postgresql+psycopg://db/router``).
+   ``ENERGY_ROUTER_TABLE__URL=postgresql+psycopg://db/router``; names are case-insensitive, list and
+   mapping values are JSON or YAML flow, variables naming no section are ignored). Read by
+   pydantic-settings.
 
 Any string value ``os.environ/VAR`` is replaced by the value of environment variable ``VAR``, as in a
 LiteLLM config. Invalid input raises :class:`ConfigError` whose message is one line naming the key and
@@ -20,6 +22,8 @@ from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from .errors import one_line
 from .router.decide import DEFAULT_E_REF_J
@@ -183,7 +187,11 @@ class ShadowSettings(_Section):
     queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file")
 
 
-class Settings(_Section):
+class Settings(BaseSettings):
+    """The whole tree; build it with :func:`load_settings` (file, environment, ``os.environ/`` references)."""
+
+    model_config = SettingsConfigDict(extra="forbid", populate_by_name=True, env_prefix=ENV_PREFIX, env_nested_delimiter="__")
+
     table: TableSettings = Field(default_factory=TableSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
     candidates: list[CandidateSettings] = Field(default_factory=list)
@@ -213,27 +221,24 @@ def resolve_env_refs(value: Any, environ: Mapping[str, str] | None = None, path:
     return value
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or key == "ENERGY_ROUTER_CONFIG":
-            continue
-        parts = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
-        if not parts:
-            continue
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"environment variable {key}: '{p}' is not a section")
-        val: Any = raw
-        if raw.strip().startswith(("[", "{")):
-            try:
-                val = yaml.safe_load(raw)
-            except yaml.YAMLError:
-                pass
-        node[parts[-1]] = val
-    return out
+class _EnvOverrides(EnvSettingsSource):
+    """The ``ENERGY_ROUTER_<SECTION>__<KEY>`` variables of ``environ`` as a nested dict (pydantic-settings'
+    environment source reading a given mapping; list and mapping values decoded as YAML, a superset of
+    JSON). ``ENERGY_ROUTER_CONFIG`` names no section, so it is not a key."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(Settings)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {k.lower(): v for k, v in self._environ.items()}
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo | None, value: Any) -> Any:
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ValueError(f"environment value of config key '{field_name}' = {value!r}: not valid JSON or YAML ({problem})") from None
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -278,7 +283,10 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
     if path:
         origin = str(path)
         data = read_yaml_section(path, "energy_router")
-    data = _merge(data, _env_overrides(environ))
+    try:
+        data = _merge(data, _EnvOverrides(environ)())
+    except SettingsError as e:
+        raise ConfigError(f"{origin}: {e.__cause__ or e}") from None
     try:
         data = resolve_env_refs(data, environ)
     except ConfigError as e:

@@ -69,3 +69,24 @@ def test_shipped_example_loads():
 
     s = load_settings(Path(__file__).resolve().parents[1] / "config_examples/energy-router.yaml", environ={})
     assert s.router.threads == 1 and s.router.batch_wait_ms == 0 and len(s.candidates) == 3
+
+
+def test_env_vars_nest_by_double_underscore(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("energy_router: {knob: {lambda: 0.1}, router: {timeout_ms: 30}}")
+    env = {
+        "ENERGY_ROUTER_CONFIG": str(cfg),  # the file, not a config key
+        "ENERGY_ROUTER_SALT": "pepper",  # names no section: ignored
+        "energy_router_knob__per_key__team-a__lambda": "0.2",
+        "ENERGY_ROUTER_ENERGY__GPUS": "[0, 1]",
+        "ENERGY_ROUTER_CANDIDATES": "[{name: small}, {name: big}]",
+        "ENERGY_ROUTER_ROUTER__THREADS": "2",
+    }
+    s = load_settings(environ=env)
+    assert s.knob.lambda_ == 0.1 and s.knob.per_key["team-a"].lambda_ == 0.2
+    assert s.energy.gpus == [0, 1] and [c.name for c in s.candidates] == ["small", "big"]
+    assert s.router.timeout_ms == 30 and s.router.threads == 2  # file and environment merge per key
+    with pytest.raises(ConfigError, match=r"^.*c\.yaml: environment value of config key 'candidates' = .*not valid JSON or YAML"):
+        load_settings(environ={**env, "ENERGY_ROUTER_CANDIDATES": "[{name: small"})
+    with pytest.raises(ConfigError, match=r"c\.yaml: unknown config key 'router\.timeoutms'"):
+        load_settings(environ={**env, "ENERGY_ROUTER_ROUTER__TIMEOUTMS": "5"})
