@@ -47,10 +47,6 @@ def lambda_buckets(lambda_max: float) -> np.ndarray:
     return np.concatenate([[0.0], np.geomspace(max(lambda_max, 1e-9) * 1e-2, lambda_max, N_LAMBDA_BUCKETS - 1)])
 
 
-def bucket_of(lam: float, buckets: np.ndarray) -> int:
-    return int(np.argmin(np.abs(np.log1p(buckets * 100) - np.log1p(lam * 100))))
-
-
 def choice_prompt(layout: Layout, text: str, task: str | None, bucket: int) -> str:
     """The choice layout as text (GRPOTrainer tokenizes prompts itself); the query is cut from the left."""
     ids = layout.choice_ids(text, task, bucket)[: -3]

@@ -100,10 +100,6 @@ class Layout:
             out.append((body + [self.q_id] + self.label_ids + [self.end_id], list(range(start, start + self.n_candidates))))
         return out
 
-    def scoring_ids(self, text: str, task: str | None = None) -> tuple[list[int], list[int]]:
-        """Input ids and the positions of the K candidate slots."""
-        return self.scoring_batch([text], [task])[0]
-
     def scoring_labels(self, ids: Sequence[int], slots: Sequence[int], correct: Sequence[float]) -> list[int]:
         """Causal-LM labels: the yes/no target of slot j at position slot_j + 1, -100 elsewhere."""
         labels = [-100] * len(ids)
