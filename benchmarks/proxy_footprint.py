@@ -24,8 +24,8 @@ import yaml
 
 KEY = "sk-energy-router-bench-0123456789"
 FAIL_OPEN_ID = "fail-open"  # a deployment that is no candidate: the router's fallback
-ROUTER_CALLBACK = "litellm_energy_router.proxy.energy_router"
-LOGGER_CALLBACK = "litellm_energy_router.callback.proxy.energy_logger"
+ROUTER_CALLBACK = "litellm_energy_router.proxy_router.energy_router"
+LOGGER_CALLBACK = "litellm_energy_router.callback.proxy_logger.energy_logger"
 
 
 def _free_port() -> int:

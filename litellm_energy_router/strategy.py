@@ -40,7 +40,7 @@ from .decision import DECISION_KEY, KNOB_KEY, Decision
 from .deployments import CandidateMap, deployment_keys
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
-from .router.extract import query_text
+from .router.request_text import query_text
 from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
 

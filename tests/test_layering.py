@@ -19,13 +19,13 @@ print(",".join(bad))
 @pytest.mark.parametrize(
     "mods, forbidden",
     [
-        ("litellm_energy_router.strategy, litellm_energy_router.proxy, litellm_energy_router.callback, "
+        ("litellm_energy_router.strategy, litellm_energy_router.proxy_router, litellm_energy_router.callback, "
          "litellm_energy_router.router.runtime, litellm_energy_router.router.model, litellm_energy_router.router.student, "
          "litellm_energy_router.router.fastpath",
          ["trl", "litellm_energy_router.training"]),
         ("litellm_energy_router.training.pipeline, litellm_energy_router.training.crossval, "
          "litellm_energy_router.profiling.runner",
-         ["litellm_energy_router.strategy", "litellm_energy_router.proxy", "litellm_energy_router.callback"]),
+         ["litellm_energy_router.strategy", "litellm_energy_router.proxy_router", "litellm_energy_router.callback"]),
         # the demo sits above serving and training: it imports training only inside functions
         ("litellm_energy_router.demo.loop, litellm_energy_router.demo.serve, litellm_energy_router.demo.compare, "
          "litellm_energy_router.demo.replay, litellm_energy_router.cli",

@@ -39,9 +39,9 @@ BUILTIN_TASKS = {"arc_challenge", "gsm8k", "hellaswag", "mbpp", "mmlu", "mt_benc
 
 def test_builtins_are_entry_points_of_the_package():
     eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
-    assert eps["builtin_meters"].value == "litellm_energy_router.energy.builtin"
-    assert eps["builtin_tasks"].value == "litellm_energy_router.profiling.tasks.builtin"
-    assert eps["builtin_scorers"].value == "litellm_energy_router.router.builtin"
+    assert eps["builtin_meters"].value == "litellm_energy_router.energy.builtin_meters"
+    assert eps["builtin_tasks"].value == "litellm_energy_router.profiling.tasks.builtin_tasks"
+    assert eps["builtin_scorers"].value == "litellm_energy_router.router.builtin_scorers"
     assert eps["builtin_meters"].dist.name == "litellm-energy-router"
     names = {n for n, _ in get_plugin_manager().list_name_plugin()}
     assert {"builtin_meters", "builtin_tasks"} <= names

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from litellm import Router
 
-from litellm_energy_router.router.extract import query_text
+from litellm_energy_router.router.request_text import query_text
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 
 from backend import Backend

@@ -16,7 +16,7 @@ from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.plugins import get_plugin_manager, hookimpl
 from litellm_energy_router.profiling.config import parse_tournament_config
 from litellm_energy_router.profiling.runner import Tournament, build_jobs
-from litellm_energy_router.profiling.shadow import read_queue, shadow_jobs
+from litellm_energy_router.profiling.shadow_tournament import read_queue, shadow_jobs
 from litellm_energy_router.profiling.vllm_offline import OfflineDriver
 from litellm_energy_router.settings import ConfigError, PrivacySettings
 from litellm_energy_router.table import Candidate, Run, make_query, open_store, text_hash

@@ -202,7 +202,7 @@ def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal:
     """Fit the student on the LM's slot logits of every training query (task shown and hidden; ``scorer``
     the lean forward or None); the calibration queries' logits are already computed. ``head(texts, tasks,
     z_task, z_any) -> (u_task, u_any)``: distil these (the calibrated logits, probe included) instead."""
-    from .student import fit_student
+    from .distil_student import fit_student
 
     t0 = time.time()
     tasks = [str(t) for t in fit.tasks]

@@ -1,6 +1,6 @@
 """The LiteLLM callback (:class:`EnergyLogger`) and its non-blocking, spooling table writer."""
 
-from .extract import CandidateMap, PendingRow, extract_row
+from .pending_row import CandidateMap, PendingRow, extract_row
 from .logger import EnergyLogger
 from .writer import TableWriter, query_id_for
 

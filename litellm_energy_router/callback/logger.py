@@ -1,7 +1,7 @@
 """``EnergyLogger``: the LiteLLM callback that feeds production traffic into the tournament table.
 
 Register it with the SDK (``litellm.callbacks = [EnergyLogger()]``) or the proxy
-(``litellm_settings.callbacks: ["litellm_energy_router.callback.proxy.energy_logger"]``).
+(``litellm_settings.callbacks: ["litellm_energy_router.callback.proxy_logger.energy_logger"]``).
 
 LiteLLM (1.110) calls ``async_log_success_event`` / ``async_log_failure_event`` on the event loop for
 async calls and ``log_success_event`` / ``log_failure_event`` on its logging thread for sync calls,
@@ -24,8 +24,8 @@ from ..energy.meter import RequestEnergyMeter
 from ..energy.request_meter import open_request_meter
 from ..metrics import CALLBACK_ERRORS
 from ..settings import Settings, load_settings
-from ..shadow import ShadowQueue
-from .extract import CandidateMap, extract_row
+from ..shadow_queue import ShadowQueue
+from .pending_row import CandidateMap, extract_row
 from .writer import TableWriter
 
 log = logging.getLogger("litellm_energy_router.callback")

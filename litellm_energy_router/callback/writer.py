@@ -24,9 +24,9 @@ from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
 from ..errors import one_line
 from ..metrics import (REJECTED_ROWS, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS, WRITER_QUEUE_DEPTH,
                        observe_row)  # fmt: skip
-from ..shadow import ShadowQueue
+from ..shadow_queue import ShadowQueue
 from ..table import BadRowError, Query, Run, TableError, make_query, open_store
-from .extract import CandidateMap, PendingRow
+from .pending_row import CandidateMap, PendingRow
 from .spool import Chunk, Spool
 
 log = logging.getLogger("litellm_energy_router.callback")

@@ -141,7 +141,7 @@ def shadow_tournament(
     qpath = queue or st.shadow.queue_path
 
     def make_jobs(store: Any) -> Any:
-        from ..profiling.shadow import QueueError, read_queue, shadow_jobs
+        from ..profiling.shadow_tournament import QueueError, read_queue, shadow_jobs
 
         try:
             entries = read_queue(qpath)

@@ -8,7 +8,7 @@ A meter reports **cumulative** GPU energy. Energy over a window is the differenc
 
 Implementations are provided under a short name (``nvml``, ``estimate``, ``agent``, ``simulated``...)
 by the ``energy_router_meters`` hook of a plugin (:mod:`litellm_energy_router.plugins`; the built-ins in
-:mod:`.builtin`) and say in ``method`` how the joules were obtained — the value written to the
+:mod:`.builtin_meters`) and say in ``method`` how the joules were obtained — the value written to the
 table's ``energy_method`` column.
 
 **Per request.** Under continuous batching a request's energy is not the counter delta over its own

@@ -7,7 +7,7 @@ One protocol (:class:`Scorer`), one registry (:func:`scorer_factories`: the plug
 settings may ask for another kind the checkpoint can serve. The serving runtime and the strategy depend
 on this protocol only.
 
-Built-in kinds (registered by :mod:`.builtin`):
+Built-in kinds (registered by :mod:`.builtin_scorers`):
 
 * ``student`` — the distilled student (:mod:`.student`): numpy only, tens of µs per query.
 * ``lm`` — the LM router's forward pass (:class:`.model.RouterModel`); imports torch and transformers
@@ -176,7 +176,7 @@ class StudentScorer(CheckpointScorer):
 
 
 def scorer_factories() -> dict[str, Callable[[Path, Manifest], Scorer]]:
-    """Every registered scorer kind → factory(checkpoint_dir, manifest): the built-ins (:mod:`.builtin`)
+    """Every registered scorer kind → factory(checkpoint_dir, manifest): the built-ins (:mod:`.builtin_scorers`)
     and any plugin's, through the ``energy_router_scorers`` hook."""
     from ..plugins import scorer_factories as registered
 

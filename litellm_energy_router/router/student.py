@@ -1,6 +1,6 @@
 """The distilled student: a linear model over hashed byte n-grams that imitates the LM router's slot logits.
 
-``energy-router train`` fits it at the end (:mod:`litellm_energy_router.training.student`) on the LM's
+``energy-router train`` fits it at the end (:mod:`litellm_energy_router.training.distil_student`) on the LM's
 own slot logits for the training queries, with and without their task, and ships it in the checkpoint
 (``student.npz`` + the manifest's ``student`` entry). At serving time it replaces the forward pass when
 ``router.scorer`` says so: one pass over the last ``tail_chars`` characters of the query (the LM reads

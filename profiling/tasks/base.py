@@ -10,7 +10,7 @@ candidate's answer text into a score in [0, 1]::
     grade = await task.grade(items[0], answer_text, GradeContext())
 
 New tasks subclass :class:`Task` and are listed by the ``energy_router_tasks`` hook of a plugin
-(:mod:`litellm_energy_router.plugins`; the built-ins in :mod:`.builtin`, third-party ones through the
+(:mod:`litellm_energy_router.plugins`; the built-ins in :mod:`.builtin_tasks`, third-party ones through the
 ``litellm_energy_router`` entry-point group, see ``docs/plugins.md``).
 """
 
@@ -190,7 +190,7 @@ def sample_items(items: Sequence[TaskItem], n: int | None, seed: int) -> list[Ta
     return sorted(rng.sample(ordered, n), key=lambda it: it.id)
 
 
-# -- registry (plugins: litellm_energy_router.plugins; the built-ins in .builtin) --------------------
+# -- registry (plugins: litellm_energy_router.plugins; the built-ins in .builtin_tasks) --------------------
 def get_task(name: str) -> Task:
     """A fresh instance of the task registered as ``name`` by any plugin; unknown names raise :class:`TaskError`."""
     factories = task_factories()

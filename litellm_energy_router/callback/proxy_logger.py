@@ -1,7 +1,7 @@
 """For the LiteLLM proxy config::
 
     litellm_settings:
-      callbacks: ["litellm_energy_router.callback.proxy.energy_logger"]
+      callbacks: ["litellm_energy_router.callback.proxy_logger.energy_logger"]
 
 Importing this module builds one :class:`EnergyLogger` from ``$ENERGY_ROUTER_CONFIG`` /
 ``ENERGY_ROUTER_*`` variables (so only import it where you want the logger running).

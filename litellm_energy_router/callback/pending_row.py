@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from ..decision import decision_from_kwargs
 from ..deployments import CANDIDATE_KEY, CandidateMap
-from ..router.extract import query_text as routed_text
+from ..router.request_text import query_text as routed_text
 
 
 
@@ -49,7 +49,7 @@ class PendingRow:
 
 def query_text(kwargs: Mapping[str, Any], slo: Mapping[str, Any]) -> str:
     """The query as stored in the table: the same text the router routes on
-    (:func:`litellm_energy_router.router.extract.query_text`: the last user turn with a little
+    (:func:`litellm_energy_router.router.request_text.query_text`: the last user turn with a little
     context; a text-completion prompt or embedding input when there are no messages)."""
     messages = slo.get("messages") or kwargs.get("messages")
     if isinstance(messages, str):

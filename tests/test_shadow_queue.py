@@ -8,7 +8,7 @@ import json
 from litellm_energy_router.callback import PendingRow, TableWriter, query_id_for
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
-from litellm_energy_router.shadow import ShadowQueue, sampled
+from litellm_energy_router.shadow_queue import ShadowQueue, sampled
 from litellm_energy_router.table import open_store
 
 
@@ -57,8 +57,8 @@ def test_writer_queues_each_sampled_success_once(sqlite_url, tmp_path):
 
 
 def test_profiler_reads_our_queue(tmp_path):
-    """The contract with the shadow tournament (profiling.shadow.read_queue)."""
-    from litellm_energy_router.profiling.shadow import read_queue
+    """The contract with the shadow tournament (profiling.shadow_tournament.read_queue)."""
+    from litellm_energy_router.profiling.shadow_tournament import read_queue
 
     path = tmp_path / "shadow.jsonl"
     q = ShadowQueue(path, 1.0)

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from litellm_energy_router.callback import CandidateMap, PendingRow, TableWriter, extract_row
 from litellm_energy_router.decision import DECISION_KEY, Decision
-from litellm_energy_router.router.extract import query_text as routed_text
+from litellm_energy_router.router.request_text import query_text as routed_text
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import CandidateSettings, PrivacySettings, WriterSettings
 
