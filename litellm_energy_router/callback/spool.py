@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 
 @dataclass
@@ -112,17 +112,22 @@ class Spool:
     def _files(self) -> list[Path]:
         return [*sorted(self._adopted), self.own]
 
+    def _sizes(self) -> Iterator[tuple[Path, int, int]]:
+        """(file, size in bytes, committed offset in bytes) of every spool file that exists, adopted
+        ones first (call with the lock held)."""
+        self._adopt_orphans()
+        for p in self._files():
+            try:
+                size = p.stat().st_size
+            except FileNotFoundError:
+                continue
+            yield p, size, self._offset(p)
+
     def backlog_records(self) -> int:
         """Approximate records not yet replayed (counts lines; for metrics)."""
         n = 0
         with self._lock:
-            self._adopt_orphans()
-            for p in self._files():
-                try:
-                    size = p.stat().st_size
-                except FileNotFoundError:
-                    continue
-                off = self._offset(p)
+            for p, size, off in self._sizes():
                 if size > off:
                     with open(p, "rb") as f:
                         f.seek(off)
@@ -131,26 +136,13 @@ class Spool:
 
     def has_backlog(self) -> bool:
         with self._lock:
-            self._adopt_orphans()
-            for p in self._files():
-                try:
-                    if p.stat().st_size > self._offset(p):
-                        return True
-                except FileNotFoundError:
-                    continue
-        return False
+            return any(size > off for _, size, off in self._sizes())
 
     def read_chunk(self, max_records: int) -> Chunk | None:
         """Up to ``max_records`` complete records after the committed offset of the oldest file with
         a backlog; unparsable lines go to ``rejected.jsonl``."""
         with self._lock:
-            self._adopt_orphans()
-            for p in self._files():
-                try:
-                    size = p.stat().st_size
-                except FileNotFoundError:
-                    continue
-                off = self._offset(p)
+            for p, size, off in self._sizes():
                 if size <= off:
                     self._finish(p, size)
                     continue
