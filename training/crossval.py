@@ -141,3 +141,44 @@ def read_decisions(path: str | Path, m: TableMatrix, *, id_format: str = "router
         first = str(m.ids[int(np.flatnonzero(np.isnan(P).any(axis=1))[0])])
         raise ValueError(f"{path}: {missing} of {m.n} table queries have no decision line (first: {first!r})")
     return P, Eh
+
+
+def leave_task_out(
+    methods: Mapping[str, Factory],
+    matrix: TableMatrix,
+    *,
+    profile: Any = None,
+    n_points: int = 41,
+    chunks: int = 5,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, Evaluation]:
+    """For every task: fit each method on the other tasks' queries and judge it on this task's, with the
+    task hidden (as production traffic of a task the table has never seen: the predictors get
+    :data:`~litellm_energy_router.router.format.UNKNOWN_TASK`, so no task prior can help; text only).
+
+    Returns task → :class:`~.evaluate.Evaluation` on that task's queries. Its per-fold AIQ is over
+    ``chunks`` random parts of the held-out queries (near-duplicates together): the spread of the
+    judgement, not of the training (one fit per held-out task).
+    """
+    from litellm_energy_router.router.format import UNKNOWN_TASK
+
+    tasks = matrix.task_names()
+    if len(tasks) < 2:
+        raise ValueError(f"leave-task-out needs at least 2 tasks; the table has {tasks}")
+    out: dict[str, Evaluation] = {}
+    for i, t in enumerate(tasks):
+        train, test = matrix.subset(np.flatnonzero(matrix.tasks != t)), matrix.subset(np.flatnonzero(matrix.tasks == t))
+        test.tasks = np.array([UNKNOWN_TASK] * test.n, dtype=matrix.tasks.dtype if matrix.tasks.dtype.kind == "O" else object)
+        e_default = estimate_energy(fit_energy_estimate(train, profile), test)
+        routers = {}
+        for j, (name, factory) in enumerate(methods.items()):
+            if progress:
+                progress(i * len(methods) + j, len(tasks) * len(methods), f"held-out task {t}: {name}")
+            pred = factory().fit(train)
+            P = np.asarray(pred.predict_proba(test), dtype=np.float64)
+            routers[name] = (P, pred.predict_energy(test) if hasattr(pred, "predict_energy") else e_default)
+        parts = [te for _, te in kfold(near_duplicate_groups(test.texts, test.ids, test.tasks), min(chunks, test.n), seed=seed)]
+        out[t] = evaluate(test.Y, test.E, routers, matrix.candidates, e_ref=float(train.E.mean(axis=0).max()),
+                          n_points=n_points, folds=parts)  # fmt: skip
+    return out

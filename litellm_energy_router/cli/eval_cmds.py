@@ -29,6 +29,8 @@ def eval_cmd(
     ),  # fmt: skip
     lam: Optional[float] = typer.Option(None, "--lambda", min=0, help="knob of the off-policy estimate of --checkpoint on "
                                         "logged production rows (default: settings knob.lambda)"),  # fmt: skip
+    leave_task_out: bool = typer.Option(False, "--leave-task-out", help="train on all tasks but one, judge on the held-out "
+                                        "one with its task hidden (an unseen task), for every task"),  # fmt: skip
 ) -> None:
     """K-fold CV by query of the learned baselines on the table: curves vs the zero router, random and
     the oracle; AIQ, joules at the best single candidate's accuracy, accuracy at half its joules, phase."""
@@ -84,6 +86,8 @@ def eval_cmd(
             if pred.model.candidates != m.candidates:
                 fail(f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}")
             methods = {name: (lambda pred=pred: pred), **methods}
+        if leave_task_out:
+            return _leave_task_out(methods, m, profile, points, out, bar)
         task = bar.add_task("cross-validating", total=folds * len(methods))
         ev = cross_validate(
             methods, m, folds=folds, seed=seed, profile=profile, n_points=points,
@@ -96,6 +100,29 @@ def eval_cmd(
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
     if ckpts:
         _off_policy(url, ckpts, settings_or_fail(config), lam, out)
+
+
+def _leave_task_out(methods: dict, m, profile, points: int, out: Path, bar) -> None:
+    """Per held-out task: AIQ (± sd over 5 parts of its queries) and joules at the best single model's
+    accuracy of every method; written to ``out/leave_task_out.md`` and printed."""
+    from ..training.crossval import leave_task_out
+    from ..training.report import summary_table
+
+    task = bar.add_task("leave-task-out", total=len(m.task_names()) * len(methods))
+    try:
+        evs = leave_task_out(methods, m, profile=profile, n_points=points,
+                             progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
+    except ValueError as e:
+        fail(str(e))
+    parts = ["# Leave-task-out evaluation", "",
+             "Each method is trained on all tasks but one and judged on the held-out task's queries with the task "
+             "hidden (an unseen task: no task prior). AIQ per fold = over 5 random parts of the held-out queries."]  # fmt: skip
+    for t, ev in evs.items():
+        parts += ["", f"## held-out task: {t} ({ev.n} queries)", "", summary_table(ev)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "leave_task_out.md").write_text("\n".join(parts) + "\n")
+    console.print("\n".join(parts), highlight=False, soft_wrap=True)
+    console.print(f"wrote {out / 'leave_task_out.md'}", highlight=False)
 
 
 def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path) -> None:
