@@ -8,7 +8,7 @@ One core (:class:`EnergyRouterCore`) serves both entry points:
 * :class:`EnergyRouterFilter` — proxy (and SDK): a ``CustomLogger`` whose ``async_filter_deployments``
   narrows LiteLLM's already-healthy deployments of a model group to the chosen one, by
   ``model_info.id``. Enable it in a proxy ``config.yaml`` with
-  ``litellm_settings.callbacks: ["litellm_energy_router.proxy.energy_router"]``.
+  ``litellm_settings.callbacks: ["litellm_energy_router.proxy_router.energy_router"]``.
 
 Candidates map to deployments by, in order: ``model_info.energy_router_candidate``; then
 ``settings.router.match_by``: ``id`` (candidate ``deployment_id`` or name = ``model_info.id``) or
@@ -305,9 +305,17 @@ class EnergyRouterFilter(CustomLogger):
 
     @property
     def core(self) -> EnergyRouterCore:
-        if self._core is None:  # built on first use, so importing the proxy module stays cheap
+        if self._core is None:  # built on first use (or by start()), so importing strategy.py stays cheap
             self._core = EnergyRouterCore(self._settings)
         return self._core
+
+    def start(self) -> None:
+        """Build the core now, so the checkpoint starts loading at proxy start, not on the first request. A
+        settings error is logged and retried on the first request (which then fails open)."""
+        try:
+            self.core
+        except Exception as e:  # noqa: BLE001 - never keep the proxy from starting
+            log.error("energy-router: not started (%s); requests fail open until it can start", str(e).splitlines()[0])
 
     async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
                                        request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list[dict]:  # fmt: skip

@@ -83,6 +83,7 @@ def proxy(tmp_path_factory):
     else:
         proc.kill()
         raise RuntimeError(f"proxy not ready: {(d / 'proxy.log').read_text()[-3000:]}")
+    _wait_router_ready(port)
     info = {"port": port, "backend": backend, "pointer": pointer, "v1": v1, "dir": d, "proc": proc}
     yield info
     if proc.poll() is None:
@@ -123,6 +124,17 @@ def test_proxy_routing_knob_fallback_reload(proxy):
             break
         time.sleep(1.0)
     assert dep == "vllm-llama-70b"
+
+
+def _wait_router_ready(port, timeout_s=120):
+    """The checkpoint loads on a thread from proxy start; until then requests fail open. Wait for the
+    load (``energy_router_reloads_total{result="ok"}`` on the proxy's /metrics) so routing is asserted."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if _scrape(port).get(("energy_router_reloads_total", (("result", "ok"),)), 0) >= 1:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the router did not load its checkpoint")
 
 
 def _scrape(port, auth=True):

@@ -58,7 +58,8 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
     by_id = {deployment_id(c): c for c in candidates}
     try:
         router = litellm.Router(model_list=model_list(candidates, api_base), num_retries=2)
-        core = EnergyRouterCore(settings)
+        core = EnergyRouterCore(settings)  # inside the running loop: the checkpoint loads on a thread
+        await asyncio.to_thread(core.runtime.wait_ready, 300)  # serve once it is ready, off the loop
         router.register_plugin(EnergyRoutingStrategy(router, core=core))
         sem = asyncio.Semaphore(max(1, concurrency))
         served: list[ServedCall] = []
