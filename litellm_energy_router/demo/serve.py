@@ -50,6 +50,7 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
     import litellm
 
     from ..callback import EnergyLogger
+    from ..litellm_compat import register_strategy
     from ..strategy import EnergyRouterCore, EnergyRoutingStrategy
 
     logger = EnergyLogger(settings)
@@ -59,7 +60,7 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
     try:
         router = litellm.Router(model_list=model_list(candidates, api_base), num_retries=2)
         core = EnergyRouterCore(settings)
-        router.register_plugin(EnergyRoutingStrategy(router, core=core))
+        register_strategy(router, EnergyRoutingStrategy(router, core=core))
         sem = asyncio.Semaphore(max(1, concurrency))
         served: list[ServedCall] = []
 
