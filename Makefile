@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo demo-quick test postgres bench
+.PHONY: install demo demo-quick test test-litellm-oldest postgres bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,27 @@ postgres:
 
 test: install postgres
 	$(BIN)/python -m pytest -q -ra
+
+# The oldest end of the supported LiteLLM range (pyproject's lower bound; docs/compatibility.md): `make test`
+# covers the newest, this swaps the oldest LiteLLM into the same .venv, runs the tests marked
+# litellm_integration, and puts every package back as it was (versions, and nothing left over), pass or fail.
+# LITELLM_OLDEST_WITH: what that release's proxy needs that our [proxy] extra leaves unpinned (its MCP
+# client imports mcp 1.x). pip is run as `python -m pip`: a copied venv's pip script may name another one.
+LITELLM_OLDEST := 1.80.0
+LITELLM_OLDEST_WITH := "mcp<2"
+NEWEST_FREEZE := $(VENV)/.litellm-newest-freeze.txt
+test-litellm-oldest: install
+	$(BIN)/python -m pip freeze --exclude-editable > $(NEWEST_FREEZE)
+	rc=0; \
+	$(BIN)/python -m pip install --quiet "litellm==$(LITELLM_OLDEST)" $(LITELLM_OLDEST_WITH) -e ".[dev,postgres,proxy]" \
+	  && $(BIN)/python -c 'import importlib.metadata as m; v = m.version("litellm"); print("litellm", v); assert v == "$(LITELLM_OLDEST)"' \
+	  && $(BIN)/python -m pytest -q -ra -m litellm_integration || rc=$$?; \
+	echo "restoring the newest LiteLLM environment"; \
+	$(BIN)/python -m pip install --quiet -r $(NEWEST_FREEZE) || rc=1; \
+	extra=$$($(BIN)/python -m pip freeze --exclude-editable | grep -vxFf $(NEWEST_FREEZE) | cut -d= -f1); \
+	if [ -n "$$extra" ]; then $(BIN)/python -m pip uninstall --quiet -y $$extra || rc=1; fi; \
+	$(BIN)/python -m pip freeze --exclude-editable | cmp -s - $(NEWEST_FREEZE) || { echo "environment not restored"; rc=1; }; \
+	exit $$rc
 
 bench: install postgres
 	$(BIN)/python benchmarks/bench_table.py

@@ -66,6 +66,7 @@ async def main_async(args) -> None:
     import litellm
     from litellm import Router
 
+    from litellm_energy_router.litellm_compat import register_strategy
     from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
 
     logging.getLogger("LiteLLM").setLevel(logging.ERROR)
@@ -122,9 +123,9 @@ async def main_async(args) -> None:
 
     shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
     energy = Router(model_list=model_list)
-    energy.register_plugin(EnergyRoutingStrategy(energy, core=core))
+    register_strategy(energy, EnergyRoutingStrategy(energy, core=core))
     energy_lm = Router(model_list=model_list)
-    energy_lm.register_plugin(EnergyRoutingStrategy(energy_lm, core=lm_core))
+    register_strategy(energy_lm, EnergyRoutingStrategy(energy_lm, core=lm_core))
 
     async def seq(router, n, offset):
         t0 = time.perf_counter()

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
+from . import litellm_compat
 from .decision import DECISION_KEY, KNOB_KEY, Decision
 from .deployments import CandidateMap, deployment_keys
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
@@ -251,12 +252,12 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
         self.core = core or EnergyRouterCore(settings)
 
     def _healthy(self, model: str) -> list[dict[str, Any]]:
-        deps = list(self.router.registry().deployments(model) or [])
+        deps = litellm_compat.deployments(self.router, model)
         if not deps:
             return []
         ids = [str((d.get("model_info") or {}).get("id")) for d in deps]
         try:
-            cooling = {i for i, _ in self.router.health().cooldowns.get_active_cooldowns(ids, None)}
+            cooling = litellm_compat.cooling_ids(self.router, ids)
         except Exception:  # noqa: BLE001 - a cooldown store error must not fail routing
             cooling = set()
         healthy = [d for d, i in zip(deps, ids) if i not in cooling]
@@ -265,8 +266,8 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
     def _pool(self, model: str, specific_deployment: bool | None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """(the pinned deployment when one is asked for by id, else None; the group's healthy deployments)."""
         if specific_deployment:
-            d = self.router.registry().deployment_dict(model)
-            if isinstance(d, dict):
+            d = litellm_compat.deployment_dict(self.router, model)
+            if d is not None:
                 return d, []
         deps = self._healthy(model)
         if not deps:

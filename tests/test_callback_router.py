@@ -18,6 +18,9 @@ from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store, text_hash
 from chat_backend import OpenAIBackend, expected_usage, model_list
 
+# Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
+pytestmark = pytest.mark.litellm_integration
+
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 CANDIDATES = [{"name": SMALL, "deployment_id": "dep-small", "params_b": 7}, {"name": BIG, "deployment_id": "dep-big", "params_b": 70}]
 BY_ID = {"dep-small": SMALL, "dep-big": BIG}

@@ -12,10 +12,14 @@ from litellm import Router
 
 from backend import Backend
 from litellm_energy_router.callback import EnergyLogger
+from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import open_store
 from router_fixtures import CANDS
+
+# Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
+pytestmark = pytest.mark.litellm_integration
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +42,7 @@ def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url, planted_ckpt):
         model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
                        "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
         router = Router(model_list=model_list)
-        router.register_plugin(EnergyRoutingStrategy(router, s))
+        register_strategy(router, EnergyRoutingStrategy(router, s))
         logger = EnergyLogger(s)
         litellm.callbacks = [logger]
         texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(40)]

@@ -28,6 +28,7 @@ def run(*args, cwd=None, timeout=1100):
     return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+@pytest.mark.litellm_integration
 def test_replay_backend_through_litellm():
     prompt = "Question: which planet is largest?\nAnswer:"
     rec = Record("q:1", "arc", prompt, {SMALL: (1.0, " Jupiter, by far."), BIG: (0.0, " Saturn")}, "x:1")

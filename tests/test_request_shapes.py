@@ -7,12 +7,16 @@ import asyncio
 import pytest
 from litellm import Router
 
+from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.router.request_text import query_text
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 
 from backend import Backend
 from router_fixtures import CANDS
 from test_strategy import model_list, settings
+
+# Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
+pytestmark = pytest.mark.litellm_integration
 
 IMG = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 SHAPES = {
@@ -39,7 +43,7 @@ def env(planted_ckpt):
     b = Backend().start()
     router = Router(model_list=model_list(b))
     strategy = EnergyRoutingStrategy(router, settings(planted_ckpt))
-    router.register_plugin(strategy)
+    register_strategy(router, strategy)
     yield router, strategy, b
     b.stop()
 

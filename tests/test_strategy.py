@@ -13,6 +13,7 @@ from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_energy_router.decision import decision_from_kwargs
+from litellm_energy_router.litellm_compat import cooldowns, register_strategy
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.router.runtime import RouterRuntime
 from litellm_energy_router.settings import CandidateSettings, Settings
@@ -20,6 +21,9 @@ from litellm_energy_router.strategy import EnergyRouterCore, EnergyRouterFilter,
 
 from backend import Backend
 from router_fixtures import CANDS
+
+# Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
+pytestmark = pytest.mark.litellm_integration
 
 PROOF = [{"role": "user", "content": "Give a proof about chess number 4242"}]
 EASY = [{"role": "user", "content": "Tell me about rivers number 4242"}]
@@ -76,7 +80,7 @@ def _snap(backend):
 def test_strategy_routes_to_different_backends(ckpt, backend):
     router = Router(model_list=model_list(backend))
     strategy = EnergyRoutingStrategy(router, settings(ckpt))
-    router.register_plugin(strategy)
+    register_strategy(router, strategy)
     rec = Recorder()
     litellm.callbacks = [rec]
     try:
@@ -121,7 +125,7 @@ def test_deprecated_alias_and_cooldown(ckpt, backend):
     asyncio.run(router.acompletion(model="pool", messages=PROOF))
     assert _delta(backend, b)["large"] == 1
     # a cooled-down deployment is not used: the router's choice among the healthy ones is
-    router.health().cooldowns.add_deployment_to_cooldown("dep-large", 0, 429, 60)
+    cooldowns(router).add_deployment_to_cooldown("dep-large", 0, 429, 60)
     b = _snap(backend)
     asyncio.run(router.acompletion(model="pool", messages=PROOF))
     assert _delta(backend, b)["large"] == 0 and sum(_delta(backend, b).values()) == 1
@@ -159,7 +163,7 @@ def test_fail_open(ckpt, backend, tmp_path, case):
     reason = {"missing_checkpoint": "no_checkpoint", "timeout": "timeout", "error": "error"}[case]
     before = FALLBACKS.labels(reason=reason)._value.get()
     router = Router(model_list=model_list(backend))
-    router.register_plugin(EnergyRoutingStrategy(router, core=core))
+    register_strategy(router, EnergyRoutingStrategy(router, core=core))
     b = _snap(backend)
     resp = asyncio.run(router.acompletion(model="pool", messages=PROOF))
     assert resp.choices[0].message.content == "answer from medium"

@@ -50,6 +50,7 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
     import litellm
 
     from ..callback import EnergyLogger
+    from ..litellm_compat import register_strategy
     from ..strategy import EnergyRouterCore, EnergyRoutingStrategy
 
     logger = EnergyLogger(settings)
@@ -60,7 +61,7 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
         router = litellm.Router(model_list=model_list(candidates, api_base), num_retries=2)
         core = EnergyRouterCore(settings)  # inside the running loop: the checkpoint loads on a thread
         await asyncio.to_thread(core.runtime.wait_ready, 300)  # serve once it is ready, off the loop
-        router.register_plugin(EnergyRoutingStrategy(router, core=core))
+        register_strategy(router, EnergyRoutingStrategy(router, core=core))
         sem = asyncio.Semaphore(max(1, concurrency))
         served: list[ServedCall] = []
 

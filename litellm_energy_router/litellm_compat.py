@@ -1,0 +1,82 @@
+"""The few LiteLLM ``Router`` calls whose names changed inside the supported LiteLLM range.
+
+Newer releases put them behind ``router.registry()`` / ``router.health()`` and rename the strategy
+hook to ``register_plugin`` (the old names survive there as deprecated aliases that warn); older
+releases only have ``get_model_list`` / ``get_model_info`` / ``cooldown_cache`` /
+``set_custom_routing_strategy``. Each helper prefers the new call and falls back to the old one by
+feature detection (``getattr``), never by parsing ``litellm.__version__``. See docs/compatibility.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+# For a LiteLLM proxy that loads callbacks only from files next to its config.yaml
+# (``proxy_imports_installed_callbacks()`` is False): save as ``energy_router_callbacks.py`` beside the
+# config and list ``energy_router_callbacks.energy_router`` / ``energy_router_callbacks.energy_logger``.
+PROXY_CALLBACKS_MODULE = """\
+from litellm_energy_router.callback.proxy_logger import energy_logger
+from litellm_energy_router.proxy_router import energy_router
+"""
+
+
+def _registry(router: Any) -> Any | None:
+    registry = getattr(router, "registry", None)
+    return registry() if callable(registry) else None
+
+
+def register_strategy(router: Any, strategy: Any) -> None:
+    """Make ``strategy`` (a ``CustomRoutingStrategyBase``) pick every deployment of ``router``."""
+    register = getattr(router, "register_plugin", None)
+    if callable(register):
+        register(strategy)
+    else:
+        router.set_custom_routing_strategy(strategy)
+
+
+def deployments(router: Any, model: str) -> list[dict[str, Any]]:
+    """The deployment dicts of model group ``model`` (``[]`` when there are none)."""
+    registry = _registry(router)
+    found = registry.deployments(model) if registry is not None else router.get_model_list(model_name=model)
+    return list(found or [])
+
+
+def deployment_dict(router: Any, model_id: str) -> dict[str, Any] | None:
+    """The deployment dict whose ``model_info.id`` is ``model_id``, or ``None``."""
+    registry = _registry(router)
+    d = registry.deployment_dict(model_id) if registry is not None else router.get_model_info(id=model_id)
+    return d if isinstance(d, dict) else None
+
+
+def cooldowns(router: Any) -> Any:
+    """The router's cooldown store (``add_deployment_to_cooldown``, ``get_active_cooldowns``)."""
+    health = getattr(router, "health", None)
+    store = getattr(health(), "cooldowns", None) if callable(health) else None
+    return store if store is not None else router.cooldown_cache
+
+
+def cooling_ids(router: Any, ids: list[str]) -> set[str]:
+    """Which of the deployment ids ``ids`` are cooling down now."""
+    return {i for i, _ in cooldowns(router).get_active_cooldowns(ids, None)}
+
+
+def proxy_imports_installed_callbacks() -> bool:
+    """Whether the proxy resolves a ``litellm_settings.callbacks`` entry such as
+    ``litellm_energy_router.proxy_router.energy_router`` by importing the installed package. Older proxies
+    only load ``<module path>.py`` files relative to config.yaml (see ``PROXY_CALLBACKS_MODULE``)."""
+    from litellm.proxy.types_utils.utils import get_instance_fn
+
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            get_instance_fn(f"{__name__}.__name__", config_file_path=os.path.join(d, "config.yaml"))
+        except ImportError:
+            return False
+    return True
+
+
+__all__ = [
+    "PROXY_CALLBACKS_MODULE", "cooldowns", "cooling_ids", "deployment_dict", "deployments",
+    "proxy_imports_installed_callbacks", "register_strategy",
+]
