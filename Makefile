@@ -46,7 +46,7 @@ NEWEST_FREEZE := $(VENV)/.litellm-newest-freeze.txt
 test-litellm-oldest: install
 	$(BIN)/python -m pip freeze --exclude-editable > $(NEWEST_FREEZE)
 	rc=0; \
-	$(BIN)/python -m pip install --quiet "litellm==$(LITELLM_OLDEST)" $(LITELLM_OLDEST_WITH) -e ".[dev,postgres,proxy]" \
+	$(BIN)/python -m pip install --quiet "litellm==$(LITELLM_OLDEST)" $(LITELLM_OLDEST_WITH) -e ".[dev,postgres,proxy,train]" \
 	  && $(BIN)/python -c 'import importlib.metadata as m; v = m.version("litellm"); print("litellm", v); assert v == "$(LITELLM_OLDEST)"' \
 	  && $(BIN)/python -m pytest -q -ra -m litellm_integration || rc=$$?; \
 	echo "restoring the newest LiteLLM environment"; \
