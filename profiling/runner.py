@@ -273,7 +273,7 @@ class Tournament:
             latency_s=gen.latency_s, ttft_s=gen.ttft_s, prompt_tokens=gen.prompt_tokens,
             completion_tokens=gen.completion_tokens, energy_j=gen.energy_j, avg_power_w=power,
             energy_method=gen.energy_method, gpu=self.config.energy.gpu or cand.hardware,
-            status="success" if grade.score is not None else "failure", call_id=job.call_id,
+            status="success" if grade.score is not None else "failure", call_id=job.call_id, grade_note=grade.note,
         )  # fmt: skip
         if grade.score is None:
             log.warning("%s on %s: %s", cand.model_name, job.item.query_id, grade.detail)

@@ -3,13 +3,18 @@
 Run as ``python -I sandbox_harness.py '<json config>'`` with the job on stdin as one JSON object
 ``{"nonce": str, "code": str, "tests": str}``. Steps:
 
-1. ``isolation == "namespaces"`` (we are PID 1 of fresh PID/net/mount namespaces made by
-   ``unshare``): bind the work dir onto itself, remount every other mount read-only, drop every
-   capability and set no_new_privs, so the read-only mounts cannot be undone.
+1. ``isolation == "namespaces"`` (we are PID 1 of fresh PID/net/mount/IPC/UTS namespaces made by
+   ``unshare``): build a new root on a small tmpfs holding read-only binds of ``visible`` only (the
+   system's ``/usr``..., the Python installation) and a few ``/dev`` nodes, mount the work dir as a
+   tmpfs of ``work_dir_mb`` MB (the one writable place), ``pivot_root`` into it and detach the host's
+   root; then drop every capability, switch to ``uid`` (``nobody``, when the runner is root) and set
+   no_new_privs, so nothing of this can be undone.
 2. Resource limits: CPU seconds, address space (bytes), file size (bytes), open files, processes.
-3. A Python audit hook (``python_guard``) refusing process creation, sockets, native code
-   (ctypes), raising limits and any file write/removal outside the work dir.
-4. Execute the candidate's code, then the tests, in one namespace. Only when every test passes is
+3. The seccomp filter of :mod:`.sandbox_seccomp` (``seccomp``: the BPF program, hex), in every mode.
+4. A Python audit hook (``python_guard``) refusing process creation, sockets, native code
+   (ctypes, sqlite3, dbm, multiprocessing), FIFOs, raising limits and file writes/removals outside
+   the work dir.
+5. Execute the candidate's code, then the tests, in one namespace. Only when every test passes is
    the nonce printed — a program that exits early (``sys.exit(0)``, ``os._exit(0)``) never passes.
    (The nonce guards against accidents; code written to fool the grader could find it. The
    sandbox protects the machine, not the score, from adversarial code.)
@@ -20,56 +25,135 @@ Exit codes: 0 = passed, 1 = failed (the reason is on stderr), 3 = sandbox setup 
 import json
 import os
 import resource
+import stat
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+MNT_DETACH = 2
 _FLAG = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
          "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}  # fmt: skip
-# pseudo file systems a remount may refuse; nothing under them is writable without capabilities
-_PSEUDO = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs",
-           "pstore", "bpf", "fusectl", "configfs", "binfmt_misc", "autofs", "hugetlbfs", "nsfs"}  # fmt: skip
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
 
 def _unescape(s):
     return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def lock_down_filesystem(workdir):
-    """Make everything but ``workdir`` read-only and drop capabilities (needs a private mount ns)."""
+def _libc():
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
+    return libc
 
-    def mount(src, target, flags):
-        if libc.mount(src, target.encode(), None, flags, None) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
-    mount(workdir.encode(), workdir, MS_BIND | MS_REC)
+def _check(rc, what):
+    import ctypes
+
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(libc, src, target, fstype, flags, data=None):
+    enc = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
+    _check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def _make_parents(root, path):
+    """Create the directories of ``root + path`` one by one, refusing to pass a symlink or a mount
+    (so nothing is ever created through a bind of the host). False when the path cannot be made."""
+    cur, dev = root, os.lstat(root).st_dev
+    for part in [p for p in path.split("/") if p]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            os.mkdir(cur, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_dev != dev:
+            return False
+    return True
+
+
+def _expose(libc, root, path):
+    """Make host ``path`` visible at the same place under ``root``: a symlink is copied, a file or a
+    directory is bind-mounted (made read-only later with every other mount under ``root``)."""
+    if not os.path.lexists(path):
+        return
+    parent, name = os.path.split(path.rstrip("/"))
+    if not _make_parents(root, parent):
+        return
+    dest = os.path.join(root + parent, name)
+    if os.path.lexists(dest):
+        return
+    if os.path.islink(path):
+        os.symlink(os.readlink(path), dest)
+        return
+    if os.path.isdir(path):
+        os.mkdir(dest, 0o755)
+    else:
+        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    _mount(libc, path, dest, None, MS_BIND | MS_REC)
+
+
+def _remount_read_only(libc, root, keep):
+    """Every mount at or under ``root`` except ``keep`` becomes read-only (children first)."""
     with open("/proc/self/mountinfo") as f:
         mounts = [line.split() for line in f]
-    for fields in reversed(mounts):  # children first
+    for fields in reversed(mounts):
         target = _unescape(fields[4])
-        fstype = fields[fields.index("-") + 1]
-        if target == workdir or "ro" in fields[5].split(","):
+        if target == keep or not (target == root or target.startswith(root + "/")):
             continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
         for opt in fields[5].split(","):
             flags |= _FLAG.get(opt, 0)
-        try:
-            mount(None, target, flags)
-        except OSError:
-            if fstype not in _PSEUDO:
-                raise
-    # no capabilities from here on: the read-only mounts cannot be undone
-    PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 24, 47, 4
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        _mount(libc, None, target, None, flags)
+
+
+def lock_down_filesystem(cfg):
+    """Pivot into a new read-only root showing only ``cfg["visible"]``, the work dir a size-capped
+    tmpfs; then give up every privilege (needs the private namespaces ``unshare`` made)."""
+    libc, work, uid = _libc(), cfg["workdir"], cfg.get("uid")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    root = work  # the new root: a small tmpfs over the (empty, private) work dir of the host
+    _mount(libc, "er-sandbox-root", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for path in cfg["visible"]:
+        _expose(libc, root, path)
+    for dev in _DEVICES:
+        _expose(libc, root, "/dev/" + dev)
+    inner = root + work
+    if not _make_parents(root, work):
+        raise OSError(f"work dir {work}: cannot be made inside the new root")
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    _mount(libc, "er-sandbox-work", inner, "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={cfg['work_dir_mb']}m,nr_inodes=16384,mode=0700{owner}")  # fmt: skip
+    _remount_read_only(libc, root, keep=inner)
+    os.chdir(root)
+    _check(libc.syscall(cfg["pivot_root_nr"], b".", b"."), "pivot_root")
+    _check(libc.umount2(b".", MNT_DETACH), "detach the host root")
+    os.chdir("/")
+    drop_privileges(libc, uid)
+
+
+def drop_privileges(libc, uid):
+    """No capabilities (bounding, ambient, permitted, effective), then ``uid`` when given."""
+    import ctypes
+
+    PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     for cap in range(64):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -78,8 +162,22 @@ def lock_down_filesystem(workdir):
         _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
     data = (Data * 2)()
-    if libc.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
+    _check(libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def install_seccomp(program):
+    """Load the BPF ``program`` (bytes of ``struct sock_filter[]``) as this process's seccomp filter."""
+    import ctypes
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = _libc()
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = Fprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp filter")
 
 
 def set_limits(cfg):
@@ -95,7 +193,9 @@ def set_limits(cfg):
     lim(resource.RLIMIT_FSIZE, cfg["file_size_mb"] * 1024 * 1024)
     lim(resource.RLIMIT_NOFILE, 64)
     lim(resource.RLIMIT_CORE, 0)
-    if os.getuid() != 0:  # not enforced for root; the PID namespace and the guard cover that case
+    # no new processes or threads; never enforced on the host's root (process mode as root), where the
+    # guard covers it (in a user namespace uid 0 is an ordinary user of the host)
+    if os.getuid() != 0 or cfg["isolation"] == "namespaces":
         lim(resource.RLIMIT_NPROC, 0)
 
 
@@ -109,11 +209,15 @@ _BLOCKED = {
 _PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.truncate": 1, "os.chmod": 1, "os.chown": 1,
                 "os.link": 2, "os.symlink": 2, "os.mkdir": 1, "os.utime": 1, "os.setxattr": 1,
                 "os.removexattr": 1, "shutil.rmtree": 1, "os.chflags": 1, "os.lchflags": 1}  # fmt: skip
-_NATIVE = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess", "_xxsubinterpreters"}
+# native code, and C libraries that create files the audit hook never hears of (sqlite3's ATTACH,
+# dbm files, POSIX semaphores in /dev/shm)
+_NATIVE = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess", "_xxsubinterpreters", "_sqlite3",
+           "sqlite3", "_dbm", "_gdbm", "dbm", "_multiprocessing", "_posixshmem"}  # fmt: skip
+_NO_AUDIT_EVENT = ("mkfifo", "mknod")  # os functions that raise no audit event: removed
 
 
 def install_guard(workdir):
-    """Audit hook: refuse processes, network, native code and writes outside ``workdir``."""
+    """Audit hook: refuse processes, network, native code, FIFOs and writes outside ``workdir``."""
     root = os.path.realpath(workdir) + os.sep
     realpath, fspath, sep = os.path.realpath, os.fspath, os.sep
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -144,6 +248,12 @@ def install_guard(workdir):
             raise PermissionError(f"sandbox: {event} outside the work directory is not allowed")
 
     sys.addaudithook(hook)
+    import posix
+
+    for mod in (os, posix):
+        for name in _NO_AUDIT_EVENT:
+            if hasattr(mod, name):
+                delattr(mod, name)
 
 
 def main():
@@ -152,7 +262,9 @@ def main():
     workdir = cfg["workdir"]
     try:
         if cfg["isolation"] == "namespaces":
-            lock_down_filesystem(workdir)
+            if not cfg.get("seccomp"):
+                raise ValueError("isolation 'namespaces' needs the seccomp filter")
+            lock_down_filesystem(cfg)
         set_limits(cfg)
         # self-destruct should the runner be gone (PID 1 of a namespace needs an explicit handler)
         import signal
@@ -165,6 +277,8 @@ def main():
         import tempfile
 
         tempfile.tempdir = workdir
+        if cfg.get("seccomp"):
+            install_seccomp(bytes.fromhex(cfg["seccomp"]))
         for name in [m for m in sys.modules if m.split(".")[0] in _NATIVE]:
             del sys.modules[name]
         if cfg["python_guard"]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from litellm_energy_router.table import BadRowError, Run, TableError, make_query, open_store
+from litellm_energy_router.table import BadRowError, Candidate, Run, TableError, make_query, open_store
 from litellm_energy_router.table import schema
 
 
@@ -103,3 +103,22 @@ def test_query_hash_only_when_text_not_stored():
     q = make_query("p1", "chat", "secret prompt \ud800", store_text=False, salt="s")
     assert q.text is None and len(q.text_hash) == 64
     assert Run(query_id="p1", candidate="c", source="production").score is None
+
+
+def test_a_table_from_before_grade_note_gains_the_column(tmp_path):
+    """A nullable column added within schema version 1 is added when an older table is opened."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    store = open_store(url)
+    store.write(candidates=[Candidate(name="c")], queries=[make_query("q1", "mmlu", "x")],
+                runs=[Run(query_id="q1", candidate="c", source="tournament", score=1.0)])  # fmt: skip
+    store.close()
+    with sqlite3.connect(path) as db:  # as an earlier release made it: no grade_note
+        db.execute("ALTER TABLE er_runs DROP COLUMN grade_note")
+    store = open_store(url)
+    assert [r["grade_note"] for r in store.iter_runs()] == [None]
+    store.write(runs=[Run(query_id="q1", candidate="c", source="tournament", score=0.0, grade_note="n")])
+    assert [(r["score"], r["grade_note"]) for r in store.iter_runs()] == [(0.0, "n")]
+    store.close()

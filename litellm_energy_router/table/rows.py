@@ -69,6 +69,9 @@ class Run(_Row):
     propensity: float | None = Field(None, gt=0, le=1, description="router's probability of this choice")
     call_id: str | None = Field(None, max_length=200, description="LiteLLM call id (production rows)")
     status: Literal["success", "failure"] | None = None
+    grade_note: str | None = Field(
+        None, max_length=200, description="a caveat on how the score was obtained, e.g. code graded without isolation"
+    )
     created: float = Field(default_factory=time.time)
 
 

@@ -1,6 +1,7 @@
 """Schema of the tournament table (SQLAlchemy Core). Same DDL on SQLite and PostgreSQL.
 
 ``er_meta`` holds the ``schema_version`` row; a store refuses a database written by a newer schema.
+A nullable column added within a schema version is added to an older table when a store opens it.
 Energy columns are joules (J), power watts (W), times seconds, ``created``/``updated`` Unix seconds.
 """
 
@@ -73,6 +74,7 @@ runs = Table(
     Column("propensity", Float),
     Column("call_id", String(200)),
     Column("status", String(16)),
+    Column("grade_note", String(200)),
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
     UniqueConstraint("query_id", "candidate", "source", name="uq_er_runs_key"),

@@ -110,6 +110,7 @@ class SQLStore:
             if self.dialect == "postgresql":  # serialise concurrent first starts
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(b"energy-router-schema")})
             schema.metadata.create_all(conn)
+            _add_missing_columns(conn)
             row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
             if row is None:
                 conn.execute(schema.meta.insert().values(key="schema_version", value=str(schema.SCHEMA_VERSION)))
@@ -299,6 +300,19 @@ class SQLStore:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _add_missing_columns(conn: Any) -> None:
+    """Add the nullable columns a table made by an earlier release of this schema version lacks."""
+    from sqlalchemy import inspect
+
+    insp = inspect(conn)
+    for table in schema.metadata.sorted_tables:
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name not in have and col.nullable:
+                ddl = col.type.compile(dialect=conn.dialect)
+                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
 
 
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:

@@ -68,10 +68,12 @@ class Grade:
 
     ``score`` is correctness in [0, 1]; ``None`` means the answer could not be graded (e.g. the judge
     gave no rating) — such pairs are written with ``status="failure"`` and retried on the next run.
+    ``note`` is a caveat written with the run (its ``grade_note``), e.g. code run without isolation.
     """
 
     score: float | None
     detail: str = ""
+    note: str | None = None
 
 
 @dataclass

@@ -52,4 +52,5 @@ class MBPP(Task):
         code = extract_code(answer)
         tests = "\n".join([item.data["setup"], *item.data["tests"]])
         result = await ctx.sandbox.run(code, tests)
-        return Grade(1.0 if result.passed else 0.0, result.reason)
+        note = f"sandbox isolation={result.isolation} (not isolated)" if result.isolation == "process" else None
+        return Grade(1.0 if result.passed else 0.0, result.reason, note)
