@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
@@ -119,6 +119,15 @@ class EnergySettings(_Section):
     agent_url: str | None = Field(None, description="GPU-node agent base URL, e.g. http://gpu-node:9400")
     agent_token: str | None = Field(None, description="bearer token of the agent (client and server side)")
     agent_timeout_s: float = Field(2.0, gt=0, description="HTTP timeout of one agent call, seconds")
+    agent_ca_bundle: Path | None = Field(None, description="client: PEM CA bundle an https agent_url is verified with; None = system CAs")
+    agent_tls_cert: Path | None = Field(None, description="agent: PEM certificate chain; with agent_tls_key it serves https")
+    agent_tls_key: Path | None = Field(None, description="agent: PEM private key of agent_tls_cert")
+    agent_max_requests: int = Field(20_000, ge=1, le=10_000_000, description="agent: requests tracked at most (oldest dropped first)")
+    agent_stale_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="agent: an unfinished request silent this long expires, s")
+    agent_max_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024, description="agent: largest POST body read, bytes")
+    agent_max_clock_skew_s: float = Field(
+        30.0, gt=0, le=3600, allow_inf_nan=False, description="agent: how far callers' timestamps may lead its clock, s"
+    )
     gpus: list[int] | None = Field(None, description="GPU indices metered (nvml); None = all")
     sample_hz: float = Field(10.0, ge=1, le=100, description="meter sampling rate for attribution, Hz")
     prefill_weight: float = Field(0.125, ge=0, description="attribution weight of one prompt token (decode token = decode_weight)")
@@ -146,6 +155,13 @@ class EnergySettings(_Section):
         if isinstance(v, (int, float)) and v < 0:
             raise ValueError("must be >= 0 or 'auto'")
         return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "EnergySettings":
+        if (self.agent_tls_cert is None) != (self.agent_tls_key is None):
+            missing = "agent_tls_key" if self.agent_tls_key is None else "agent_tls_cert"
+            raise ValueError(f"energy.agent_tls_cert and energy.agent_tls_key go together ({missing} is not set)")
+        return self
 
 
 class WriterSettings(_Section):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
+from . import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail
 
 feedback_app = typer.Typer(help="Quality labels for production rows, keyed by LiteLLM call id.", no_args_is_help=True)
 
@@ -24,6 +24,8 @@ def agent(
     sample_hz: Optional[float] = typer.Option(None, "--sample-hz", help="meter samples per second (default: energy.sample_hz)"),
     history_s: Optional[float] = typer.Option(None, "--history-s", help="seconds of history kept (default: energy.history_s)"),
     simulated_power_w: float = typer.Option(300.0, "--simulated-power-w", help="power of the simulated meter, W"),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate chain: serve https (default: energy.agent_tls_cert)"),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM key of --tls-cert (default: energy.agent_tls_key)"),
     config: Optional[Path] = ConfigOpt,
 ) -> None:  # fmt: skip
     """Run the GPU-node energy agent beside vLLM: samples the meter, attributes each interval's joules
@@ -31,14 +33,12 @@ def agent(
     import asyncio
 
     from ..energy import MeterError, make_meter
-    from ..energy.agent import AgentConfig, BindError, EnergyAgent, check_bind, serve
+    from ..energy.agent import EnergyAgent, is_local, serve
 
     s = settings_or_fail(config).energy
-    token = token or s.agent_token
-    try:
-        check_bind(host, token)
-    except BindError as e:
-        fail(str(e))
+    opts = dict(host=host, port=port, token=token or s.agent_token, sample_hz=sample_hz or s.sample_hz,
+                history_s=history_s or s.history_s, vllm_metrics_url=vllm_metrics_url)  # fmt: skip
+    cfg = _agent_config(s, opts, tls_cert or s.agent_tls_cert, tls_key or s.agent_tls_key)
     if meter in ("estimate", "agent"):
         fail(f"--meter {meter!r}: the agent measures with a counter meter ('nvml', a plugin's, or 'simulated' for tests)")
     try:
@@ -53,15 +53,14 @@ def agent(
         fail(f"{getattr(e, 'reason', e)}; the agent runs on a GPU host (--meter simulated for a test run)")
     except Exception as e:  # noqa: BLE001 - unknown name, or a plugin's meter refusing its options
         fail(f"--meter {meter!r}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
-    cfg = AgentConfig(
-        host=host, port=port, token=token, sample_hz=sample_hz or s.sample_hz, history_s=history_s or s.history_s,
-        prefill_weight=s.prefill_weight, decode_weight=s.decode_weight, idle_power_w=s.idle_power_w,
-        vllm_metrics_url=vllm_metrics_url,
-    )  # fmt: skip
     ag = EnergyAgent(m, cfg)
+    scheme = "https" if ag.ssl_context else "http"
+    if scheme == "http" and not is_local(host):
+        err_console.print(f"agent: warning: serving {host} over plain HTTP: the bearer token travels in clear text "
+                          "(--tls-cert/--tls-key)", highlight=False, soft_wrap=True)  # fmt: skip
 
     def ready(p: int) -> None:
-        console.print(f"energy agent listening on http://{host}:{p} (meter {m.name}, {cfg.sample_hz:g} Hz)",
+        console.print(f"energy agent listening on {scheme}://{host}:{p} (meter {m.name}, {cfg.sample_hz:g} Hz)",
                       highlight=False, soft_wrap=True)  # fmt: skip
         console.file.flush()
 
@@ -71,6 +70,29 @@ def agent(
         fail(f"agent: cannot listen on {host}:{port}: {e.strerror or e}")
     finally:
         m.close()
+
+
+def _agent_config(s: Any, opts: dict[str, Any], tls_cert: Path | None, tls_key: Path | None) -> Any:
+    """The agent's config from command-line ``opts`` and ``energy`` settings ``s``, with the bind policy
+    and TLS files checked: exits with a one-line error when refused."""
+    from pydantic import ValidationError
+
+    from ..energy.agent import AgentConfig, BindError, EnergyAgent
+    from ..errors import one_line
+
+    try:
+        cfg = AgentConfig(
+            **opts, prefill_weight=s.prefill_weight, decode_weight=s.decode_weight, idle_power_w=s.idle_power_w,
+            max_requests=s.agent_max_requests, stale_s=s.agent_stale_s, max_body_bytes=s.agent_max_body_bytes,
+            max_clock_skew_s=s.agent_max_clock_skew_s, tls_cert=str(tls_cert) if tls_cert else None,
+            tls_key=str(tls_key) if tls_key else None,
+        )  # fmt: skip
+        EnergyAgent.check(cfg)
+    except ValidationError as e:
+        fail(one_line(e, "agent", key="option"))
+    except BindError as e:
+        fail(str(e))
+    return cfg
 
 
 @feedback_app.command("set")

@@ -16,25 +16,34 @@ Requests become known to it by:
 Endpoints: ``GET /v1/energy/{request_id}``, ``GET /v1/energy`` (cumulative meter J per GPU and the
 energy lines over the history), ``POST /v1/progress``, ``GET /metrics`` (Prometheus), ``GET /healthz``.
 
-Security: binds 127.0.0.1 by default; any other address requires a bearer token, checked on every
-endpoint but ``/healthz``. Memory: ``history_s`` seconds of intervals and requests.
+Security (see ``docs/security.md``): binds 127.0.0.1 by default; any other address requires a
+non-blank bearer token, checked (in constant time) on every endpoint but ``/healthz``. TLS when
+``tls_cert``/``tls_key`` are set. Callers' input is validated and bounded (:mod:`.agent_api`): 400
+naming the field, 413 for a body over ``max_body_bytes``. Memory: ``history_s`` seconds of intervals
+and requests, at most ``max_requests`` requests and ``max_segments`` token segments (oldest dropped
+first); an unfinished request silent for ``stale_s`` expires. Drops and refusals are counted in
+``/metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import logging
 import math
+import ssl
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from aiohttp import ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict, Field
 
+from .agent_api import ApiError, TimeWindow, parse_progress, parse_request_id, parse_timings, read_body
+from .agent_tls import TLSConfigError, server_context
 from .attribution import Attributor
 from .meter import EnergyMeter
 
@@ -45,7 +54,7 @@ VLLM_GEN = "vllm:generation_tokens_total"
 
 
 class BindError(ValueError):
-    """Refused bind address (non-local without a token)."""
+    """Refused to serve: a non-local bind without a token, or an unusable TLS setting."""
 
 
 def is_local(host: str) -> bool:
@@ -59,35 +68,46 @@ def is_local(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Raise :class:`BindError` for a non-loopback bind without a bearer token."""
-    if not is_local(host) and not token:
+    """Raise :class:`BindError` for a non-loopback bind without a bearer token (blank counts as none)."""
+    if not is_local(host) and not (token and token.strip()):
         raise BindError(
             f"agent: refusing to bind {host!r} without a bearer token (set --token, ENERGY_ROUTER_AGENT_TOKEN or "
             "energy.agent_token, or bind 127.0.0.1)"
         )
 
 
-@dataclass
-class AgentConfig:
-    """Agent settings. Units: Hz, seconds, watts."""
+class AgentConfig(BaseModel):
+    """Agent settings. Units: Hz, seconds, watts, bytes. Frozen: the bind policy checked at start holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
-    port: int = 9400
+    port: int = Field(9400, ge=0, le=65535)
     token: str | None = None
-    sample_hz: float = 10.0
-    history_s: float = 600.0
-    prefill_weight: float = 0.125
-    decode_weight: float = 1.0
-    idle_power_w: float | str = 0.0
+    sample_hz: float = Field(10.0, gt=0, le=1000, allow_inf_nan=False)
+    history_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    prefill_weight: float = Field(0.125, ge=0, allow_inf_nan=False)
+    decode_weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    idle_power_w: float | Literal["auto"] = 0.0
     vllm_metrics_url: str | None = None
     gpu: str | None = None
+    max_requests: int = Field(20_000, ge=1, description="requests tracked at most (oldest dropped first)")
+    max_segments: int = Field(1_000_000, ge=1, description="token segments tracked at most, over all requests")
+    stale_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="an unfinished request silent this long expires")
+    max_body_bytes: int = Field(256 * 1024, ge=1024, description="largest POST body read")
+    max_clock_skew_s: float = Field(30.0, gt=0, allow_inf_nan=False, description="timestamps may lead the agent's clock by this much")
+    tls_cert: str | None = Field(None, description="PEM certificate chain; with tls_key the agent serves https")
+    tls_key: str | None = None
 
 
 def parse_vllm_tokens(text: str) -> tuple[float, float] | None:
-    """Sum vLLM's cumulative prompt and generation token counters over all label sets."""
+    """Sum vLLM's cumulative prompt and generation token counters over all label sets. A non-finite or
+    negative counter raises ``ValueError`` (a bad scrape, never fed to attribution)."""
     p = g = None
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
+            if s.name in (VLLM_PROMPT, VLLM_GEN) and not (math.isfinite(s.value) and s.value >= 0):
+                raise ValueError(f"{s.name} = {s.value!r}: not a finite, non-negative count")
             if s.name == VLLM_PROMPT:
                 p = (p or 0.0) + s.value
             elif s.name == VLLM_GEN:
@@ -97,7 +117,7 @@ def parse_vllm_tokens(text: str) -> tuple[float, float] | None:
 
 def _norm(rid: str) -> str:
     for prefix in ("chatcmpl-", "cmpl-"):
-        if rid.startswith(prefix):
+        if rid.startswith(prefix) and len(rid) > len(prefix):
             return rid[len(prefix) :]
     return rid
 
@@ -106,13 +126,16 @@ class EnergyAgent:
     """Sampler + attribution + HTTP API. Use :meth:`app` with any aiohttp runner, or :func:`serve`."""
 
     def __init__(self, meter: EnergyMeter, cfg: AgentConfig, *, clock: Callable[[], float] = time.time) -> None:
-        check_bind(cfg.host, cfg.token)
+        self.ssl_context = self.check(cfg)
         self.meter = meter
         self.cfg = cfg
         self.clock = clock
+        token = (cfg.token or "").strip()
+        self._expected_auth = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
         self.attributor = Attributor(
             prefill_weight=cfg.prefill_weight, decode_weight=cfg.decode_weight,
-            idle_power_w=cfg.idle_power_w, history_s=cfg.history_s,  # type: ignore[arg-type]
+            idle_power_w=cfg.idle_power_w, history_s=cfg.history_s, max_requests=cfg.max_requests,
+            max_segments=cfg.max_segments, stale_s=cfg.stale_s,
         )  # fmt: skip
         self.gpu = cfg.gpu or getattr(meter, "gpu", None) or getattr(meter, "gpu_name", None)
         self._task: asyncio.Task | None = None
@@ -128,6 +151,23 @@ class EnergyAgent:
         self.m_lines = Gauge("energy_router_agent_window_joules", "energy lines over the kept history, J", ["line"], registry=self.registry)
         self.m_inflight = Gauge("energy_router_agent_requests_in_flight", "requests known and not finished", registry=self.registry)
         self.m_floor = Gauge("energy_router_agent_idle_floor_watts", "idle (static) power line, W", registry=self.registry)
+        self.m_tracked = Gauge("energy_router_agent_requests_tracked", "requests tracked (finished or not)", registry=self.registry)
+        self.m_dropped = Counter("energy_router_agent_requests_dropped", "requests dropped before their history ended",
+                                 ["reason"], registry=self.registry)  # fmt: skip
+        self.m_rejected = Counter("energy_router_agent_http_rejected", "refused HTTP requests", ["status"], registry=self.registry)
+        self._dropped_seen: dict[str, int] = {}
+        for reason in self.attributor.dropped():
+            self.m_dropped.labels(reason)
+
+    @staticmethod
+    def check(cfg: AgentConfig) -> ssl.SSLContext | None:
+        """Apply the bind policy and load TLS: the server's TLS context (``None``: plain HTTP), or
+        :class:`BindError` with one line naming the problem."""
+        check_bind(cfg.host, cfg.token)
+        try:
+            return server_context(cfg.tls_cert, cfg.tls_key)
+        except TLSConfigError as e:
+            raise BindError(str(e)) from None
 
     # -- sampling ---------------------------------------------------------------------------------
     async def _scrape_vllm(self) -> tuple[float, float] | None:
@@ -212,11 +252,21 @@ class EnergyAgent:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.cfg.token and request.path != "/healthz":
-            got = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {self.cfg.token}".encode()):
-                return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        if self._expected_auth is not None and request.path != "/healthz":
+            # SHA-256 of both sides: constant time whatever the length; raw bytes, never a decode error
+            got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(hashlib.sha256(got).digest(), self._expected_auth):
+                self.m_rejected.labels("401").inc()
+                return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                         headers={"WWW-Authenticate": 'Bearer realm="energy-router agent"'})  # fmt: skip
         return await handler(request)
+
+    def _refuse(self, e: ApiError) -> web.Response:
+        self.m_rejected.labels(str(e.status)).inc()
+        return web.json_response({"error": str(e)}, status=e.status)
+
+    def _window(self) -> TimeWindow:
+        return TimeWindow.around(self.clock(), self.cfg.history_s, self.cfg.max_clock_skew_s)
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "last_sample_t": self.attributor.last_sample_t()})
@@ -226,7 +276,12 @@ class EnergyAgent:
         for line, v in (("meter", tot.meter_j), ("requests", tot.requests_j), ("idle", tot.idle_j), ("unattributed", tot.unattributed_j)):
             self.m_lines.labels(line).set(v)
         self.m_inflight.set(self.attributor.in_flight())
+        self.m_tracked.set(self.attributor.tracked())
         self.m_floor.set(self.attributor.idle_power_floor_w())
+        for reason, n in self.attributor.dropped().items():
+            if n > self._dropped_seen.get(reason, 0):
+                self.m_dropped.labels(reason).inc(n - self._dropped_seen.get(reason, 0))
+                self._dropped_seen[reason] = n
         return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
 
     async def _energy_all(self, _: web.Request) -> web.Response:
@@ -239,21 +294,14 @@ class EnergyAgent:
         })  # fmt: skip
 
     async def _energy_one(self, request: web.Request) -> web.Response:
-        rid = _norm(request.match_info["request_id"])
-        q = request.query
         try:
-            final = q.get("final", "0") in ("1", "true")
-            if "start" in q and "end" in q:
-                start, end = float(q["start"]), float(q["end"])
-                ft = float(q["first_token"]) if q.get("first_token") else None
-                pt, ct = int(q.get("prompt_tokens", 0)), int(q.get("completion_tokens", 0))
-                if not all(math.isfinite(x) for x in (start, end)) or end < start or pt < 0 or ct < 0:
-                    raise ValueError("need finite start <= end and non-negative token counts")
-                if not self.attributor.knows(rid):
-                    self.attributor.add_request(rid, start, end, pt, ct, ft)
-        except ValueError as e:
-            return web.json_response({"error": f"bad query parameter: {e}"}, status=400)
-        a = self.attributor.energy(rid, final=final)
+            rid = _norm(parse_request_id(request.match_info["request_id"]))
+            q = parse_timings(request.query, self._window())
+        except ApiError as e:
+            return self._refuse(e)
+        if q.start is not None and q.end is not None and not self.attributor.knows(rid):
+            self.attributor.add_request(rid, q.start, q.end, q.prompt_tokens, q.completion_tokens, q.first_token)
+        a = self.attributor.energy(rid, final=q.final)
         if a is None:
             if not self.attributor.knows(rid):
                 return web.json_response({"error": f"unknown request id {rid!r}"}, status=404)
@@ -265,27 +313,19 @@ class EnergyAgent:
 
     async def _progress(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-            events = body["events"]
-            parsed = []
-            for i, ev in enumerate(events):
-                try:
-                    parsed.append((_norm(str(ev["request_id"])), float(ev["t"]), float(ev.get("prompt_tokens", 0)),
-                                   float(ev.get("output_tokens", 0)), bool(ev.get("finished", False))))  # fmt: skip
-                except (KeyError, TypeError, ValueError) as e:
-                    raise ValueError(f"events[{i}]: {type(e).__name__}: {e}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            return web.json_response({"error": f"bad progress body: {e}"}, status=400)
-        for rid, t, p, o, fin in parsed:
-            self.attributor.add_progress(rid, t, p, o, fin)
-        return web.json_response({"accepted": len(parsed)})
+            body = parse_progress(await read_body(request, self.cfg.max_body_bytes), self._window())
+        except ApiError as e:
+            return self._refuse(e)
+        for ev in body.events:  # validated as a whole: a bad event refuses the batch
+            self.attributor.add_progress(_norm(ev.request_id), ev.t, ev.prompt_tokens, ev.output_tokens, ev.finished)
+        return web.json_response({"accepted": len(body.events)})
 
 
 async def serve(agent: EnergyAgent, *, ready: Callable[[int], None] | None = None) -> None:
-    """Serve until cancelled. ``ready(port)`` is called once listening."""
+    """Serve until cancelled (https when the agent has a TLS context). ``ready(port)`` is called once listening."""
     runner = web.AppRunner(agent.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, agent.cfg.host, agent.cfg.port)
+    site = web.TCPSite(runner, agent.cfg.host, agent.cfg.port, ssl_context=agent.ssl_context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1] if site._server else agent.cfg.port  # type: ignore[union-attr]
     if ready:

@@ -4,14 +4,19 @@
 agent attributes its sampled intervals to the request (see :mod:`.attribution`) and answers
 ``{"energy_j": J | null, "settled": bool, ...}``. ``energy_j: null`` means "not settled yet": the
 writer asks again later. Rows carry ``energy_method = "agent"``.
+
+An ``https://`` URL is verified against the system CAs, or only against ``ca_bundle``
+(``energy.agent_ca_bundle``) when set; a CA bundle with a plain ``http://`` URL is refused (TLS was
+meant), and a token sent in clear to a non-loopback host is warned about.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+from .agent_tls import TLSConfigError, client_context
 from .meter import EnergyReading, MeterError, RequestEnergy, RequestUsage
 
 log = logging.getLogger("litellm_energy_router.energy")
@@ -24,20 +29,36 @@ class AgentMeter:
         url: agent base URL, e.g. ``http://gpu-node:9400``.
         token: bearer token (required by an agent bound to a non-local address).
         timeout_s: per-call timeout, seconds.
+        ca_bundle: PEM file of the CA(s) an ``https`` agent's certificate must chain to (default:
+            the system CAs).
     """
 
     name = "agent"
     method = "agent"
 
-    def __init__(self, url: str | None, *, token: str | None = None, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str | None, *, token: str | None = None, timeout_s: float = 2.0, ca_bundle: str | None = None) -> None:
         if not url:
             raise MeterError("energy meter 'agent': energy.agent_url is not set (e.g. http://gpu-node:9400)")
         import httpx  # lazy: keeps `energy-router --help` and table commands fast
 
+        from .agent import is_local
+
         self._httpx = httpx
         self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https"):
+            raise MeterError(f"energy meter 'agent': energy.agent_url {url!r} is not an http:// or https:// URL")
+        if ca_bundle is not None and parts.scheme != "https":
+            raise MeterError(f"energy meter 'agent': energy.agent_ca_bundle is set but energy.agent_url {url!r} is not https://")
+        try:
+            verify = client_context(ca_bundle) if parts.scheme == "https" else True
+        except TLSConfigError as e:
+            raise MeterError(f"energy meter 'agent': {e}") from None
+        token = (token or "").strip()
+        if token and parts.scheme == "http" and not is_local(parts.hostname or ""):
+            log.warning("energy agent %s: the bearer token travels in clear text (serve the agent with TLS, use https://)", self.url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, verify=verify)
         self.gpu: str | None = None
         self._last_warn = 0.0
 

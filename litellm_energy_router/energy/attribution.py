@@ -26,7 +26,12 @@ final (``settled``) once the interval holding its end and the next one are close
 aggregate counters are available — every request that started before that interval's end is known
 up to it. ``final=True`` answers with what is known.
 
-Memory is bounded: intervals and requests older than ``history_s`` are dropped.
+Memory is bounded: intervals and requests older than ``history_s`` are dropped. Optional caps bound it
+against a flood too: at most ``max_requests`` requests and ``max_segments`` segments are tracked (the
+oldest requests are dropped first), and an unfinished request not heard from for ``stale_s`` seconds
+expires (so a request whose engine died stops holding back settlement). Drops are counted per reason
+in ``dropped_requests``. A dropped request's tokens stay in the intervals they fell in, so the other
+requests' shares do not change.
 """
 
 from __future__ import annotations
@@ -116,6 +121,10 @@ class Attributor:
             ``floor_window_s`` seen in the history.
         history_s: seconds of intervals and requests kept.
         floor_window_s: window of the ``"auto"`` idle estimate, s (≥ the meter's update period).
+        max_requests: most requests tracked (finished or not); ``None``: no cap.
+        max_segments: most token segments tracked over all requests; ``None``: no cap.
+        stale_s: an unfinished request without progress for this long (s, by sample time) expires;
+            ``None``: only the history bounds it.
     """
 
     def __init__(
@@ -126,9 +135,15 @@ class Attributor:
         idle_power_w: float | Literal["auto"] = 0.0,
         history_s: float = 600.0,
         floor_window_s: float = 1.0,
+        max_requests: int | None = None,
+        max_segments: int | None = None,
+        stale_s: float | None = None,
     ) -> None:
         if prefill_weight < 0 or decode_weight <= 0:
             raise ValueError("prefill_weight must be >= 0 and decode_weight > 0")
+        if any(v is not None and not v > 0 for v in (max_requests, max_segments, stale_s)):
+            raise ValueError("max_requests, max_segments and stale_s must be > 0 (or None)")
+        self.max_requests, self.max_segments, self.stale_s = max_requests, max_segments, stale_s
         self.wp = float(prefill_weight)
         self.wd = float(decode_weight)
         self.idle_power_w = idle_power_w
@@ -139,7 +154,9 @@ class Attributor:
         self._t1s: list[float] = []
         self._last: tuple[float, float, float | None] | None = None  # (t, cumulative J, aggregate W)
         self._reqs: dict[str, _Request] = {}
-        self._open: dict[str, _Request] = {}  # started, not finished
+        self._open: dict[str, _Request] = {}  # started, not finished; least recently updated first
+        self._n_segments = 0
+        self.dropped_requests = {"cap": 0, "stale": 0}
         self._pending: list[tuple[float, float, float]] = []  # segments reaching past the last sample
         self._started: deque[tuple[str, float]] = deque()  # lock-free inbox for request_started
         self._trail: deque[float] = deque()
@@ -180,6 +197,7 @@ class Attributor:
             self._pending = still
             self._update_floor()
             self._prune(t)
+            self._expire_stale(t)
 
     def request_started(self, request_id: str, t: float) -> None:
         """A request started at ``t`` (Unix s). Lock-free: safe on a serving hot path."""
@@ -191,7 +209,9 @@ class Attributor:
             self._drain_started()
             r = self._reqs.get(request_id)
             if r is None:
-                r = self._reqs[request_id] = self._open[request_id] = _Request(start=t, known_until=t)
+                r = self._track(request_id, _Request(start=t, known_until=t), is_open=True)
+            elif request_id in self._open:
+                self._open[request_id] = self._open.pop(request_id)  # most recently updated last
             if t >= r.known_until and not r.finished:
                 dp = max(prompt_done - r.prefill, 0.0)
                 dd = max(output_done - r.decode, 0.0)
@@ -201,6 +221,7 @@ class Attributor:
             if finished:
                 r.finished, r.end = True, r.known_until
                 self._open.pop(request_id, None)
+            self._enforce_caps()
 
     def add_request(
         self,
@@ -236,10 +257,12 @@ class Attributor:
                 # span that was already settled.
                 start = o.start
                 first_token = max(first_token, start)
-            r = self._reqs[request_id] = _Request(start=start, known_until=end, finished=True, end=end)
+            self._reqs.pop(request_id, None)  # known without tokens: replaced
+            r = self._track(request_id, _Request(start=start, known_until=end, finished=True, end=end))
             r.prefill, r.decode = float(prompt_tokens), float(completion_tokens)
             self._add_segment(r, start, first_token, self.wp * prompt_tokens)
             self._add_segment(r, first_token, end, self.wd * completion_tokens)
+            self._enforce_caps()
             return True
 
     # -- outputs ----------------------------------------------------------------------------------
@@ -313,22 +336,74 @@ class Attributor:
             self._drain_started()
             return len(self._open)
 
+    def tracked(self) -> int:
+        """Requests tracked (finished or not)."""
+        with self._lock:
+            self._drain_started()
+            return len(self._reqs)
+
+    def tracked_segments(self) -> int:
+        """Token segments tracked over all requests."""
+        with self._lock:
+            return self._n_segments
+
+    def dropped(self) -> dict[str, int]:
+        """Requests dropped so far, by reason: ``cap`` (over max_requests/max_segments), ``stale``."""
+        with self._lock:
+            return dict(self.dropped_requests)
+
     def last_sample_t(self) -> float | None:
         with self._lock:
             return self._last[0] if self._last else None
 
     # -- internals (lock held) --------------------------------------------------------------------
     def _drain_started(self) -> None:
+        if not self._started:
+            return
         while self._started:
             rid, t = self._started.popleft()
             if rid not in self._reqs:
-                self._reqs[rid] = self._open[rid] = _Request(start=t, known_until=t)
+                self._track(rid, _Request(start=t, known_until=t), is_open=True)
+        self._enforce_caps()
+
+    def _track(self, rid: str, r: _Request, *, is_open: bool = False) -> _Request:
+        self._reqs[rid] = r
+        if is_open:
+            self._open[rid] = r
+        return r
+
+    def _forget(self, rid: str, reason: str | None = None) -> None:
+        r = self._reqs.pop(rid)
+        self._open.pop(rid, None)
+        self._n_segments -= len(r.segments)
+        if reason is not None:
+            self.dropped_requests[reason] += 1
+
+    def _enforce_caps(self) -> None:
+        """Drop the oldest requests while over ``max_requests`` or ``max_segments``."""
+        while self._reqs and (
+            (self.max_requests is not None and len(self._reqs) > self.max_requests)
+            or (self.max_segments is not None and self._n_segments > self.max_segments)
+        ):
+            self._forget(next(iter(self._reqs)), "cap")
+
+    def _expire_stale(self, now: float) -> None:
+        """Drop unfinished requests without progress since ``now - stale_s`` (least recently updated first)."""
+        if self.stale_s is None:
+            return
+        horizon = now - self.stale_s
+        while self._open:
+            rid, r = next(iter(self._open.items()))
+            if r.known_until >= horizon:
+                break
+            self._forget(rid, "stale")
 
     def _add_segment(self, r: _Request, a: float, b: float, w: float) -> None:
         if w <= 0:
             return
         seg = (a, max(a, b), w)
         r.segments.append(seg)
+        self._n_segments += 1
         for k in self._span(seg[0], seg[1]):
             iv = self._ivs[k]
             iv.curve_w += _overlap_w(seg, iv.t0, iv.t1)
@@ -390,8 +465,7 @@ class Attributor:
             del self._t1s[:n]
             self.dropped_intervals += n
             for rid in [rid for rid, r in self._reqs.items() if (r.end if r.finished else r.known_until) < horizon]:
-                del self._reqs[rid]
-                self._open.pop(rid, None)  # never finished: stop waiting for it
+                self._forget(rid)  # an unfinished one too: stop waiting for it
 
 
 def _overlap_w(seg: tuple[float, float, float], t0: float, t1: float) -> float:

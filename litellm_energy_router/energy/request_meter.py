@@ -122,8 +122,9 @@ def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, *
         from .agent_client import AgentMeter
 
         primary: RequestEnergyMeter = AgentMeter(
-            energy.agent_url, token=energy.agent_token, timeout_s=energy.agent_timeout_s, **meter_kwargs
-        )
+            energy.agent_url, token=energy.agent_token, timeout_s=energy.agent_timeout_s,
+            ca_bundle=str(energy.agent_ca_bundle) if energy.agent_ca_bundle else None, **meter_kwargs,
+        )  # fmt: skip
     else:
         if energy.meter == "nvml" and energy.gpus is not None:
             meter_kwargs.setdefault("gpus", energy.gpus)
