@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from .redact import redact
+
 
 def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str = "<root>") -> str:
     """The first error of ``err`` as ``{where}: {key} '{loc}' = {value!r}: {msg}``.
@@ -12,7 +14,8 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
     ``loc`` is the dotted field path (``whole`` when the error is about the whole object); a dict or
     list value is shown by its type name, and pydantic's ``Value error, `` prefix is dropped. An unknown field reads ``{where}: unknown {key} '{loc}'``, a
     missing one ``{where}: {key} '{loc}' is required``, and a check on the whole object (a
-    ``ValueError`` from a model validator) ``{where}: {msg}``.
+    ``ValueError`` from a model validator) ``{where}: {msg}``. Credentials in the value (a URL's
+    password, a token) are masked.
     """
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]) or whole
@@ -24,5 +27,5 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
     if e["type"] == "value_error" and not e["loc"]:
         return f"{where}: {msg}"
     value = e.get("input")
-    shown = type(value).__name__ if isinstance(value, (dict, list)) else repr(value)
+    shown = type(value).__name__ if isinstance(value, (dict, list)) else redact(repr(value))
     return f"{where}: {key} '{loc}' = {shown}: {msg}"

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..redact import redact_url
 from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
 from .table_cmds import _store
 
@@ -71,7 +72,7 @@ def eval_cmd(
         except MatrixError as e:
             fail(str(e))
     if folds > m.n:
-        fail(f"--folds {folds}: only {m.n} fully labelled queries in {url}")
+        fail(f"--folds {folds}: only {m.n} fully labelled queries in {redact_url(url)}")
     console.print(m.summary(), highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:  # fmt: skip

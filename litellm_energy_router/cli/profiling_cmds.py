@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ..redact import redact_url
 from ..settings import ConfigError
 from . import console, err_console, fail, settings_or_fail
 
@@ -95,7 +96,7 @@ def _run(cfg: Any, url: str, make_jobs: Any, source: str, driver: Any = None, se
         t.add_row(s.candidate, str(s.done), str(s.failed), str(s.skipped),
                   "-" if s.accuracy is None else f"{s.accuracy:.3f}", "-" if s.mean_energy_j is None else f"{s.mean_energy_j:.2f}")  # fmt: skip
     console.print(t)
-    console.print(f"{summary.line()}; energy_method={tournament.accountant.method} table={url}", highlight=False, soft_wrap=True)
+    console.print(f"{summary.line()}; energy_method={tournament.accountant.method} table={redact_url(url)}", highlight=False, soft_wrap=True)
 
 
 def _load(config: Path) -> Any:

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..energy.profile import ProfileError, load_profile
+from ..redact import redact_url
 from ..table import BadRowError, SQLStore, TableError, open_store
 from . import ConfigOpt, DbOpt, console, db_url, fail
 
@@ -90,7 +91,7 @@ def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Pa
             )  # fmt: skip
         except ImportFormatError as e:
             fail(str(e))
-    console.print(summary.line(url), highlight=False, soft_wrap=True)
+    console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
 
 
 @table_app.command("import-routerbench")

@@ -16,6 +16,7 @@ import logging
 import time
 from urllib.parse import quote, urlsplit
 
+from ..redact import redact, redact_url
 from .agent_tls import TLSConfigError, client_context
 from .meter import EnergyReading, MeterError, RequestEnergy, RequestUsage
 
@@ -47,16 +48,16 @@ class AgentMeter:
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https"):
-            raise MeterError(f"energy meter 'agent': energy.agent_url {url!r} is not an http:// or https:// URL")
+            raise MeterError(f"energy meter 'agent': energy.agent_url {redact_url(url)!r} is not an http:// or https:// URL")
         if ca_bundle is not None and parts.scheme != "https":
-            raise MeterError(f"energy meter 'agent': energy.agent_ca_bundle is set but energy.agent_url {url!r} is not https://")
+            raise MeterError(f"energy meter 'agent': energy.agent_ca_bundle is set but energy.agent_url {redact_url(url)!r} is not https://")
         try:
             verify = client_context(ca_bundle) if parts.scheme == "https" else True
         except TLSConfigError as e:
             raise MeterError(f"energy meter 'agent': {e}") from None
         token = (token or "").strip()
         if token and parts.scheme == "http" and not is_local(parts.hostname or ""):
-            log.warning("energy agent %s: the bearer token travels in clear text (serve the agent with TLS, use https://)", self.url)
+            log.warning("energy agent %s: the bearer token travels in clear text (serve the agent with TLS, use https://)", redact_url(self.url))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, verify=verify)
         self.gpu: str | None = None
@@ -66,7 +67,7 @@ class AgentMeter:
         now = time.monotonic()
         if now - self._last_warn > 30:
             self._last_warn = now
-            log.warning("energy agent %s: %s", self.url, msg)
+            log.warning("energy agent %s: %s", redact_url(self.url), redact(msg))
 
     def read(self) -> EnergyReading:
         """The agent's cumulative meter reading (J per GPU)."""
@@ -74,7 +75,7 @@ class AgentMeter:
             r = self._client.get("/v1/energy")
             r.raise_for_status()
         except self._httpx.HTTPError as e:
-            raise MeterError(f"energy agent {self.url}: {type(e).__name__}: {e}") from None
+            raise MeterError(f"energy agent {redact_url(self.url)}: {type(e).__name__}: {redact(str(e))}") from None
         d = r.json()
         return EnergyReading(timestamp_s=time.monotonic(), joules={int(k): float(v) for k, v in d["joules"].items()})
 

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, create_engine, event, func, or_, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.engine import make_url
 
+from ..redact import redact_url
 from . import schema
 from .rows import Candidate, Query, Run, check_references, validate_rows
 
@@ -93,14 +94,14 @@ class SQLStore:
         try:
             parsed = make_url(url)
         except Exception:
-            raise TableError(f"table url {url!r}: not a valid SQLAlchemy URL") from None
+            raise TableError(f"table url {redact_url(url)!r}: not a valid SQLAlchemy URL") from None
         self.dialect = parsed.get_backend_name()
         if self.dialect == "sqlite":
             self.engine = _sqlite_engine(url)
         elif self.dialect == "postgresql":
             self.engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
         else:
-            raise TableError(f"table url {url!r}: unsupported backend {self.dialect!r} (use sqlite or postgresql)")
+            raise TableError(f"table url {self._safe_url()!r}: unsupported backend {self.dialect!r} (use sqlite or postgresql)")
         if create:
             self._ensure_schema()
 
@@ -127,7 +128,7 @@ class SQLStore:
             return int(conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).scalar_one())
 
     def _safe_url(self) -> str:
-        return make_url(self.url).render_as_string(hide_password=True)
+        return redact_url(self.url)
 
     # -- transactions -----------------------------------------------------------------------------
     def _transaction(self, fn: Any) -> Any:
