@@ -62,6 +62,8 @@ class TableStore(Protocol):
         queries: Iterable[Query | dict[str, Any]] = (),
         runs: Iterable[Run | dict[str, Any]] = (),
         candidates: Iterable[Candidate | dict[str, Any]] = (),
+        *,
+        keep_existing: bool = False,
     ) -> WriteResult: ...
 
     def candidates(self) -> list[Candidate]: ...
@@ -156,7 +158,7 @@ class SQLStore:
             from sqlalchemy.dialects.sqlite import insert
         stmt = insert(table)
         if not update:
-            return stmt.on_conflict_do_nothing(index_elements=list(keys))
+            return stmt.on_conflict_do_nothing()  # any unique key already taken: the stored row stays
         cols = [c.name for c in table.columns if c.name not in keys and c.name not in ("id", "created")]
         return stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in cols})
 
@@ -172,9 +174,12 @@ class SQLStore:
         queries: Iterable[Query | dict[str, Any]] = (),
         runs: Iterable[Run | dict[str, Any]] = (),
         candidates: Iterable[Candidate | dict[str, Any]] = (),
+        *,
+        keep_existing: bool = False,
     ) -> WriteResult:
         """Upsert candidates (by name), queries (by id) and runs (by query, candidate, source) in one
-        transaction.
+        transaction. ``keep_existing``: a query or run already stored is left as it is (its score
+        included) instead of replaced — for rows that may be written twice (the writer's spool replay).
 
         Every row is validated before anything is written; a bad row raises
         :class:`~.rows.BadRowError` naming the row and field, and nothing is changed.
@@ -203,9 +208,9 @@ class SQLStore:
                     known_q.update(i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk))))
                 check_references(r_rows, known_c, known_q)
             if q_payload:
-                conn.execute(self._upsert(schema.queries, ["id"], True), q_payload)
+                conn.execute(self._upsert(schema.queries, ["id"], not keep_existing), q_payload)
             if r_payload:
-                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), True), r_payload)
+                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), not keep_existing), r_payload)
             return WriteResult(len(q_payload), len(r_payload))
 
         return self._transaction(do)
