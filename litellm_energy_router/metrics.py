@@ -24,7 +24,11 @@ Energy callback and its table writer:
 * ``energy_router_spool_backlog_rows`` — rows in the local spool not yet in the table;
 * ``energy_router_spooled_rows_total``, ``energy_router_rows_written_total``,
   ``energy_router_rejected_rows_total`` (kept in ``rejected.jsonl``), ``energy_router_callback_errors_total``
-  (callback events that could not be turned into a row) — rows.
+  (callback events that could not be turned into a row) — rows;
+* ``energy_router_spool_dropped_rows_total`` — rows dropped, oldest first, to keep the spool under
+  ``writer.spool_max_mb``; ``energy_router_spool_write_errors_total`` — failed spool writes (disk full,
+  permissions; the rows wait in memory); ``energy_router_rows_lost_total`` — rows lost because the spool
+  could not be written and the in-memory bound was reached (or the process closed meanwhile).
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ SPOOLED_ROWS = Counter("energy_router_spooled_rows", "rows written to the local 
 ROWS_WRITTEN = Counter("energy_router_rows_written", "rows written to the table")
 REJECTED_ROWS = Counter("energy_router_rejected_rows", "rows the table rejected (kept in rejected.jsonl)")
 CALLBACK_ERRORS = Counter("energy_router_callback_errors", "callback events that could not be turned into a row")
+SPOOL_DROPPED_ROWS = Counter("energy_router_spool_dropped_rows", "rows dropped (oldest first) to keep the spool under its cap")
+SPOOL_WRITE_ERRORS = Counter("energy_router_spool_write_errors", "failed writes to the local spool")
+ROWS_LOST = Counter("energy_router_rows_lost", "rows lost: spool unwritable and the in-memory bound reached")
 
 _rows_lock = threading.Lock()
 _rows_seen = [0, 0]  # rows, rows with measured energy
@@ -80,10 +87,10 @@ def observe_row(candidate: str, method: str | None, energy_j: float | None) -> N
 
 
 class RateLimitedWarning:
-    """Log a warning at most once per ``period_s`` seconds per key."""
+    """Log a warning (or a record of ``level``) at most once per ``period_s`` seconds per key."""
 
-    def __init__(self, logger: logging.Logger, period_s: float = 60.0) -> None:
-        self.logger, self.period_s = logger, period_s
+    def __init__(self, logger: logging.Logger, period_s: float = 60.0, level: int = logging.WARNING) -> None:
+        self.logger, self.period_s, self.level = logger, period_s, level
         self._last: dict[str, float] = {}
 
     def __call__(self, key: str, msg: str, *args: object) -> bool:
@@ -91,5 +98,5 @@ class RateLimitedWarning:
         if now - self._last.get(key, -1e18) < self.period_s:
             return False
         self._last[key] = now
-        self.logger.warning(msg, *args)
+        self.logger.log(self.level, msg, *args)
         return True

@@ -171,7 +171,10 @@ class WriterSettings(_Section):
     queue_size: int = Field(10_000, ge=1, description="rows held in memory before spilling to the spool")
     batch_size: int = Field(500, ge=1, description="rows per table transaction")
     flush_interval_s: float = Field(0.5, gt=0, description="max seconds a row waits before a batch is written")
-    spool_dir: Path = Field(Path("energy_router_spool"), description="directory of the append-only spool files")
+    spool_dir: Path = Field(Path("energy_router_spool"), description="directory of the append-only spool files (0700)")
+    spool_max_mb: float = Field(
+        1024.0, gt=0, description="cap on the spool's size on disk, MiB; beyond it the oldest rows are dropped (counted)"
+    )
     retry_max_s: float = Field(5.0, gt=0, description="max backoff between reconnection attempts, seconds")
     task: str = Field("production", min_length=1, max_length=64, description="task name of production queries")
 
@@ -187,8 +190,9 @@ class FeedbackSettings(_Section):
 class PrivacySettings(_Section):
     """What the callback writes about a production query."""
 
-    store_text: bool = Field(False, description="store query text; otherwise only its salted SHA-256")
-    salt: str = Field("", description="salt for the query hash (use os.environ/ENERGY_ROUTER_SALT)")
+    store_text: bool = Field(False, description="store query text (table, spool, rejected rows); otherwise only its salted SHA-256")
+    salt: str = Field("", description="salt for the query hash (use os.environ/ENERGY_ROUTER_SALT); empty = generated once, kept in salt_file")
+    salt_file: Path | None = Field(None, description="file (0600) holding the generated salt; None = <writer.spool_dir>/salt")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 

@@ -4,6 +4,7 @@ the writer, including rows that took the spool path."""
 from __future__ import annotations
 
 import json
+import time
 
 from litellm_energy_router.callback import PendingRow, TableWriter, query_id_for
 from litellm_energy_router.energy.estimate import EstimateMeter
@@ -40,6 +41,9 @@ def test_writer_queues_each_sampled_success_once(sqlite_url, tmp_path):
                        completion_tokens=2, propensity=None, deployment_id="d", backend_id=None) for i in range(200)]  # fmt: skip
     for r in rows:
         w.submit(r)  # the thread is not running yet: 180 of them spill to the spool as pending rows
+    deadline = time.monotonic() + 30
+    while w.spooled < 180 and time.monotonic() < deadline:  # spilled by a thread of its own
+        time.sleep(0.02)
     assert w.spooled == 180
     w._thread.start()
     w.close()

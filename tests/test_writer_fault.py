@@ -16,7 +16,6 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
-from litellm_energy_router.callback.spool import Spool
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
 from litellm_energy_router.table import open_store
@@ -112,17 +111,13 @@ def _row(i: int) -> PendingRow:
 def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):
     spool_dir = tmp_path / "spool"
     # a process spooled rows (one line torn by the crash) and died before replaying them
-    dead = Spool(spool_dir)
     writer_cfg = WriterSettings(spool_dir=spool_dir, flush_interval_s=0.05)
     tw = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings(), start=False)
     recs = [tw._record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
     recs.append({"k": "pending", **_row(50).to_json()})
-    dead.append(recs)
-    with open(dead.own, "a") as f:
-        f.write('{"k": "row", "q": {"id": "tor')  # torn write
-    dead._fh.close()  # the process is gone: its lock is released
-    dead._fh = None
     tw.spool.close()
+    lines = "".join(json.dumps(r) + "\n" for r in recs) + '{"k": "row", "q": {"id": "tor'  # torn write
+    (spool_dir / "spool-deadhost-1-1-000001.jsonl").write_text(lines)
 
     w = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings())
     assert w.wait_replayed(30)
@@ -181,6 +176,9 @@ def test_full_queue_spills_without_blocking(sqlite_url, tmp_path):
     for i in range(100):
         w.submit(_row(i))  # the writer thread is not running: the queue fills after 10
     assert time.perf_counter() - t < 1.0
+    deadline = time.monotonic() + 30
+    while w.spooled < 90 and time.monotonic() < deadline:  # spilled by a thread of its own
+        time.sleep(0.02)
     assert w._q.qsize() == 10 and w.spooled == 90
     w._thread.start()
     w.close()

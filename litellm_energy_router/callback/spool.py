@@ -1,220 +1,385 @@
-"""The writer's local spool: append-only JSONL files replayed exactly once when the table returns.
+"""The writer's local spool: append-only JSONL segments, replayed once, oldest first, when the table
+returns.
 
-Layout, in ``writer.spool_dir``:
+Layout, in ``writer.spool_dir`` (0700; every file 0600, see :mod:`.private_files`):
 
-* ``spool-<host>-<pid>-<start>.jsonl`` — one file per writer process, held with an exclusive
-  ``flock`` while the process lives. One record per line: ``{"k": "row", "q": query, "r": run,
-  "c": candidate}`` (validated table rows) or ``{"k": "pending", ...}`` (a request whose energy was
-  not resolved yet: written when the in-memory queue is full).
-* ``<spool file>.offset`` — bytes of that file already written to the table, replaced atomically
-  (write + rename) after each committed batch. A fully replayed file is truncated (own file) or
-  deleted (a file left by a dead process, adopted when its lock is free).
-* ``rejected.jsonl`` — lines that cannot be parsed (a torn write after a crash) or rows the table
-  rejects; kept for inspection, never silently lost.
+* ``spool-<host>-<pid>-<start ms>-<seq>.jsonl`` — segments of one writer process, each held with an
+  exclusive ``flock`` while that process lives; a new segment starts when the current one reaches
+  1/8 of the cap (64 KiB..64 MiB). One record per line: ``{"k": "row", "q": query, "r": run, "c":
+  candidate}`` (validated table rows) or ``{"k": "pending", <PendingRow fields>, "h": text hash}`` (a
+  request spilled from a full queue before its energy was known; its ``text`` is null unless
+  ``privacy.store_text``). A segment left by a dead process (its lock free) is adopted and replayed.
+* ``<segment>.offset`` — bytes of that segment already in the table, replaced atomically (temporary
+  file fsynced, renamed, directory fsynced) after each committed chunk. A fully replayed segment is
+  deleted.
+* ``rejected.jsonl`` — rows the table rejects and unparsable lines (a torn write after a crash; kept
+  verbatim only with ``privacy.store_text``, else their length and salted hash).
 
-Exactly once: a record is replayed from its committed offset; the table's upsert on (query_id,
-candidate, source) makes a batch repeated after a crash between commit and offset update harmless
-(the row count stays exact).
+Replay streams each segment once: a held descriptor read in 1 MiB blocks from the committed offset,
+never from the start again; the backlog is counted in memory (a segment adopted from a dead process is
+counted once, when adopted). ``writer.spool_max_mb`` caps the files: whole segments are dropped,
+oldest first, and their rows counted (``energy_router_spool_dropped_rows_total``). A failed append is
+cut back (the file truncated to its length before) and raised, so the caller keeps its records; it is
+counted (``energy_router_spool_write_errors_total``) and logged, and appends fail fast for a backoff.
+
+Exactly once: a record is replayed from its committed offset; the writer's inserts leave an existing
+row untouched, so a chunk replayed again after a crash between the table's commit and the offset
+update changes nothing (feedback included).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import Any
+
+from ..metrics import SPOOL_DROPPED_ROWS, SPOOL_WRITE_ERRORS, RateLimitedWarning
+from ..table import text_hash
+from .private_files import append_durably, fsync_dir, open_private, private_dir, write_all, write_atomic
+
+log = logging.getLogger("litellm_energy_router.callback")
+
+BLOCK = 1 << 20
+MIN_SEGMENT, MAX_SEGMENT = 64 << 10, 64 << 20
+
+
+class SpoolWriteError(OSError):
+    """The spool cannot be written now (a recent write failed; retried after a backoff)."""
 
 
 @dataclass
 class Chunk:
-    """Records read from one spool file: the byte offset to commit once they are in the table."""
+    """Records read from one spool segment: the byte offset to commit once they are in the table."""
 
     path: Path
     records: list[dict[str, Any]]
     end_offset: int
+    count: int = 0  # records read (``records`` may be rewritten, e.g. spilled rows resolved)
+
+    def __post_init__(self) -> None:
+        self.count = self.count or len(self.records)
+
+
+@dataclass(eq=False)
+class _Segment:
+    path: Path
+    fd: int
+    own: bool
+    size: int = 0  # bytes in the file
+    offset: int = 0  # bytes already in the table
+    saved: int = 0  # offset in the .offset file
+    records: int = 0  # records after ``offset``
+    read_pos: int = 0  # bytes read so far
+    tail: bytes = b""  # a partial line read
+    lines: deque[tuple[bytes, int]] = field(default_factory=deque)  # (line, offset after it) read, not returned
 
 
 class Spool:
-    """Append-only spool directory (thread-safe)."""
+    """Append-only spool directory (thread-safe).
 
-    def __init__(self, directory: str | Path) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        name = f"spool-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}.jsonl"
-        self.own = self.dir / name
+    Args:
+        directory: the spool directory (created 0700).
+        max_bytes: cap on the segments' total size.
+        keep_text: keep unparsable lines verbatim in ``rejected.jsonl`` (``privacy.store_text``).
+        salt: salt of the hash that replaces such a line otherwise.
+        retry_max_s: longest backoff after a failed append, seconds.
+    """
+
+    def __init__(self, directory: str | Path, *, max_bytes: int = 1 << 30, keep_text: bool = False, salt: str = "",
+                 retry_max_s: float = 5.0) -> None:  # fmt: skip
+        self.dir = private_dir(directory)
+        self.max_bytes = int(max_bytes)
+        self.segment_bytes = min(max(self.max_bytes // 8, MIN_SEGMENT), MAX_SEGMENT)
+        self.keep_text, self.salt, self.retry_max_s = keep_text, salt, retry_max_s
+        self._prefix = f"spool-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}"
+        self._seq = 0
         self._lock = threading.RLock()
-        self._fh: IO[str] | None = None
-        self._adopted: dict[Path, IO[str]] = {}
+        self._segs: dict[Path, _Segment] = {}
+        self._active: _Segment | None = None
+        self._out: Chunk | None = None  # returned by read_chunk, not committed yet
+        self.retry_at, self._retry_delay = 0.0, 0.1
+        self._warn, self._error = RateLimitedWarning(log, 30.0), RateLimitedWarning(log, 30.0, logging.ERROR)
         self.rejected_path = self.dir / "rejected.jsonl"
-        self.appended = 0
-        self.rejected = 0
+        self.appended = self.rejected = self.dropped = self.write_errors = self.bytes_read = 0
+        self.scan()
 
     # -- writing ----------------------------------------------------------------------------------
-    def _open_own(self) -> IO[str]:
-        if self._fh is None:
-            fh = open(self.own, "a+", encoding="utf-8")
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._fh = fh
-        return self._fh
-
     def append(self, records: list[dict[str, Any]], *, sync: bool = True) -> None:
-        """Append records (one JSON line each) to this process's file; ``sync`` fsyncs."""
+        """Append records (one JSON line each); ``sync`` fsyncs. Raises ``OSError`` (nothing written)
+        when the disk refuses, and :class:`SpoolWriteError` during the backoff after such a failure."""
         if not records:
             return
-        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
         with self._lock:
-            fh = self._open_own()
-            fh.write(data)
-            fh.flush()
-            if sync:
-                os.fsync(fh.fileno())
+            if time.monotonic() < self.retry_at:
+                raise SpoolWriteError(f"spool {self.dir} not writable (retrying)")
+            seg = None
+            try:
+                self._make_room(len(data))
+                seg = self._writable(len(data))
+                write_all(seg.fd, data)
+                if sync:
+                    os.fsync(seg.fd)
+            except OSError as e:
+                if seg is not None:
+                    self._cut_back(seg)
+                self._write_failed(e, f"{len(records)} rows kept in memory")
+                raise
+            self._retry_delay = 0.1
+            seg.size += len(data)
+            seg.records += len(records)
             self.appended += len(records)
 
-    def reject(self, lines: list[str], reason: str) -> None:
-        with self._lock, open(self.rejected_path, "a", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps({"reason": reason, "line": line}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-            self.rejected += len(lines)
+    def _writable(self, n: int) -> _Segment:
+        seg = self._active
+        if seg is not None and seg.size > 0 and seg.size + n > self.segment_bytes:
+            self._active = None  # sealed: replayed, then deleted
+        if self._active is None:
+            self._seq += 1
+            path = self.dir / f"{self._prefix}-{self._seq:06d}.jsonl"
+            fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._active = self._segs[path] = _Segment(path, fd, own=True)
+            fsync_dir(self.dir)
+        return self._active
+
+    def _cut_back(self, seg: _Segment) -> None:
+        """Drop the part of a failed append that reached the file: no torn line before the next record."""
+        try:
+            os.ftruncate(seg.fd, seg.size)
+        except OSError as e:
+            log.error("energy-router: spool %s: cannot cut back a failed write (%s)", seg.path.name, e)
+
+    def _write_failed(self, err: OSError, what: str) -> None:
+        SPOOL_WRITE_ERRORS.inc()
+        self.write_errors += 1
+        self.retry_at = time.monotonic() + self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, self.retry_max_s)
+        self._error("spool-write", "energy-router: spool %s not writable: %s (%s; %d failed writes so far)",
+                    self.dir, err, what, self.write_errors)  # fmt: skip
+
+    def _make_room(self, n: int) -> None:
+        """Drop whole segments, oldest first, until ``n`` more bytes fit under the cap."""
+        total = sum(s.size for s in self._segs.values())
+        while total + n > self.max_bytes:
+            victims = [s for s in self._ordered() if s.size > 0]
+            if not victims:
+                return
+            v = victims[0]
+            total -= v.size
+            lost = v.records
+            self._forget(v)
+            if lost:
+                self.dropped += lost
+                SPOOL_DROPPED_ROWS.inc(lost)
+                self._warn("spool-cap", "energy-router: spool %s over writer.spool_max_mb (%.0f MiB): dropped %d oldest "
+                           "rows (%d so far)", self.dir, self.max_bytes / 2**20, lost, self.dropped)  # fmt: skip
+
+    def reject(self, entries: list[Any], reason: str, *, key: str = "row") -> None:
+        """Keep entries (rows as dicts, or lines) in ``rejected.jsonl`` with the reason."""
+        data = "".join(json.dumps({"reason": reason, key: e}, default=str) + "\n" for e in entries)
+        with self._lock:
+            try:
+                append_durably(self.rejected_path, data.encode())
+            except OSError as e:
+                self._write_failed(e, f"{len(entries)} rejected entries not kept")
+                return
+            self.rejected += len(entries)
+
+    def _reject_lines(self, lines: list[bytes], name: str) -> None:
+        shown: list[Any] = [
+            ln.decode("utf-8", "replace") if self.keep_text
+            else {"bytes": len(ln), "sha256": text_hash(ln.decode("utf-8", "replace"), self.salt)}
+            for ln in lines
+        ]  # fmt: skip
+        self.reject(shown, f"unparsable line in {name}", key="line")
 
     # -- replay -----------------------------------------------------------------------------------
     @staticmethod
     def _offset_path(p: Path) -> Path:
         return p.with_name(p.name + ".offset")
 
-    def _offset(self, p: Path) -> int:
+    def _ordered(self) -> list[_Segment]:
+        """Oldest first: segments adopted from dead processes, then ours in sequence."""
+        return sorted(self._segs.values(), key=lambda s: (s.own, s.path.name))
+
+    def scan(self) -> None:
+        """Adopt the segments of dead processes (their lock is free); counts their records once."""
+        with self._lock:
+            for p in sorted(self.dir.glob("spool-*.jsonl")):
+                if p not in self._segs:
+                    self._adopt(p)
+
+    def _adopt(self, p: Path) -> None:
         try:
-            return int(self._offset_path(p).read_text().strip() or 0)
+            fd = open_private(p, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.fstat(fd)
+            if st.st_nlink == 0:
+                raise FileNotFoundError(p)  # its writer finished and deleted it meanwhile
+        except OSError:
+            os.close(fd)  # its writer is alive
+            return
+        try:
+            off = int(self._offset_path(p).read_text().strip() or 0)
         except (FileNotFoundError, ValueError):
-            return 0
+            off = 0
+        off = min(max(off, 0), st.st_size)
+        seg = _Segment(p, fd, own=False, size=st.st_size, offset=off, saved=off, read_pos=off)
+        seg.records = self._count(seg)
+        self._segs[p] = seg
 
-    def _adopt_orphans(self) -> None:
-        for p in sorted(self.dir.glob("spool-*.jsonl")):
-            if p == self.own or p in self._adopted:
-                continue
-            try:
-                fh = open(p, "r+", encoding="utf-8")
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                fh.close()  # its writer is alive
-                continue
-            self._adopted[p] = fh
-
-    def _files(self) -> list[Path]:
-        return [*sorted(self._adopted), self.own]
-
-    def _sizes(self) -> Iterator[tuple[Path, int, int]]:
-        """(file, size in bytes, committed offset in bytes) of every spool file that exists, adopted
-        ones first (call with the lock held)."""
-        self._adopt_orphans()
-        for p in self._files():
-            try:
-                size = p.stat().st_size
-            except FileNotFoundError:
-                continue
-            yield p, size, self._offset(p)
+    def _count(self, seg: _Segment) -> int:
+        n, pos, last = 0, seg.offset, b"\n"
+        while pos < seg.size:
+            block = os.pread(seg.fd, min(BLOCK, seg.size - pos), pos)
+            if not block:
+                break
+            n += block.count(b"\n")
+            pos += len(block)
+            last = block[-1:]
+        self.bytes_read += pos - seg.offset
+        return n + (last != b"\n")  # a torn last line is a record too (rejected when read)
 
     def backlog_records(self) -> int:
-        """Approximate records not yet replayed (counts lines; for metrics)."""
-        n = 0
+        """Records in the spool not yet in the table."""
         with self._lock:
-            for p, size, off in self._sizes():
-                if size > off:
-                    with open(p, "rb") as f:
-                        f.seek(off)
-                        n += f.read().count(b"\n")
-        return n
+            return sum(s.records for s in self._segs.values())
 
     def has_backlog(self) -> bool:
         with self._lock:
-            return any(size > off for _, size, off in self._sizes())
+            return self._out is not None or any(s.offset < s.size for s in self._segs.values())
 
     def read_chunk(self, max_records: int) -> Chunk | None:
-        """Up to ``max_records`` complete records after the committed offset of the oldest file with
-        a backlog; unparsable lines go to ``rejected.jsonl``."""
+        """Up to ``max_records`` records after the committed offset of the oldest segment with a
+        backlog (the same chunk again until it is committed); unparsable lines go to
+        ``rejected.jsonl``."""
         with self._lock:
-            for p, size, off in self._sizes():
-                if size <= off:
-                    self._finish(p, size)
+            if self._out is not None:
+                return self._out
+            for seg in self._ordered():
+                if seg.offset >= seg.size:
+                    if seg is not self._active or seg.size > 0:
+                        self._forget(seg)
                     continue
-                records: list[dict[str, Any]] = []
-                bad: list[str] = []
-                pos = off
-                with open(p, "rb") as f:
-                    f.seek(off)
-                    while len(records) < max_records:
-                        line = f.readline()
-                        if not line:
-                            break
-                        if not line.endswith(b"\n"):
-                            if p == self.own:
-                                break  # being written: wait for the newline
-                            pos += len(line)  # torn write of a dead process
-                            bad.append(line.decode("utf-8", "replace"))
-                            break
-                        pos += len(line)
-                        try:
-                            rec = json.loads(line)
-                            if not isinstance(rec, dict) or rec.get("k") not in ("row", "pending"):
-                                raise ValueError("not a spool record")
-                            records.append(rec)
-                        except ValueError:
-                            bad.append(line.decode("utf-8", "replace").rstrip("\n"))
-                if bad:
-                    self.reject(bad, f"unparsable line in {p.name}")
-                if not records:
-                    self.commit(Chunk(p, [], pos))
-                    continue
-                return Chunk(p, records, pos)
+                chunk = self._next_chunk(seg, max_records)
+                if chunk is not None:
+                    self._out = chunk
+                    return chunk
+            return None
+
+    def _next_chunk(self, seg: _Segment, max_records: int) -> Chunk | None:
+        records: list[dict[str, Any]] = []
+        bad: list[bytes] = []
+        end = seg.offset
+        while len(records) < max_records:
+            while not seg.lines and self._fill(seg):
+                pass
+            if not seg.lines:
+                break
+            line, end = seg.lines.popleft()
+            rec = _parse(line)
+            if rec is not None:
+                records.append(rec)
+            elif line.strip():
+                bad.append(line)
+            else:
+                seg.records -= 1
+        if bad:
+            seg.records -= len(bad)
+            self._reject_lines(bad, seg.path.name)
+        if records:
+            return Chunk(seg.path, records, end)
+        if end > seg.offset:
+            self._advance(seg, end)
         return None
 
-    def commit(self, chunk: Chunk) -> None:
-        """Mark a chunk as written to the table (atomic offset update)."""
-        with self._lock:
-            op = self._offset_path(chunk.path)
-            tmp = op.with_name(op.name + ".tmp")
-            tmp.write_text(str(chunk.end_offset))
-            os.replace(tmp, op)
-            try:
-                size = chunk.path.stat().st_size
-            except FileNotFoundError:
-                return
-            if chunk.end_offset >= size:
-                self._finish(chunk.path, size)
+    def _fill(self, seg: _Segment) -> bool:
+        """Read the next block of ``seg`` into its lines; ``False`` at its end."""
+        if seg.read_pos >= seg.size:
+            if seg.tail and not seg.own:  # the torn last line of a dead process
+                seg.lines.append((seg.tail, seg.size))
+                seg.tail = b""
+                return True
+            return False
+        block = os.pread(seg.fd, min(BLOCK, seg.size - seg.read_pos), seg.read_pos)
+        if not block:
+            return False
+        self.bytes_read += len(block)
+        seg.read_pos += len(block)
+        parts = (seg.tail + block).split(b"\n")
+        seg.tail = parts.pop()
+        pos = seg.read_pos - len(seg.tail) - sum(len(p) + 1 for p in parts)
+        for p in parts:
+            pos += len(p) + 1
+            seg.lines.append((p, pos))
+        return True
 
-    def _finish(self, p: Path, size: int) -> None:
-        """A fully replayed file: truncate ours, delete an adopted one."""
-        op = self._offset_path(p)
-        if p == self.own:
-            if self._fh is not None and size > 0:
-                self._fh.truncate(0)
-                self._fh.seek(0)
-                op.unlink(missing_ok=True)
-            return
-        fh = self._adopted.pop(p, None)
-        p.unlink(missing_ok=True)
-        op.unlink(missing_ok=True)
-        if fh is not None:
-            fh.close()
+    def commit(self, chunk: Chunk) -> None:
+        """Mark a chunk as written to the table (offset saved atomically; a replayed segment deleted)."""
+        with self._lock:
+            if self._out is chunk:
+                self._out = None
+            seg = self._segs.get(chunk.path)
+            if seg is None or chunk.end_offset <= seg.offset:
+                return  # dropped by the cap meanwhile
+            seg.records -= chunk.count
+            self._advance(seg, chunk.end_offset)
+
+    def _advance(self, seg: _Segment, end: int) -> None:
+        seg.offset = end
+        if end >= seg.size:
+            self._forget(seg)
+        else:
+            self._save_offset(seg)
+
+    def _save_offset(self, seg: _Segment) -> None:
+        try:
+            write_atomic(self._offset_path(seg.path), str(seg.offset).encode())
+            seg.saved = seg.offset
+        except OSError as e:  # replay goes on; at worst a chunk is replayed again after a crash
+            self._write_failed(e, f"offset of {seg.path.name} not saved")
+
+    def _forget(self, seg: _Segment) -> None:
+        """Delete a segment (replayed, or dropped by the cap) and its offset."""
+        self._segs.pop(seg.path, None)
+        if self._active is seg:
+            self._active = None
+        if self._out is not None and self._out.path == seg.path:
+            self._out = None
+        seg.path.unlink(missing_ok=True)
+        self._offset_path(seg.path).unlink(missing_ok=True)
+        os.close(seg.fd)
+        fsync_dir(self.dir)
 
     def close(self) -> None:
+        """Delete replayed segments, save the others' offsets, release every lock."""
         with self._lock:
-            if self._fh is not None:
-                size = self.own.stat().st_size if self.own.exists() else 0
-                if size == 0 or self._offset(self.own) >= size:
-                    self.own.unlink(missing_ok=True)
-                    self._offset_path(self.own).unlink(missing_ok=True)
-                self._fh.close()
-                self._fh = None
-            for fh in self._adopted.values():
-                fh.close()
-            self._adopted.clear()
+            for seg in list(self._segs.values()):
+                if seg.offset >= seg.size:
+                    self._forget(seg)
+                    continue
+                if seg.offset != seg.saved:
+                    self._save_offset(seg)
+                os.close(seg.fd)
+            self._segs.clear()
+            self._active = self._out = None
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and rec.get("k") in ("row", "pending") else None

@@ -5,8 +5,15 @@ energy from the per-request meter (rows wait up to ``settle_timeout_s`` for it) 
 ``Query``/``Run`` rows -> one table transaction per batch. When the table is unreachable, batches are
 appended to the local :class:`~.spool.Spool` and replayed, exactly once, when it returns; while a
 backlog exists new batches queue behind it, so rows reach the table in order. A full queue spills to
-the spool too: memory stays bounded and no row is dropped. ``close`` flushes everything (to the
-table, else the spool).
+the spool too, from a thread of its own (:class:`~.overflow.Overflow`): memory stays bounded and the
+serving thread never waits on the disk. When the spool cannot be written either, rows wait in memory
+(bounded; beyond it they are counted as lost). ``close`` flushes everything (to the table, else the
+spool).
+
+Privacy: unless ``privacy.store_text``, no prompt text reaches the table, the spool or
+``rejected.jsonl`` — only its SHA-256 salted with ``privacy.salt``, or when that is empty with a random
+salt generated once and kept in ``privacy.salt_file`` (default ``<spool_dir>/salt``, 0600). Inserts
+never replace an existing row (a replayed duplicate keeps the first one and its feedback).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import ValidationError
@@ -22,11 +30,14 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
 from ..errors import one_line
-from ..metrics import (REJECTED_ROWS, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS, WRITER_QUEUE_DEPTH,
-                       observe_row)  # fmt: skip
+from ..metrics import (REJECTED_ROWS, ROWS_LOST, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS, WRITER_QUEUE_DEPTH,
+                       RateLimitedWarning, observe_row)  # fmt: skip
+from ..redact import redact, redact_url
 from ..shadow_queue import ShadowQueue
-from ..table import BadRowError, Query, Run, TableError, make_query, open_store
+from ..table import BadRowError, Query, Run, TableError, open_store, text_hash
+from .overflow import Overflow
 from .pending_row import CandidateMap, PendingRow
+from .private_files import load_or_create_salt
 from .spool import Chunk, Spool
 
 log = logging.getLogger("litellm_energy_router.callback")
@@ -46,8 +57,8 @@ class TableWriter:
     Args:
         url: table URL.
         meter: the per-request energy meter.
-        writer: ``WriterSettings`` (queue size, batch size, flush interval, spool dir, backoff, task).
-        privacy: ``PrivacySettings`` (store text or only its salted hash).
+        writer: ``WriterSettings`` (queue size, batch size, flush interval, spool dir and cap, backoff, task).
+        privacy: ``PrivacySettings`` (store text or only its salted hash; the salt or its file).
         cmap: candidate metadata for candidate rows.
         shadow: shadow-sampling queue, or ``None``.
         settle_timeout_s: max seconds a row waits for settled energy, s.
@@ -75,8 +86,13 @@ class TableWriter:
         self.shadow = shadow
         self.settle_timeout_s = settle_timeout_s
         self.store_factory = store_factory
-        self.spool = Spool(writer.spool_dir)
+        self.salt = privacy.salt or load_or_create_salt(privacy.salt_file or Path(writer.spool_dir) / "salt")
+        self.spool = Spool(writer.spool_dir, max_bytes=int(writer.spool_max_mb * 2**20), keep_text=privacy.store_text,
+                           salt=self.salt, retry_max_s=writer.retry_max_s)  # fmt: skip
         self._q: queue.Queue[PendingRow] = queue.Queue(maxsize=writer.queue_size)
+        self._overflow = Overflow(self.spool, self._pending_record, self._spooled, self._lose,
+                                  bound=max(4 * writer.queue_size, 10_000))  # fmt: skip
+        self._lost_log = RateLimitedWarning(log, 30.0, logging.ERROR)
         self._pending: list[PendingRow] = []
         self._ready: list[dict[str, Any]] = []
         self._store: Any = None
@@ -84,7 +100,6 @@ class TableWriter:
         self._down_until = 0.0
         self._backoff = 0.1
         self._outage_logged = False
-        self._backlog = self.spool.has_backlog()
         self._last_commit = time.monotonic()
         self._last_orphan_scan = time.monotonic()
         self._count_lock = threading.Lock()
@@ -94,6 +109,7 @@ class TableWriter:
         self.written = 0
         self.spooled = 0
         self.replayed = 0
+        self.lost = 0
         self.max_in_memory = 0
         self._flush_req = 0
         self._stop = threading.Event()
@@ -104,21 +120,14 @@ class TableWriter:
 
     # -- serving side -----------------------------------------------------------------------------
     def submit(self, row: PendingRow) -> None:
-        """Hand a row over. Never blocks, never raises: a full queue spills to the spool."""
+        """Hand a row over. Never blocks, never raises: a full queue spills to the spool (off this thread)."""
         row.submitted_s = time.time()
         with self._count_lock:
             self.submitted += 1
         try:
             self._q.put_nowait(row)
         except queue.Full:
-            try:
-                self.spool.append([{"k": "pending", **row.to_json()}], sync=False)
-                SPOOLED_ROWS.inc()
-                SPOOL_BACKLOG_ROWS.inc()
-                self._backlog = True
-                self._account(1, spooled=True)
-            except Exception as e:  # noqa: BLE001 - disk full: nothing more we can do without blocking
-                log.error("energy-router writer: queue full and spool failed (%s); row %s lost", e, row.call_id)
+            self._overflow.put(row)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Write everything submitted so far to the table or the spool (energy resolved now, with
@@ -134,17 +143,18 @@ class TableWriter:
         """Wait until the spool backlog is in the table (for tests and shutdown)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self._backlog and not self.spool.has_backlog():
+            if not self.spool.has_backlog():
                 return True
             time.sleep(0.05)
         return False
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush and stop. Rows the table cannot take in ``timeout`` s stay in the spool."""
+        self._close_deadline = time.monotonic() + timeout
+        self._overflow.close(self._close_deadline)
         if not self._thread.is_alive():
             self.spool.close()
             return
-        self._close_deadline = time.monotonic() + timeout
         self._stop.set()
         self._thread.join(timeout + 5)
         self.spool.close()
@@ -157,6 +167,19 @@ class TableWriter:
             if spooled:
                 self.spooled += n
             self._cv.notify_all()
+
+    def _spooled(self, n: int) -> None:
+        SPOOLED_ROWS.inc(n)
+        SPOOL_BACKLOG_ROWS.set(self.spool.backlog_records())
+        self._account(n, spooled=True)
+
+    def _lose(self, n: int, why: str) -> None:
+        """Rows that could be kept neither in the table, nor in the spool, nor in memory."""
+        ROWS_LOST.inc(n)
+        with self._count_lock:
+            self.lost += n
+        self._lost_log("lost", "energy-router: %d rows lost: %s (%d so far; energy_router_rows_lost_total)", n, why, self.lost)
+        self._account(n)
 
     # -- writer thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -176,7 +199,8 @@ class TableWriter:
                 time.sleep(0.1)
             WRITER_QUEUE_DEPTH.set(self._q.qsize() + len(self._pending) + len(self._ready))
             if closing:
-                if self._q.empty() and not self._pending and not self._ready and (not self._backlog or self._is_down()):
+                idle = self._q.empty() and not self._pending and not self._ready
+                if idle and (self._is_down() or not self.spool.has_backlog()):
                     return
                 if time.monotonic() > self._close_deadline:
                     self._spool_everything()
@@ -235,11 +259,14 @@ class TableWriter:
                 self._ready.append(rec)
         self._pending = keep
 
-    def _record(self, row: PendingRow, e: RequestEnergy, *, account_reject: bool = True) -> dict[str, Any] | None:
+    def _record(self, row: PendingRow, e: RequestEnergy, *, h: str | None = None,
+                account_reject: bool = True) -> dict[str, Any] | None:  # fmt: skip
+        """The row's table records (``h``: the text's salted hash when the text is not kept)."""
         try:
-            q: Query = make_query(
-                query_id_for(row.call_id), self.cfg.task, row.text, store_text=self.privacy.store_text,
-                salt=self.privacy.salt, source="production", created=row.start_s,
+            q = Query(
+                id=query_id_for(row.call_id), task=self.cfg.task, text=row.text if self.privacy.store_text else None,
+                text_hash=h if row.text is None else text_hash(row.text, self.salt), source="production",
+                created=row.start_s,
             )  # fmt: skip
             run = Run(
                 query_id=q.id, candidate=row.candidate, source="production", score=None,
@@ -253,7 +280,7 @@ class TableWriter:
         except ValidationError as err:
             msg = one_line(err, f"row for call {row.call_id!r}")
             log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
-            self.spool.reject([str(row.to_json())], msg)
+            self.spool.reject([self._private_json(row, h)], msg)
             REJECTED_ROWS.inc()
             if account_reject:
                 self._account(1)
@@ -262,14 +289,31 @@ class TableWriter:
         cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
         return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand}
 
+    def _private_json(self, row: PendingRow, h: str | None = None) -> dict[str, Any]:
+        """The row as JSON for the spool or ``rejected.jsonl``: the text replaced by its salted hash
+        ``h`` unless ``privacy.store_text``."""
+        d = row.to_json()
+        if row.text is not None and not self.privacy.store_text:
+            d["text"], h = None, text_hash(row.text, self.salt)
+        if h is not None:
+            d["h"] = h
+        return d
+
+    def _pending_record(self, row: PendingRow) -> dict[str, Any]:
+        """The spool record of a row spilled before its energy was known (shadow-sampled now, while
+        its text is at hand)."""
+        self._shadow(row)
+        return {"k": "pending", **self._private_json(row)}
+
     # -- table / spool ----------------------------------------------------------------------------
     def _is_down(self) -> bool:
         return time.monotonic() < self._down_until
 
     def _mark_down(self, err: BaseException) -> None:
         if not self._outage_logged:
-            log.warning("energy-router: table %s unreachable (%s); spooling to %s", self.url,
-                        str(err).splitlines()[0][:300], self.spool.dir)  # fmt: skip
+            first = (str(err).splitlines() or [type(err).__name__])[0][:300]
+            log.warning("energy-router: table %s unreachable (%s); spooling to %s", redact_url(self.url), redact(first),
+                        self.spool.dir)  # fmt: skip
             self._outage_logged = True
         if self._store is not None:
             try:
@@ -282,7 +326,7 @@ class TableWriter:
 
     def _mark_up(self) -> None:
         if self._outage_logged:
-            log.warning("energy-router: table %s reachable again", self.url)
+            log.warning("energy-router: table %s reachable again", redact_url(self.url))
         self._outage_logged = False
         self._backoff = 0.1
 
@@ -295,8 +339,12 @@ class TableWriter:
         return self._store
 
     def _commit(self, records: list[dict[str, Any]]) -> None:
-        if self._backlog or self._is_down():
-            self._to_spool(records)
+        """To the table, or behind a backlog / during an outage to the spool; when the spool refuses
+        too, the rows wait in memory (a backlog is then overtaken: the table goes first)."""
+        if (self.spool.has_backlog() or self._is_down()) and self._to_spool(records):
+            return
+        if self._is_down():
+            self._hold(records)
             return
         try:
             self._write(records)
@@ -306,15 +354,26 @@ class TableWriter:
             if not isinstance(e, _TRANSIENT):
                 log.exception("energy-router: unexpected error writing %d rows; spooling them", len(records))
             self._mark_down(e)
-            self._to_spool(records)
+            if not self._to_spool(records):
+                self._hold(records)
         self._last_commit = time.monotonic()
 
-    def _to_spool(self, records: list[dict[str, Any]]) -> None:
-        self.spool.append(records)
-        self._backlog = True
-        SPOOLED_ROWS.inc(len(records))
-        SPOOL_BACKLOG_ROWS.inc(len(records))  # counted exactly again after each replay pass
-        self._account(len(records), spooled=True)
+    def _to_spool(self, records: list[dict[str, Any]]) -> bool:
+        """Append to the spool; ``False`` when it refuses (counted and logged by the spool)."""
+        try:
+            self.spool.append(records)
+        except OSError:
+            return False
+        self._spooled(len(records))
+        return True
+
+    def _hold(self, records: list[dict[str, Any]]) -> None:
+        """Keep records the spool refused in memory (first in line); beyond the bound the oldest are lost."""
+        self._ready[:0] = records
+        excess = len(self._ready) - (self.cfg.queue_size + self.cfg.batch_size)
+        if excess > 0:
+            del self._ready[:excess]
+            self._lose(excess, "the spool cannot be written and the in-memory bound is reached")
 
     def _write(self, records: list[dict[str, Any]]) -> None:
         """One transaction; a row the table rejects is isolated (bisection) and kept in rejected.jsonl."""
@@ -325,13 +384,14 @@ class TableWriter:
             if r["c"]["name"] not in known:
                 cands[r["c"]["name"]] = r["c"]
         try:
-            store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records], candidates=list(cands.values()))
+            store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records], candidates=list(cands.values()),
+                        keep_existing=True)  # fmt: skip
         except (BadRowError, IntegrityError) as e:
             self._known = None
             if len(records) == 1:
                 msg = str(e).splitlines()[0][:300]
                 log.warning("energy-router: table rejected a row (%s); kept in %s", msg, self.spool.rejected_path)
-                self.spool.reject([str(records[0])], msg)
+                self.spool.reject([records[0]], msg)
                 REJECTED_ROWS.inc()
                 return
             mid = len(records) // 2
@@ -344,38 +404,40 @@ class TableWriter:
 
     def _maybe_replay(self, closing: bool) -> None:
         now = time.monotonic()
-        if not self._backlog and now - self._last_orphan_scan > 5.0:
+        if now - self._last_orphan_scan > 5.0:
             self._last_orphan_scan = now
-            self._backlog = self.spool.has_backlog()  # adopts files left by dead processes
-        if not self._backlog or self._is_down():
+            self.spool.scan()  # adopts files left by dead processes
+        if self._is_down() or not self.spool.has_backlog():
             return
         budget = now + (5.0 if closing else 0.5)
         while time.monotonic() < budget:
             chunk = self.spool.read_chunk(self.cfg.batch_size)
-            if chunk is None:
-                self._backlog = False
+            if chunk is None or not self._replay(chunk):
                 break
-            if not self._replay(chunk):
-                break
-        SPOOL_BACKLOG_ROWS.set(self.spool.backlog_records() if self._backlog else 0)
+        SPOOL_BACKLOG_ROWS.set(self.spool.backlog_records())
+
+    def _resolve_spilled(self, chunk: Chunk) -> None:
+        """Rows spilled before their energy was known get it now, once: the chunk keeps the converted
+        records for a retry. They were shadow-sampled when spilled."""
+        if all(r["k"] == "row" for r in chunk.records):
+            return
+        out = []
+        for d in chunk.records:
+            if d["k"] == "row":
+                out.append(d)
+                continue
+            row = PendingRow.from_json(d)
+            e = self._energy(row, True) or RequestEnergy.unavailable()
+            rec = self._record(row, e, h=d.get("h"), account_reject=False)
+            if rec is not None:
+                out.append(rec)
+        chunk.records = out
 
     def _replay(self, chunk: Chunk) -> bool:
-        pend = [r for r in chunk.records if r["k"] == "pending"]
-        if pend:
-            # resolve spilled rows once: converted rows go back to the spool, then the chunk is done
-            converted = []
-            for d in pend:
-                row = PendingRow.from_json({k: v for k, v in d.items() if k != "k"})
-                self._shadow(row)
-                rec = self._record(row, self._energy(row, True) or RequestEnergy.unavailable(), account_reject=False)
-                if rec is not None:
-                    converted.append(rec)
-            rows = [r for r in chunk.records if r["k"] == "row"]
-            self.spool.append(rows + converted)
-            self.spool.commit(chunk)
-            return True
+        self._resolve_spilled(chunk)
         try:
-            self._write(chunk.records)
+            if chunk.records:
+                self._write(chunk.records)
         except Exception as e:  # noqa: BLE001 - the chunk stays in the spool; retried after a backoff
             if not isinstance(e, _TRANSIENT):
                 log.exception("energy-router: unexpected error replaying %s", chunk.path.name)
@@ -388,15 +450,16 @@ class TableWriter:
 
     def _spool_everything(self) -> None:
         """Close deadline passed: keep every in-memory row in the spool for the next process."""
-        rows = list(self._ready)
-        pend = list(self._pending)
+        recs = list(self._ready) + [{"k": "pending", **self._private_json(p)} for p in self._pending]
+        self._ready, self._pending = [], []
         while True:
             try:
-                pend.append(self._q.get_nowait())
+                recs.append(self._pending_record(self._q.get_nowait()))
             except queue.Empty:
                 break
-        recs = rows + [{"k": "pending", **p.to_json()} for p in pend]
-        if recs:
-            self._to_spool(recs)
-        self._ready, self._pending = [], []
+        if recs and not self._to_spool(recs):
+            time.sleep(min(max(self.spool.retry_at - time.monotonic(), 0.0), 1.0))  # one more try, after the backoff
+            if not self._to_spool(recs):
+                self._lose(len(recs), "the spool could not be written before the writer closed")
+                return
         log.warning("energy-router: writer closed with %d rows in the spool %s", len(recs), self.spool.dir)
