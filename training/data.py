@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from litellm_energy_router.redact import redact_url
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 
 
@@ -120,7 +121,7 @@ def load_matrix(
             best[key] = r
     if not best:
         src = f" from sources {','.join(sources)}" if sources else ""
-        raise MatrixError(f"table {getattr(store, 'url', '?')}: 0 fully labelled queries (no run with score and energy_j{src})")
+        raise MatrixError(f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (no run with score and energy_j{src})")
     if candidates is None:
         energy: dict[str, list[float]] = {}
         for (_, c), r in best.items():
@@ -133,7 +134,7 @@ def load_matrix(
         have = {c for (_, c) in best}
         missing = [c for c in cands if c not in have]
         if missing:
-            raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {getattr(store, 'url', '?')}")
+            raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}")
     K = len(cands)
     col = {c: k for k, c in enumerate(cands)}
     ids, tasks, texts, pt, Y, E, T = [], [], [], [], [], [], []
@@ -168,7 +169,7 @@ def load_matrix(
         E.append(e)
         T.append(t)
     if not ids:
-        raise MatrixError(f"table {getattr(store, 'url', '?')}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})")
+        raise MatrixError(f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})")
     return TableMatrix(
         candidates=cands, ids=np.array(ids, dtype=object), tasks=np.array(tasks, dtype=object), texts=texts,
         prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped, max_run_id=max_id,
