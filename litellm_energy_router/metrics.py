@@ -24,7 +24,10 @@ Energy callback and its table writer:
 * ``energy_router_spool_backlog_rows`` — rows in the local spool not yet in the table;
 * ``energy_router_spooled_rows_total``, ``energy_router_rows_written_total``,
   ``energy_router_rejected_rows_total`` (kept in ``rejected.jsonl``), ``energy_router_callback_errors_total``
-  (callback events that could not be turned into a row) — rows.
+  (callback events that could not be turned into a row) — rows;
+* ``energy_router_call_ids_reassigned_total{reason}`` — production rows stored under a server-side call id
+  instead of the caller's: ``taken`` (another request already holds that call id; the first row is kept),
+  ``too_long`` (longer than the table's key: stored under its SHA-256).
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ SPOOLED_ROWS = Counter("energy_router_spooled_rows", "rows written to the local 
 ROWS_WRITTEN = Counter("energy_router_rows_written", "rows written to the table")
 REJECTED_ROWS = Counter("energy_router_rejected_rows", "rows the table rejected (kept in rejected.jsonl)")
 CALLBACK_ERRORS = Counter("energy_router_callback_errors", "callback events that could not be turned into a row")
+CALL_IDS_REASSIGNED = Counter("energy_router_call_ids_reassigned",
+                              "production rows stored under a server-side call id, per reason", ["reason"])  # fmt: skip
 
 _rows_lock = threading.Lock()
 _rows_seen = [0, 0]  # rows, rows with measured energy
