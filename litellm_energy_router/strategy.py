@@ -25,6 +25,9 @@ the pool → the configured ``router.fallback`` deployment, else LiteLLM's own c
 most once a minute and ``energy_router_fallbacks_total{reason}``. The one request error is an invalid
 request knob (:class:`~.knob.KnobError`, a caller error): raised before any backend call, an HTTP 400
 from the proxy (the filter's pre-call hook), an exception from the SDK.
+
+The decision reaches the energy callback in-process (:data:`~.decision.DECISION_BOOK`), never through
+request metadata: see :mod:`.decision`.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from . import litellm_compat
-from .decision import DECISION_KEY, Decision
+from .decision import DECISION_BOOK, DECISION_KEY, Decision
 from .deployments import CandidateMap, deployment_keys
-from .knob import KnobError, resolve_knob
+from .knob import KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
 from .router.request_text import query_text
@@ -198,16 +201,29 @@ def _dep_id(d: Mapping[str, Any] | None) -> str | None:
     return str(v) if v is not None else None
 
 
+def strip_caller_decision(request_kwargs: Mapping[str, Any] | None) -> None:
+    """Remove a caller-sent ``energy_router_decision`` from the request metadata (it is never read)."""
+    for md in metadata_dicts(request_kwargs):
+        md.pop(DECISION_KEY, None)
+
+
 def attach(request_kwargs: dict[str, Any] | None, decision: Decision | None) -> None:
-    """Store the decision in the request metadata, where the energy callback finds it."""
-    if request_kwargs is None or decision is None:
+    """Record the decision for the energy callback (:data:`~.decision.DECISION_BOOK`, keyed by the
+    request's metadata dict) and put a copy in the metadata for other callbacks; with no decision, drop
+    whatever an earlier attempt or the caller left."""
+    if request_kwargs is None:
         return
-    for key in ("metadata", "litellm_metadata"):
-        md = request_kwargs.get(key)
-        if isinstance(md, dict):
-            md[DECISION_KEY] = decision.as_metadata()
-            return
-    request_kwargs["metadata"] = {DECISION_KEY: decision.as_metadata()}
+    strip_caller_decision(request_kwargs)
+    mds = metadata_dicts(request_kwargs)
+    if decision is None:
+        for md in mds:
+            DECISION_BOOK.discard(md)
+        return
+    if not mds:
+        request_kwargs["metadata"] = {}
+        mds = metadata_dicts(request_kwargs)
+    mds[0][DECISION_KEY] = decision.as_metadata()
+    DECISION_BOOK.put(mds[0], decision)
 
 
 class EnergyRoutingStrategy(CustomRoutingStrategyBase):
@@ -246,6 +262,7 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
                                              request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
         pinned, deps = self._pool(model, specific_deployment)
         if pinned is not None:
+            attach(request_kwargs, None)  # type: ignore[arg-type]
             return pinned
         dep, decision = await self.core.choose(deps, messages, input, request_kwargs)
         attach(request_kwargs, decision)  # type: ignore[arg-type]
@@ -256,6 +273,7 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
                                  request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
         pinned, deps = self._pool(model, specific_deployment)
         if pinned is not None:
+            attach(request_kwargs, None)  # type: ignore[arg-type]
             return pinned
         dep, decision = self.core.choose_sync(deps, messages, input, request_kwargs)
         attach(request_kwargs, decision)  # type: ignore[arg-type]
@@ -300,8 +318,9 @@ class EnergyRouterFilter(CustomLogger):
         return [dep] if dep is not None else healthy_deployments
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> None:
-        """Proxy, before routing and before any backend call: refuse an invalid request knob
-        (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field)."""
+        """Proxy, before routing and before any backend call: drop a caller-sent decision and refuse an
+        invalid request knob (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field)."""
+        strip_caller_decision(data)
         try:  # the settings only, never the router: its checkpoint loads in start() / on first use
             settings = self._core.settings if self._core is not None else self._settings or load_settings()
         except Exception as e:  # noqa: BLE001 - e.g. a bad config: the filter fails open, so does this
@@ -312,4 +331,5 @@ class EnergyRouterFilter(CustomLogger):
         return None
 
 
-__all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "KnobError", "attach"]
+__all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "KnobError", "attach",
+           "strip_caller_decision"]

@@ -1,6 +1,7 @@
-"""Call ids (issue: trust in production, item 2), through a real ``litellm.Router``, a real HTTP backend and
-the real table writer: a call id that already has a row cannot be taken over by another request; feedback
-is idempotent and a replayed row never resets it."""
+"""Decisions and call ids (issue: trust in production, item 2), through a real ``litellm.Router``, a real
+HTTP backend and the real table writer: the table records the decision the router made in this process,
+never one a caller wrote into request metadata; a call id that already has a row cannot be taken over
+by another request; feedback is idempotent and a replayed row never resets it."""
 
 from __future__ import annotations
 
@@ -14,12 +15,18 @@ import pytest
 from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.feedback import apply_feedback
+from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
+from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import open_store, text_hash
 
-from chat_backend import OpenAIBackend
+from backend import Backend
+from chat_backend import OpenAIBackend, model_list
+from router_fixtures import CANDS
 
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
+FORGED = {"candidate": BIG, "deployment_id": None, "propensity": 0.001, "router_version": "forged"}
+PROOF = "Give a proof about chess number 4242"
 # Real LiteLLM (Router / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = pytest.mark.litellm_integration
 
@@ -81,6 +88,52 @@ def _chat(router, logger, model, text, **kw):
         return r._hidden_params["litellm_call_id"]
 
     return asyncio.run(go())
+
+
+def test_forged_decision_in_metadata_does_not_reach_the_table(sqlite_url, tmp_path):
+    """No router decided these requests: a caller's `energy_router_decision` must leave no propensity and
+    must not name the candidate of a deployment that is none of the router's."""
+    with OpenAIBackend() as be:
+        logger = EnergyLogger(_settings(sqlite_url, tmp_path))
+        litellm.callbacks = [logger]
+        other_group = _deployment("other", "openai/other", be.api_base, "dep-other")
+        router = litellm.Router(model_list=model_list(be.api_base) + [other_group])
+        pooled = _chat(router, logger, "pool", "hello there", metadata={"energy_router_decision": dict(FORGED)})
+        other = _chat(router, logger, "other", "hello again", metadata={"energy_router_decision": dict(FORGED)})
+        _served(logger, 2)
+        logger.close()
+    rows = {r["call_id"]: r for r in _rows(sqlite_url)}
+    assert set(rows) == {pooled, other}
+    assert [r["propensity"] for r in rows.values()] == [None, None]
+    assert rows[other]["candidate"] != BIG and "other" in rows[other]["candidate"]
+
+
+def test_the_row_carries_the_routers_own_decision(planted_ckpt, sqlite_url, tmp_path):
+    """With the routing strategy in place: a routed request records the strategy's decision whatever the
+    caller sent; a request the strategy passes through (not its pool) records none."""
+    backend = Backend().start()
+    try:
+        s = Settings.model_validate({
+            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
+            "table": {"url": sqlite_url}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
+        })  # fmt: skip
+        logger = EnergyLogger(s)
+        litellm.callbacks = [logger]
+        deps = [_deployment("pool", f"openai/{c}", backend.base(c), f"dep-{c}") for c in CANDS]
+        deps.append(_deployment("other", "openai/other", backend.base("other"), "dep-other"))
+        router = litellm.Router(model_list=deps)
+        register_strategy(router, EnergyRoutingStrategy(router, s))
+        forged = {**FORGED, "candidate": "large"}
+        routed = _chat(router, logger, "pool", PROOF, metadata={"energy_router_decision": dict(forged)})
+        forged_other = {**forged, "candidate": "medium"}
+        passed = _chat(router, logger, "other", PROOF, metadata={"energy_router_decision": forged_other})
+        _served(logger, 2)
+        logger.close()
+    finally:
+        backend.stop()
+    rows = {r["call_id"]: r for r in _rows(sqlite_url)}
+    assert rows[routed]["candidate"] == "large" and rows[routed]["propensity"] == 1.0  # epsilon 0: the router's own
+    assert rows[passed]["propensity"] is None and rows[passed]["candidate"] != "medium"
 
 
 def _snapshot(row):
