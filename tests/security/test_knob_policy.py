@@ -23,6 +23,7 @@ import yaml
 
 from litellm_energy_router.litellm_compat import (PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks,
                                                   register_strategy)
+from litellm_energy_router.knob import KnobError, resolve_knob
 from litellm_energy_router.router.checkpoint import point_to
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRouterFilter, EnergyRoutingStrategy
@@ -147,6 +148,22 @@ def test_sdk_allowed_values_within_bounds_still_route(keyed_router, backend):
     assert err is None and sent["small"] == 1
     err, sent = _sdk(r, backend, {"energy_router": {"lambda": None, "target_accuracy": None}})  # null = not given
     assert err is None and sent["large"] == 1
+
+
+def test_a_keys_own_defaults_do_not_lift_its_teams_policy():
+    """A key alias with knob defaults but no policy of its own stays under its team's policy; a key's own
+    policy is the more specific one and wins."""
+    knob = Settings.model_validate({"knob": {"per_key": {
+        "alice": {"lambda": 0.5}, "restricted-team": {"policy": {"allow_override": False}},
+        "bob": {"policy": {"lambda_range": [0, 2]}},
+    }}}).knob  # fmt: skip
+    team = {"user_api_key_team_alias": "restricted-team", "energy_router": {"lambda": 1}}
+    with pytest.raises(KnobError, match="restricted-team"):
+        resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **team}})
+    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **{**team, "energy_router": {}}}})[0] == 0.5
+    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **team}})[0] == 1.0
+    with pytest.raises(KnobError, match=r"out of range \[0, 2\] \(key 'bob'\)"):
+        resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **{**team, "energy_router": {"lambda": 3}}}})
 
 
 def test_sdk_filter_refuses_too(planted_ckpt, backend):
