@@ -1,13 +1,19 @@
-"""What the router decided for one request, as it travels in LiteLLM request metadata.
+"""What the router decided for one request, and how that decision reaches the energy callback.
 
-The routing strategy stores ``Decision.as_metadata()`` under ``metadata[DECISION_KEY]`` of the
-request; the energy callback reads it back with :func:`decision_from_kwargs` and writes the chosen
-candidate, its propensity and the router version into the table. Kept free of LiteLLM and torch
-imports so any layer may use it.
+The decision travels **in-process**, never through caller-controlled data: the routing strategy / proxy
+filter records it in :data:`DECISION_BOOK`, keyed by the identity of the request's metadata dict (LiteLLM
+hands that very dict object from routing to the callbacks: SDK sync, async and streaming calls, and the
+proxy); the energy callback takes it back with :func:`take_decision`. A caller can put anything into
+request metadata but cannot make the callback's metadata dict be one the router saw for another request,
+so a decision a caller sends (``metadata[DECISION_KEY]``) is never read. The strategy still writes a copy
+of its decision under ``metadata[DECISION_KEY]`` (replacing any caller value) for other callbacks to log;
+this package never reads it back. Kept free of LiteLLM and torch imports so any layer may use it.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -58,17 +64,66 @@ class Decision:
         return cls(**known)
 
 
+class DecisionBook:
+    """Decisions made in this process, keyed by the identity of the request's metadata dict.
+
+    Each entry holds the dict itself, so its ``id`` cannot be reused while the entry lives, and a lookup
+    checks ``is``. Bounded (``maxsize`` entries, oldest dropped): requests no callback reads back, e.g.
+    the filter without the energy callback, cost no more than that. Thread-safe (LiteLLM logs sync calls
+    on its own threads).
+    """
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        self.maxsize = maxsize
+        self._d: OrderedDict[int, tuple[dict[str, Any], Decision]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def put(self, md: dict[str, Any], decision: Decision) -> None:
+        """Record ``decision`` for the request whose metadata dict is ``md`` (a retry's replaces it)."""
+        with self._lock:
+            self._d.pop(id(md), None)
+            self._d[id(md)] = (md, decision)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+
+    def discard(self, md: dict[str, Any]) -> None:
+        with self._lock:
+            e = self._d.get(id(md))
+            if e is not None and e[0] is md:
+                del self._d[id(md)]
+
+    def get(self, kwargs: Mapping[str, Any], *, take: bool = False) -> Decision | None:
+        """The decision recorded for the request of a LiteLLM callback's ``kwargs`` (removed with ``take``)."""
+        for md in _metadata_of(kwargs):
+            with self._lock:
+                e = self._d.get(id(md))
+                if e is None or e[0] is not md:
+                    continue
+                if take:
+                    del self._d[id(md)]
+                return e[1]
+        return None
+
+
+DECISION_BOOK = DecisionBook()
+
+
+def _metadata_of(kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    lp = kwargs.get("litellm_params")
+    places = [lp.get("metadata"), lp.get("litellm_metadata")] if isinstance(lp, Mapping) else []
+    places += [kwargs.get("metadata"), kwargs.get("litellm_metadata")]
+    return [md for md in places if isinstance(md, dict)]
+
+
 def decision_from_kwargs(kwargs: Mapping[str, Any]) -> Decision | None:
-    """Find the decision in a LiteLLM callback's ``kwargs`` (``litellm_params.metadata`` or the
-    standard logging object's metadata); ``None`` when the request was not routed by us."""
-    candidates: list[Any] = []
-    lp = kwargs.get("litellm_params") or {}
-    candidates.append((lp.get("metadata") or {}) if isinstance(lp, Mapping) else {})
-    candidates.append(kwargs.get("metadata") or {})
-    slo = kwargs.get("standard_logging_object") or {}
-    if isinstance(slo, Mapping):
-        candidates.append(slo.get("metadata") or {})
-    for md in candidates:
-        if isinstance(md, Mapping) and isinstance(md.get(DECISION_KEY), Mapping):
-            return Decision.from_metadata(md[DECISION_KEY])
-    return None
+    """The decision this process's router made for the request of a LiteLLM callback's ``kwargs``;
+    ``None`` when it made none (never a decision found in the request's metadata)."""
+    return DECISION_BOOK.get(kwargs)
+
+
+def take_decision(kwargs: Mapping[str, Any]) -> Decision | None:
+    """:func:`decision_from_kwargs`, removing it (the energy callback: one decision, one row)."""
+    return DECISION_BOOK.get(kwargs, take=True)

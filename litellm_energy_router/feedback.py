@@ -3,11 +3,14 @@
 Production traffic has no ground truth; a user, an application or a reviewer can score an answer
 afterwards. ``apply_feedback(store, call_id, score)`` sets ``score`` (correctness in [0, 1]) on the
 call's successful production run(s); unknown ids and out-of-range scores are rejected before anything
-is written. Served over HTTP by :func:`feedback_app` (``energy-router feedback serve``), which always
-requires a bearer token::
+is written. Idempotent: a run that already has that score is not written again (its ``updated`` time,
+which retraining watches, stays); a different score replaces the previous one (a correction). The table
+keeps the first request of a call id (:mod:`litellm_energy_router.table.production`), so a later request
+reusing the id — or a replayed row — never receives or resets this label. Served over HTTP by
+:func:`feedback_app` (``energy-router feedback serve``), which always requires a bearer token::
 
     POST /v1/feedback   {"call_id": "<litellm call id>", "score": 0.0..1.0}
-    -> 200 {"call_id": ..., "score": ..., "updated": n} | 400 | 401 | 404 unknown id | 409 | 422 | 503
+    -> 200 {"call_id": ..., "score": ..., "updated": n (0: already so)} | 400 | 401 | 404 unknown id | 409 | 422 | 503
 
 A row reaches the table a moment after its response (the writer batches): feedback sent before that
 gets 404 and can be retried.
@@ -21,6 +24,7 @@ import math
 from typing import Any
 
 from .table import TableError, TableStore
+from .table.production import stored_call_id
 
 
 class FeedbackError(ValueError):
@@ -45,18 +49,21 @@ def parse_score(value: Any) -> float:
 
 
 def apply_feedback(store: TableStore, call_id: str, score: Any) -> int:
-    """Label the successful production run(s) of ``call_id`` with ``score``. Returns rows updated."""
+    """Label the successful production run(s) of ``call_id`` with ``score``. Returns rows changed (0 when
+    they already had that score)."""
     s = parse_score(score)
-    if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
-        raise FeedbackError(f"call id {call_id!r} is not a LiteLLM call id", 400)
-    runs = [r for r in store.runs_for_call(call_id) if r.source == "production"]
+    if not isinstance(call_id, str) or not call_id or len(call_id) > 256:
+        raise FeedbackError(f"call id {str(call_id)[:80]!r} is not a LiteLLM call id", 400)
+    runs = [r for r in store.runs_for_call(stored_call_id(call_id)) if r.source == "production"]
     if not runs:
         raise FeedbackError(f"unknown call id {call_id!r} (no production row yet)", 404)
     ok = [r for r in runs if r.status != "failure"]
     if not ok:
         raise FeedbackError(f"call id {call_id!r} failed: there is no answer to score", 409)
-    store.write(runs=[r.model_copy(update={"score": s}) for r in ok])
-    return len(ok)
+    changed = [r.model_copy(update={"score": s}) for r in ok if r.score != s]
+    if changed:
+        store.write(runs=changed)
+    return len(changed)
 
 
 def feedback_app(store: TableStore, token: str) -> Any:

@@ -29,6 +29,9 @@ Energy callback and its table writer:
   ``writer.spool_max_mb``; ``energy_router_spool_write_errors_total`` — failed spool writes (disk full,
   permissions; the rows wait in memory); ``energy_router_rows_lost_total`` — rows lost because the spool
   could not be written and the in-memory bound was reached (or the process closed meanwhile).
+* ``energy_router_call_ids_reassigned_total{reason}`` — production rows stored under a server-side call id
+  instead of the caller's: ``taken`` (another request already holds that call id; the first row is kept),
+  ``too_long`` (longer than the table's key: stored under its SHA-256).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ CALLBACK_ERRORS = Counter("energy_router_callback_errors", "callback events that
 SPOOL_DROPPED_ROWS = Counter("energy_router_spool_dropped_rows", "rows dropped (oldest first) to keep the spool under its cap")
 SPOOL_WRITE_ERRORS = Counter("energy_router_spool_write_errors", "failed writes to the local spool")
 ROWS_LOST = Counter("energy_router_rows_lost", "rows lost: spool unwritable and the in-memory bound reached")
+CALL_IDS_REASSIGNED = Counter("energy_router_call_ids_reassigned",
+                              "production rows stored under a server-side call id, per reason", ["reason"])  # fmt: skip
 
 _rows_lock = threading.Lock()
 _rows_seen = [0, 0]  # rows, rows with measured energy

@@ -17,18 +17,23 @@ Candidates map to deployments by, in order: ``model_info.energy_router_candidate
 
 The knob (λ, target accuracy, energy budget ``max_energy_j``) comes from request metadata
 ``energy_router``, else the caller's key in ``knob.per_key``, else the global ``knob``; λ is in accuracy
-per ``knob.e_ref_j`` joules (fixed in the settings, so it means the same after every retrain).
+per ``knob.e_ref_j`` joules (fixed in the settings, so it means the same after every retrain). What a
+request may override, within which bounds, is ``knob.policy`` (:mod:`.knob`).
 
 Fail-open: a router error, a timeout (``router.timeout_ms``), a missing checkpoint or no candidate in
 the pool → the configured ``router.fallback`` deployment, else LiteLLM's own choice; a warning at
-most once a minute and ``energy_router_fallbacks_total{reason}``. Never fails the request.
+most once a minute and ``energy_router_fallbacks_total{reason}``. The one request error is an invalid
+request knob (:class:`~.knob.KnobError`, a caller error): raised before any backend call, an HTTP 400
+from the proxy (the filter's pre-call hook), an exception from the SDK.
+
+The decision reaches the energy callback in-process (:data:`~.decision.DECISION_BOOK`), never through
+request metadata: see :mod:`.decision`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from typing import Any, Mapping, Sequence
@@ -37,8 +42,9 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from . import litellm_compat
-from .decision import DECISION_KEY, KNOB_KEY, Decision
+from .decision import DECISION_BOOK, DECISION_KEY, Decision
 from .deployments import CandidateMap, deployment_keys
+from .knob import KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
 from .router.request_text import query_text
@@ -46,19 +52,6 @@ from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
-_KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
-
-
-def _md(request_kwargs: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    """Metadata dicts of a request (SDK ``metadata``, proxy ``litellm_metadata``)."""
-    if not request_kwargs:
-        return []
-    out = []
-    for k in ("metadata", "litellm_metadata"):
-        v = request_kwargs.get(k)
-        if isinstance(v, Mapping):
-            out.append(v)
-    return out
 
 
 class EnergyRouterCore:
@@ -77,38 +70,8 @@ class EnergyRouterCore:
     # -- request → knob, text ---------------------------------------------------------------------
     def knob(self, request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None, float | None]:
         """(λ, target accuracy, energy budget J): request metadata beats the per-key default, which beats
-        the global one. A request value that is not a finite number in range is ignored (warned)."""
-        k = self.settings.knob
-        lam, target, budget = k.lambda_, k.target_accuracy, k.max_energy_j
-        mds = _md(request_kwargs)
-        for md in mds:
-            for f in _KEY_FIELDS:
-                ov = k.per_key.get(str(md.get(f))) if md.get(f) is not None else None
-                if ov is not None:
-                    lam = ov.lambda_ if ov.lambda_ is not None else lam
-                    target = ov.target_accuracy if ov.target_accuracy is not None else target
-                    budget = ov.max_energy_j if ov.max_energy_j is not None else budget
-                    break
-        for md in mds:
-            req = md.get(KNOB_KEY)
-            if isinstance(req, Mapping):
-                if "lambda" in req and (v := self._number(req["lambda"], "lambda", 0.0, 1000.0)) is not None:
-                    lam, target = v, None
-                if req.get("target_accuracy") is not None:
-                    target = self._number(req["target_accuracy"], "target_accuracy", 0.0, 1.0, target)
-                if req.get("max_energy_j") is not None:
-                    budget = self._number(req["max_energy_j"], "max_energy_j", 1e-9, 1e9, budget)
-        return lam, target, budget
-
-    def _number(self, value: Any, field: str, lo: float, hi: float, default: float | None = None) -> float | None:
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            v = float("nan")
-        if math.isfinite(v) and lo <= v <= hi:
-            return v
-        self._warn(f"knob:{field}", "energy-router: request knob %s ignored (not a number in [%g, %g])", field, lo, hi)
-        return default
+        the global one. Raises :class:`~.knob.KnobError` for a request value ``knob.policy`` refuses."""
+        return resolve_knob(self.settings.knob, request_kwargs)
 
     def _known(self) -> set[str]:
         model = self.runtime.model
@@ -176,11 +139,13 @@ class EnergyRouterCore:
 
     def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
               request_kwargs: Mapping[str, Any] | None) -> tuple[str, float, float | None, float | None] | None:  # fmt: skip
-        """(text, λ, target, energy budget) to route on, or ``None`` to pass the request through unrouted."""
+        """(text, λ, target, energy budget) to route on, or ``None`` to pass the request through unrouted.
+        The knob is checked first: an invalid one is refused whichever model group the request is for."""
+        knob = self.knob(request_kwargs)
         text, skip = self._prepare(deployments, messages, input, request_kwargs)
         if skip is not None:
             return None
-        return (text or "", *self.knob(request_kwargs))
+        return (text or "", *knob)
 
     def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
         if isinstance(e, asyncio.TimeoutError):
@@ -200,6 +165,8 @@ class EnergyRouterCore:
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
             return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
+        except KnobError:
+            raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
             return self._failed(deployments, e)
 
@@ -215,6 +182,8 @@ class EnergyRouterCore:
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
             return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
+        except KnobError:
+            raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
 
@@ -232,16 +201,29 @@ def _dep_id(d: Mapping[str, Any] | None) -> str | None:
     return str(v) if v is not None else None
 
 
+def strip_caller_decision(request_kwargs: Mapping[str, Any] | None) -> None:
+    """Remove a caller-sent ``energy_router_decision`` from the request metadata (it is never read)."""
+    for md in metadata_dicts(request_kwargs):
+        md.pop(DECISION_KEY, None)
+
+
 def attach(request_kwargs: dict[str, Any] | None, decision: Decision | None) -> None:
-    """Store the decision in the request metadata, where the energy callback finds it."""
-    if request_kwargs is None or decision is None:
+    """Record the decision for the energy callback (:data:`~.decision.DECISION_BOOK`, keyed by the
+    request's metadata dict) and put a copy in the metadata for other callbacks; with no decision, drop
+    whatever an earlier attempt or the caller left."""
+    if request_kwargs is None:
         return
-    for key in ("metadata", "litellm_metadata"):
-        md = request_kwargs.get(key)
-        if isinstance(md, dict):
-            md[DECISION_KEY] = decision.as_metadata()
-            return
-    request_kwargs["metadata"] = {DECISION_KEY: decision.as_metadata()}
+    strip_caller_decision(request_kwargs)
+    mds = metadata_dicts(request_kwargs)
+    if decision is None:
+        for md in mds:
+            DECISION_BOOK.discard(md)
+        return
+    if not mds:
+        request_kwargs["metadata"] = {}
+        mds = metadata_dicts(request_kwargs)
+    mds[0][DECISION_KEY] = decision.as_metadata()
+    DECISION_BOOK.put(mds[0], decision)
 
 
 class EnergyRoutingStrategy(CustomRoutingStrategyBase):
@@ -280,6 +262,7 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
                                              request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
         pinned, deps = self._pool(model, specific_deployment)
         if pinned is not None:
+            attach(request_kwargs, None)  # type: ignore[arg-type]
             return pinned
         dep, decision = await self.core.choose(deps, messages, input, request_kwargs)
         attach(request_kwargs, decision)  # type: ignore[arg-type]
@@ -290,6 +273,7 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
                                  request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
         pinned, deps = self._pool(model, specific_deployment)
         if pinned is not None:
+            attach(request_kwargs, None)  # type: ignore[arg-type]
             return pinned
         dep, decision = self.core.choose_sync(deps, messages, input, request_kwargs)
         attach(request_kwargs, decision)  # type: ignore[arg-type]
@@ -325,11 +309,27 @@ class EnergyRouterFilter(CustomLogger):
         try:
             dep, decision = await self.core.choose(healthy_deployments, messages, None, request_kwargs)
             attach(request_kwargs, decision)
+        except KnobError:
+            raise  # a caller error: the router raises it as is (status_code 400, no retry)
         except Exception as e:  # noqa: BLE001 - e.g. a bad config: never fail the request
             FALLBACKS.labels(reason="error").inc()
             log.warning("energy-router: filter error %s", e)
             return healthy_deployments
         return [dep] if dep is not None else healthy_deployments
 
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> None:
+        """Proxy, before routing and before any backend call: drop a caller-sent decision and refuse an
+        invalid request knob (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field)."""
+        strip_caller_decision(data)
+        try:  # the settings only, never the router: its checkpoint loads in start() / on first use
+            settings = self._core.settings if self._core is not None else self._settings or load_settings()
+        except Exception as e:  # noqa: BLE001 - e.g. a bad config: the filter fails open, so does this
+            log.warning("energy-router: pre-call check skipped: %s", str(e).splitlines()[0] if str(e) else e)
+            return None
+        self._settings = settings
+        resolve_knob(settings.knob, data)
+        return None
 
-__all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "attach"]
+
+__all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "KnobError", "attach",
+           "strip_caller_decision"]

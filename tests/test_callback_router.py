@@ -12,7 +12,7 @@ import litellm
 import pytest
 
 from litellm_energy_router.callback import EnergyLogger, query_id_for
-from litellm_energy_router.decision import DECISION_KEY, Decision
+from litellm_energy_router.decision import DECISION_BOOK, Decision
 from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store, text_hash
@@ -100,7 +100,7 @@ def test_async_2000_requests_64_concurrent(sqlite_url, tmp_path, backend):
             decision = None
             if i % 2 == 0:
                 decision = Decision(candidate=SMALL if i % 4 == 0 else BIG, propensity=0.5 + (i % 5) / 10, router_version="v1")
-                md = {DECISION_KEY: decision.as_metadata()}
+                DECISION_BOOK.put(md, decision)  # what a routing strategy in this process records
             t = time.time()
             resp = await router.acompletion(model="pool", messages=[{"role": "user", "content": text}], metadata=md)
             hp = resp._hidden_params

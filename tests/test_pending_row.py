@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from prometheus_client import REGISTRY, generate_latest
 
 from litellm_energy_router.callback import CandidateMap, PendingRow, TableWriter, extract_row
-from litellm_energy_router.decision import DECISION_KEY, Decision
+from litellm_energy_router.decision import Decision
 from litellm_energy_router.router.request_text import query_text as routed_text
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import CandidateSettings, PrivacySettings, WriterSettings
@@ -18,8 +18,8 @@ CMAP = CandidateMap([
 ])  # fmt: skip
 
 
-def kwargs(model_id="dep-small", model="openai/small-model", decision=None, **slo):
-    md = {DECISION_KEY: decision.as_metadata()} if decision else {}
+def kwargs(model_id="dep-small", model="openai/small-model", **slo):
+    md = {}
     base = {"litellm_call_id": "c1", "id": "chatcmpl-9", "model_id": model_id, "model": model, "prompt_tokens": 12,
             "completion_tokens": 7, "startTime": 100.0, "endTime": 101.5, "completionStartTime": 100.4,
             "messages": [{"role": "user", "content": "hi"}], "status": "success"}  # fmt: skip
@@ -39,13 +39,13 @@ def test_candidate_resolution():
 
 def test_extract_row_fields():
     d = Decision(candidate="small", propensity=0.7, router_version="v3")
-    r = extract_row(kwargs(decision=d), None, None, "success", CMAP)
+    r = extract_row(kwargs(), None, None, "success", CMAP, d)
     assert (r.call_id, r.candidate, r.status, r.text) == ("c1", "small", "success", "hi")
     assert (r.start_s, r.end_s, r.first_token_s) == (100.0, 101.5, 100.4)
     assert (r.prompt_tokens, r.completion_tokens, r.propensity) == (12, 7, 0.7)
     assert (r.deployment_id, r.backend_id) == ("dep-small", "chatcmpl-9")
     # served deployment differs from the decision: no propensity for this candidate
-    r = extract_row(kwargs(model_id="dep-x", model="openai/big-model", decision=d), None, None, "success", CMAP)
+    r = extract_row(kwargs(model_id="dep-x", model="openai/big-model"), None, None, "success", CMAP, d)
     assert r.candidate == "big" and r.propensity is None
     # times from the callback arguments when the logging object lacks them; TTFT outside the span dropped
     st, et = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 1, 0, 0, 2, tzinfo=timezone.utc)

@@ -13,6 +13,7 @@ from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_energy_router.decision import decision_from_kwargs
+from litellm_energy_router.knob import KnobError
 from litellm_energy_router.litellm_compat import cooldowns, register_strategy
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.router.runtime import RouterRuntime
@@ -221,11 +222,15 @@ def test_knob_precedence_request_over_key_over_default(ckpt):
     assert core.knob({"metadata": {"energy_router": {"max_energy_j": 40}}}) == (0.05, None, 40.0)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e12, "lots", None, [1]])
-def test_request_knob_values_out_of_range_are_ignored(ckpt, bad):
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e12, "lots", True, [1]])
+@pytest.mark.parametrize("field", ["lambda", "target_accuracy", "max_energy_j"])
+def test_request_knob_values_out_of_range_are_refused(ckpt, bad, field):
+    """A caller error (HTTP 400 in the proxy), naming the field; null means "not given"."""
     core = EnergyRouterCore(settings(ckpt))
-    md = {"metadata": {"energy_router": {"lambda": bad, "target_accuracy": bad, "max_energy_j": bad}}}
-    assert core.knob(md) == (0.05, None, None)
+    with pytest.raises(KnobError) as e:
+        core.knob({"metadata": {"energy_router": {field: bad}}})
+    assert e.value.field == field and e.value.status_code == 400 and field in str(e.value) and "\n" not in str(e.value)
+    assert core.knob({"metadata": {"energy_router": {field: None}}}) == (0.05, None, None)
 
 
 def test_energy_budget_excludes_costlier_candidates(ckpt, backend):

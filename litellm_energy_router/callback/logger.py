@@ -7,7 +7,9 @@ LiteLLM (1.110) calls ``async_log_success_event`` / ``async_log_failure_event`` 
 async calls and ``log_success_event`` / ``log_failure_event`` on its logging thread for sync calls,
 with keyword arguments ``kwargs, response_obj, start_time, end_time``; ``log_pre_api_call`` runs on the
 calling thread before each backend call. Every hook here only extracts fields and hands a row to the
-non-blocking :class:`~.writer.TableWriter`; none of them raises into LiteLLM.
+non-blocking :class:`~.writer.TableWriter`; none of them raises into LiteLLM. The router's decision
+(candidate, propensity) comes from this process's record of it (:mod:`~litellm_energy_router.decision`),
+never from the request metadata a caller controls.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
+from ..decision import take_decision
 from ..energy.meter import RequestEnergyMeter
 from ..energy.request_meter import open_request_meter
 from ..metrics import CALLBACK_ERRORS
@@ -75,7 +78,7 @@ class EnergyLogger(CustomLogger):
 
     def _handle(self, kwargs: Any, start_time: Any, end_time: Any, status: str) -> None:
         try:
-            row = extract_row(kwargs, start_time, end_time, status, self.cmap)
+            row = extract_row(kwargs, start_time, end_time, status, self.cmap, take_decision(kwargs))
             if row is not None:
                 self.writer.submit(row)
         except Exception as e:  # noqa: BLE001 - never raise into LiteLLM

@@ -4,8 +4,9 @@ event loop).
 Field sources (LiteLLM 1.110, verified against the installed package): ``kwargs["standard_logging_object"]``
 carries ``litellm_call_id``, ``id`` (the backend's response id), ``model_id`` (the deployment's
 ``model_info.id``), ``model`` (e.g. ``openai/small``), ``prompt_tokens``, ``completion_tokens``,
-``startTime``/``endTime``/``completionStartTime`` (Unix s), ``messages`` and ``status``; the router's
-decision is read with :func:`~litellm_energy_router.decision.decision_from_kwargs`.
+``startTime``/``endTime``/``completionStartTime`` (Unix s), ``messages`` and ``status``. The router's
+decision is passed in by the callback, which takes it from this process's record
+(:func:`~litellm_energy_router.decision.take_decision`), never from the request metadata.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
-from ..decision import decision_from_kwargs
+from ..decision import Decision
 from ..deployments import CANDIDATE_KEY, CandidateMap
 from ..router.request_text import query_text as routed_text
-
 
 
 @dataclass(slots=True)
@@ -78,10 +78,12 @@ def _int(v: Any) -> int:
 
 
 def extract_row(
-    kwargs: Mapping[str, Any], start_time: Any, end_time: Any, status: str, cmap: CandidateMap
-) -> PendingRow | None:
+    kwargs: Mapping[str, Any], start_time: Any, end_time: Any, status: str, cmap: CandidateMap,
+    decision: Decision | None = None,
+) -> PendingRow | None:  # fmt: skip
     """Build the pending row of one LiteLLM event; ``None`` when no deployment served it (nothing to
-    attribute: e.g. "no deployments available")."""
+    attribute: e.g. "no deployments available"). ``decision``: what this process's router decided for
+    the request, if anything."""
     slo = kwargs.get("standard_logging_object") or {}
     lp = kwargs.get("litellm_params") or {}
     md = lp.get("metadata") or {}
@@ -93,7 +95,6 @@ def extract_row(
     model_id = slo.get("model_id") or info.get("id")
     tagged = info.get(CANDIDATE_KEY)
     model = slo.get("model") or md.get("deployment") or kwargs.get("model")
-    decision = decision_from_kwargs(kwargs)
     chosen = decision.candidate if decision else None
     candidate = cmap.resolve(model_id, model, chosen, decision.deployment_id if decision else None,
                              str(tagged) if tagged else None)  # fmt: skip

@@ -30,11 +30,12 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
 from ..errors import one_line
-from ..metrics import (REJECTED_ROWS, ROWS_LOST, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS, WRITER_QUEUE_DEPTH,
-                       RateLimitedWarning, observe_row)  # fmt: skip
+from ..metrics import (CALL_IDS_REASSIGNED, REJECTED_ROWS, ROWS_LOST, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS,
+                       WRITER_QUEUE_DEPTH, RateLimitedWarning, observe_row)  # fmt: skip
 from ..redact import redact, redact_url
 from ..shadow_queue import ShadowQueue
 from ..table import BadRowError, Query, Run, TableError, open_store, text_hash
+from ..table.production import query_id_for, stored_call_id
 from .overflow import Overflow
 from .pending_row import CandidateMap, PendingRow
 from .private_files import load_or_create_salt
@@ -43,12 +44,6 @@ from .spool import Chunk, Spool
 log = logging.getLogger("litellm_energy_router.callback")
 
 _TRANSIENT = (TableError, DBAPIError, OSError, TimeoutError)
-
-
-def query_id_for(call_id: str) -> str:
-    """Production rows get one query per served request (the run key is (query_id, candidate,
-    source), so repeats of the same text stay separate rows); the text's salted hash is ``text_hash``."""
-    return f"prod-{call_id}"
 
 
 class TableWriter:
@@ -100,6 +95,7 @@ class TableWriter:
         self._down_until = 0.0
         self._backoff = 0.1
         self._outage_logged = False
+        self._warn = RateLimitedWarning(log, 60.0)
         self._last_commit = time.monotonic()
         self._last_orphan_scan = time.monotonic()
         self._count_lock = threading.Lock()
@@ -226,7 +222,8 @@ class TableWriter:
         if self.shadow is None or row.status != "success":
             return
         try:
-            self.shadow.maybe_enqueue(query_id_for(row.call_id), self.cfg.task, row.text, row.call_id, row.start_s)
+            cid = stored_call_id(row.call_id)
+            self.shadow.maybe_enqueue(query_id_for(cid), self.cfg.task, row.text, cid, row.start_s)
         except OSError as e:
             log.warning("energy-router: shadow queue %s not writable: %s", self.shadow.path, e)
 
@@ -261,10 +258,14 @@ class TableWriter:
 
     def _record(self, row: PendingRow, e: RequestEnergy, *, h: str | None = None,
                 account_reject: bool = True) -> dict[str, Any] | None:  # fmt: skip
-        """The row's table records (``h``: the text's salted hash when the text is not kept)."""
+        """The row's table records (``h``: the text's salted hash when the text is not kept); a call id
+        too long for the table's key is stored under its SHA-256."""
+        call_id = stored_call_id(row.call_id)
+        if call_id != row.call_id:
+            CALL_IDS_REASSIGNED.labels(reason="too_long").inc()
         try:
             q = Query(
-                id=query_id_for(row.call_id), task=self.cfg.task, text=row.text if self.privacy.store_text else None,
+                id=query_id_for(call_id), task=self.cfg.task, text=row.text if self.privacy.store_text else None,
                 text_hash=h if row.text is None else text_hash(row.text, self.salt), source="production",
                 created=row.start_s,
             )  # fmt: skip
@@ -274,7 +275,7 @@ class TableWriter:
                 ttft_s=(row.first_token_s - row.start_s) if row.first_token_s is not None else None,
                 prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
                 energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
-                energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=row.call_id,
+                energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=call_id,
                 status=row.status, created=row.end_s,
             )  # fmt: skip
         except ValidationError as err:
@@ -384,8 +385,8 @@ class TableWriter:
             if r["c"]["name"] not in known:
                 cands[r["c"]["name"]] = r["c"]
         try:
-            store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records], candidates=list(cands.values()),
-                        keep_existing=True)  # fmt: skip
+            res = store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records],
+                              candidates=list(cands.values()), keep_first=True)  # fmt: skip
         except (BadRowError, IntegrityError) as e:
             self._known = None
             if len(records) == 1:
@@ -399,8 +400,17 @@ class TableWriter:
             self._write(records[mid:])
             return
         known.update(cands)
+        self._reassigned(res.reassigned)
         self.written += len(records)
         ROWS_WRITTEN.inc(len(records))
+
+    def _reassigned(self, pairs: Any) -> None:
+        if not pairs:
+            return
+        CALL_IDS_REASSIGNED.labels(reason="taken").inc(len(pairs))
+        given, fresh = pairs[0]
+        self._warn("taken", "energy-router: call id %r already has another request's row; this one is stored as %r "
+                   "(%d such rows in this batch)", given[:80], fresh, len(pairs))  # fmt: skip
 
     def _maybe_replay(self, closing: bool) -> None:
         now = time.monotonic()

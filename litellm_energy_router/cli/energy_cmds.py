@@ -116,7 +116,10 @@ def feedback_set(
         fail(str(e))
     finally:
         store.close()
-    console.print(f"scored {n} run(s) of call {call_id} = {float(score):g}", highlight=False)
+    if n == 0:
+        console.print(f"call {call_id} already has score {float(score):g}: nothing written", highlight=False)
+    else:
+        console.print(f"scored {n} run(s) of call {call_id} = {float(score):g}", highlight=False)
 
 
 @feedback_app.command("serve")

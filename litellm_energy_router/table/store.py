@@ -18,8 +18,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.engine import make_url
 
 from ..redact import redact_url
-from . import schema
-from .rows import Candidate, Query, Run, check_references, validate_rows
+from . import production, schema
+from .rows import BadRowError, Candidate, Query, Run, check_references, validate_rows
 
 _RUN_FIELDS = [c.name for c in schema.runs.columns if c.name not in ("id", "updated")]
 _QUERY_FIELDS = [c.name for c in schema.queries.columns]
@@ -45,8 +45,12 @@ class CandidateStats:
 
 @dataclass(frozen=True)
 class WriteResult:
+    """Rows written; with ``keep_first``: rows moved to a fresh call id ``(given, fresh)``, replays skipped."""
+
     queries: int
     runs: int
+    reassigned: tuple[tuple[str, str], ...] = ()
+    skipped: int = 0
 
 
 @runtime_checkable
@@ -63,7 +67,7 @@ class TableStore(Protocol):
         runs: Iterable[Run | dict[str, Any]] = (),
         candidates: Iterable[Candidate | dict[str, Any]] = (),
         *,
-        keep_existing: bool = False,
+        keep_first: bool = False,
     ) -> WriteResult: ...
 
     def candidates(self) -> list[Candidate]: ...
@@ -175,14 +179,16 @@ class SQLStore:
         runs: Iterable[Run | dict[str, Any]] = (),
         candidates: Iterable[Candidate | dict[str, Any]] = (),
         *,
-        keep_existing: bool = False,
+        keep_first: bool = False,
     ) -> WriteResult:
         """Upsert candidates (by name), queries (by id) and runs (by query, candidate, source) in one
-        transaction. ``keep_existing``: a query or run already stored is left as it is (its score
-        included) instead of replaced — for rows that may be written twice (the writer's spool replay).
+        transaction.
 
         Every row is validated before anything is written; a bad row raises
         :class:`~.rows.BadRowError` naming the row and field, and nothing is changed.
+
+        ``keep_first``: production rows keyed by call id, ``queries[i]`` the query of ``runs[i]``; the
+        first row of a call id is kept, never replaced (rules in :mod:`.production`).
         """
         c_rows = validate_rows(Candidate, candidates, "candidates")
         q_rows = validate_rows(Query, queries, "queries")
@@ -191,6 +197,8 @@ class SQLStore:
             return WriteResult(0, 0)
         now = time.time()
         c_payload = sorted((c.model_dump() for c in c_rows), key=lambda d: d["name"])
+        if keep_first:
+            return self._write_keep_first(c_payload, _pairs(q_rows, r_rows), now)
         q_payload = sorted((q.model_dump() for q in q_rows), key=lambda d: d["id"])
         r_payload = sorted(
             ({**r.model_dump(), "updated": now} for r in r_rows), key=lambda d: (d["query_id"], d["candidate"], d["source"])
@@ -208,10 +216,33 @@ class SQLStore:
                     known_q.update(i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk))))
                 check_references(r_rows, known_c, known_q)
             if q_payload:
-                conn.execute(self._upsert(schema.queries, ["id"], not keep_existing), q_payload)
+                conn.execute(self._upsert(schema.queries, ["id"], True), q_payload)
             if r_payload:
-                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), not keep_existing), r_payload)
+                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), True), r_payload)
             return WriteResult(len(q_payload), len(r_payload))
+
+        return self._transaction(do)
+
+    def _write_keep_first(self, c_payload: list[dict[str, Any]], pairs: list[tuple[Query, Run]],
+                          now: float) -> WriteResult:  # fmt: skip
+        def do(conn: Any) -> WriteResult:
+            if c_payload:
+                conn.execute(self._upsert(schema.candidates, ["name"], True), c_payload)
+            if self.dialect == "postgresql":  # production writers of every proxy, one at a time
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(b"energy-router-production")})
+            plan = production.plan_rows(pairs, production.stored_calls(conn, [q.id for q, _ in pairs]))
+            known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
+            check_references(plan.runs + plan.upgrades, known_c, {q.id for q, _ in pairs} | {q.id for q in plan.queries})
+            if plan.queries:
+                q_payload = sorted((q.model_dump() for q in plan.queries), key=lambda d: d["id"])
+                conn.execute(self._upsert(schema.queries, ["id"], False), q_payload)
+            if plan.runs:
+                r_payload = sorted(({**r.model_dump(), "updated": now} for r in plan.runs),
+                                   key=lambda d: (d["query_id"], d["candidate"], d["source"]))  # fmt: skip
+                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), False), r_payload)
+            production.apply_upgrades(conn, plan.upgrades, now)
+            n_runs = len(plan.runs) + len(plan.upgrades)
+            return WriteResult(len(plan.queries), n_runs, tuple(plan.reassigned), plan.skipped)
 
         return self._transaction(do)
 
@@ -319,6 +350,17 @@ def _add_missing_columns(conn: Any) -> None:
             if col.name not in have and col.nullable:
                 ddl = col.type.compile(dialect=conn.dialect)
                 conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
+
+
+def _pairs(queries: list[Query], runs: list[Run]) -> list[tuple[Query, Run]]:
+    """(query, run) pairs of a keep-first write; the two lists must match one to one."""
+    if len(queries) != len(runs):
+        raise BadRowError(f"keep_first: {len(queries)} queries for {len(runs)} runs (one query per run)")
+    for i, (q, r) in enumerate(zip(queries, runs)):
+        if r.query_id != q.id or r.source != "production" or q.source != "production":
+            raise BadRowError(f"keep_first: runs row {i} (query_id={r.query_id!r}) is not the production run of "
+                              f"queries row {i}")  # fmt: skip
+    return list(zip(queries, runs))
 
 
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:

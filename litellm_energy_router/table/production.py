@@ -1,0 +1,131 @@
+"""Production rows, keyed by LiteLLM call id: the first row of a call id is kept.
+
+A caller chooses its call id (proxy header ``x-litellm-call-id``, SDK ``litellm_call_id``), so a call id
+names a request without proving it. :meth:`SQLStore.write(..., keep_first=True)
+<litellm_energy_router.table.store.SQLStore.write>` applies these rules to production (query, run)
+pairs, in batch order, in one transaction that no other production write interleaves with:
+
+* a row equal to a stored one (same query, candidate, source and ``created``) is a replay (the writer's
+  spool after a lost acknowledgement, a duplicated event): skipped;
+* a row whose call id already holds another request — another text (``text_hash``), or a successful
+  run already — is stored under a fresh server-side call id (``dup-<uuid4>``), never over the first;
+  feedback for the original call id keeps reaching only the first request's row;
+* otherwise it belongs to the same request (LiteLLM's retries of one call): a new candidate's run is
+  added; a success replaces that candidate's failed run (its score untouched); anything else keeps the
+  first row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from sqlalchemy import and_, select, update
+
+from . import schema
+from .rows import Query, Run
+
+
+def query_id_for(call_id: str) -> str:
+    """Production rows get one query per served request (the run key is (query_id, candidate,
+    source), so repeats of the same text stay separate rows); the text's salted hash is ``text_hash``."""
+    return f"prod-{call_id}"
+
+
+def stored_call_id(call_id: str) -> str:
+    """The call id a production row is stored under: the caller's, or, when ``query_id_for`` of it would
+    not fit the table's 200-character key (LiteLLM accepts 256), ``sha256-`` + its SHA-256 (hex)."""
+    if len(query_id_for(call_id)) <= 200:
+        return call_id
+    return "sha256-" + hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def fresh_call_id() -> str:
+    """A server-side call id for a row whose caller-chosen one is taken (or unusable)."""
+    return f"dup-{uuid.uuid4().hex}"
+
+
+@dataclass
+class _Call:
+    """What the table holds (or this batch adds) for one production query."""
+
+    text_hash: str
+    runs: dict[str, tuple[str | None, float]] = field(default_factory=dict)  # candidate -> (status, created)
+
+    def succeeded(self) -> bool:
+        return any(status == "success" for status, _ in self.runs.values())
+
+
+@dataclass
+class Plan:
+    """What a keep-first write does: new queries and runs, failed runs replaced by a success, rows moved
+    to a fresh call id (``(given, fresh)`` pairs), replays skipped."""
+
+    queries: list[Query] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    upgrades: list[Run] = field(default_factory=list)
+    reassigned: list[tuple[str, str]] = field(default_factory=list)
+    skipped: int = 0
+
+
+def stored_calls(conn: Any, query_ids: Sequence[str]) -> dict[str, _Call]:
+    """The stored production queries among ``query_ids`` with their production runs."""
+    q, r = schema.queries, schema.runs
+    out: dict[str, _Call] = {}
+    ids = sorted(set(query_ids))
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        for qid, h in conn.execute(select(q.c.id, q.c.text_hash).where(q.c.id.in_(chunk))):
+            out[qid] = _Call(h)
+        stmt = select(r.c.query_id, r.c.candidate, r.c.status, r.c.created)
+        for qid, cand, status, created in conn.execute(stmt.where(r.c.query_id.in_(chunk), r.c.source == "production")):
+            if qid in out:
+                out[qid].runs[cand] = (status, created)
+    return out
+
+
+def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Plan:
+    """Apply the keep-first rules to ``pairs`` (in order) against ``calls`` (updated in place)."""
+    plan = Plan()
+    for q, r in pairs:
+        call = calls.get(q.id)
+        if call is None:
+            calls[q.id] = _Call(q.text_hash, {r.candidate: (r.status, r.created)})
+            plan.queries.append(q)
+            plan.runs.append(r)
+            continue
+        had = call.runs.get(r.candidate)
+        if had is not None and had[1] == r.created:
+            plan.skipped += 1  # the same row again
+        elif call.text_hash != q.text_hash or call.succeeded():
+            plan.reassigned.append((r.call_id or "", _reassign(plan, q, r)))
+        elif had is None:
+            call.runs[r.candidate] = (r.status, r.created)
+            plan.runs.append(r)
+        elif had[0] == "failure" and r.status == "success":
+            call.runs[r.candidate] = (r.status, r.created)
+            plan.upgrades.append(r)
+        else:
+            plan.skipped += 1
+    return plan
+
+
+def _reassign(plan: Plan, q: Query, r: Run) -> str:
+    fresh = fresh_call_id()
+    q2 = q.model_copy(update={"id": query_id_for(fresh)})
+    plan.queries.append(q2)
+    plan.runs.append(r.model_copy(update={"query_id": q2.id, "call_id": fresh}))
+    return fresh
+
+
+def apply_upgrades(conn: Any, runs: Sequence[Run], now: float) -> None:
+    """Replace each named candidate's failed production run by its successful retry (score untouched)."""
+    t = schema.runs
+    keep = {"query_id", "candidate", "source", "score"}
+    for run in runs:
+        values = {k: v for k, v in run.model_dump().items() if k not in keep}
+        where = and_(t.c.query_id == run.query_id, t.c.candidate == run.candidate, t.c.source == "production",
+                     t.c.status == "failure")  # fmt: skip
+        conn.execute(update(t).where(where).values(**values, updated=now))
