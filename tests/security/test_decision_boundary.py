@@ -161,10 +161,10 @@ def test_a_second_request_with_the_same_call_id_cannot_take_over_the_row(sqlite_
         rows = list(store.iter_runs())
         victim = [r for r in rows if r["call_id"] == "victim-1"]
         assert [_snapshot(r) for r in victim] == [before]
-        assert before["score"] == 1.0 and before["text_hash"] == text_hash("what is the victim asking")
+        assert before["score"] == 1.0 and before["text_hash"] == text_hash("what is the victim asking", logger.writer.salt)
         others = [r for r in rows if r["call_id"] != "victim-1"]
         assert len(others) == 2 and all(r["score"] is None and r["query_id"] != before["query_id"] for r in others)
-        assert {r["text_hash"] for r in others} == {text_hash("an attacker's other question"), before["text_hash"]}
+        assert {r["text_hash"] for r in others} == {text_hash("an attacker's other question", logger.writer.salt), before["text_hash"]}
         store.close()
 
 
@@ -224,9 +224,11 @@ def test_two_proxies_racing_on_the_same_call_ids_keep_one_row_each(any_url, tmp_
     """Two writers (two proxies sharing the table) store different requests under the same 40 call ids at
     once: every call id keeps exactly one row, whole (its own text), and no row is lost."""
     texts = {"a": "first proxy's question", "b": "second proxy's question"}
+    salts = {}
 
     def burst(name):
         w = _writer(any_url, tmp_path / name)
+        salts[name] = w.salt  # each proxy's own generated salt (privacy default)
         for i in range(40):
             w.submit(_row(f"race-{i}", text=texts[name], start_s=100.0 + i, end_s=101.0 + i + (name == "b") / 10))
         w.close()
@@ -242,5 +244,5 @@ def test_two_proxies_racing_on_the_same_call_ids_keep_one_row_each(any_url, tmp_
     assert len(rows) == 80
     owned = [r for r in rows if r["call_id"].startswith("race-")]
     assert sorted(r["call_id"] for r in owned) == sorted(f"race-{i}" for i in range(40))
-    hashes = {text_hash(t) for t in texts.values()}
+    hashes = {text_hash(t, salts[n]) for n, t in texts.items()}
     assert all(r["text_hash"] in hashes for r in rows) and all(r["call_id"].startswith("dup-") for r in rows if r not in owned)
