@@ -21,12 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +38,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from backend import Backend  # noqa: E402
-from proxy_footprint import FAIL_OPEN_ID, KEY, _config, _free_port  # noqa: E402
+from proxy_footprint import FAIL_OPEN_ID, KEY, _config  # noqa: E402
+from proxy_process import ProxyProcess  # noqa: E402
 from router_fixtures import train_planted  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -69,46 +67,7 @@ class Run:
     down: tuple[float, float] | None = None
 
 
-class Proxy:
-    """One ``litellm --config`` process at a fixed port; ``start`` again after a kill."""
-
-    def __init__(self, d: Path, env: dict[str, str]) -> None:
-        self.d, self.env, self.port = d, env, _free_port()
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log = open(self.d / f"proxy-{self.starts}.log", "w")
-        exe = str(Path(sys.executable).with_name("litellm"))
-        self.proc = subprocess.Popen([exe, "--config", str(self.d / "config.yaml"), "--host", "127.0.0.1", "--port",
-                                      str(self.port)], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.d)  # fmt: skip
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"proxy exited: {(self.d / f'proxy-{self.starts}.log').read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=2)
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("proxy not ready in 300 s")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-async def _one(session, proxy: Proxy, run: Run, i: int, up: asyncio.Event) -> str | None:
+async def _one(session, proxy: ProxyProcess, run: Run, i: int, up: asyncio.Event) -> str | None:
     """One request (resent while the proxy restarts); the deployment that served it, if served."""
     import aiohttp
 
@@ -137,7 +96,7 @@ async def _one(session, proxy: Proxy, run: Run, i: int, up: asyncio.Event) -> st
             return None
 
 
-async def drive(proxy: Proxy, pg: TCPProxy, args: argparse.Namespace) -> Run:
+async def drive(proxy: ProxyProcess, pg: TCPProxy, args: argparse.Namespace) -> Run:
     """Paced requests; the database down over [down_at, down_at + outage); SIGKILL at kill_at."""
     import aiohttp
 
@@ -274,16 +233,16 @@ def main() -> None:
            "ENERGY_ROUTER_TABLE__URL": u.set(host="127.0.0.1", port=pg.port).render_as_string(hide_password=False),
            "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"), "ENERGY_ROUTER_WRITER__FLUSH_INTERVAL_S": str(FLUSH_S),
            "ENERGY_ROUTER_WRITER__RETRY_MAX_S": "1"}  # fmt: skip
-    proxy = Proxy(d, env)
+    proxy = ProxyProcess(d / "config.yaml", env, d, ready_timeout_s=300)
     ok = False
     try:
         proxy.start()
         run = asyncio.run(drive(proxy, pg, args))
         _wait_settled(url, len(run.served))
-        proxy.stop()  # SIGINT: the writer flushes what is left
+        proxy.stop(60)  # SIGINT: the writer flushes what is left
         ok = report(run, url, d / "spool", args)
     finally:
-        proxy.stop()
+        proxy.stop(60)
         backend.stop()
         pg.close()
         with admin.connect() as c:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,16 +19,13 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from proxy_process import ProxyProcess  # noqa: E402
+
 KEY = "sk-energy-router-bench-0123456789"
 FAIL_OPEN_ID = "fail-open"  # a deployment that is no candidate: the router's fallback
 ROUTER_CALLBACK = "litellm_energy_router.proxy_router.energy_router"
 LOGGER_CALLBACK = "litellm_energy_router.callback.proxy_logger.energy_logger"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mib(pid: int) -> float:
@@ -67,22 +61,19 @@ def run_proxy(checkpoint: Path | None, candidates: list[str], base, texts: list[
     """Start one proxy (with the router when ``checkpoint`` is given), measure, stop it."""
     d = Path(tempfile.mkdtemp(prefix="er-proxy-bench-"))
     (d / "config.yaml").write_text(yaml.safe_dump(_config(candidates, base, checkpoint is not None)))
-    port = _free_port()
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "LITELLM_LOG": "ERROR"}
     if checkpoint is not None:
         env.update({"ENERGY_ROUTER_ROUTER__CHECKPOINT": str(checkpoint), "ENERGY_ROUTER_ROUTER__FALLBACK": FAIL_OPEN_ID,
                     "ENERGY_ROUTER_KNOB__LAMBDA": "0.2", "ENERGY_ROUTER_TABLE__URL": f"sqlite:///{d / 'production.db'}",
                     "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool")})  # fmt: skip
-    exe = str(Path(sys.executable).with_name("litellm"))
-    log = open(d / "proxy.log", "w")
-    t0 = time.monotonic()
-    proc = subprocess.Popen([exe, "--config", str(d / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)  # fmt: skip
+    server = ProxyProcess(d / "config.yaml", env, d)
+    port, t0 = server.port, time.monotonic()
+    proc = server.start(wait_ready=False).proc
     first_s, fail_open = None, 0
     try:
         while time.monotonic() - t0 < 300:
             if proc.poll() is not None:
-                raise RuntimeError(f"proxy exited: {(d / 'proxy.log').read_text()[-2000:]}")
+                raise RuntimeError(f"proxy exited: {server.log_tail(2000)}")
             try:
                 dep = _post(port, texts[0])
             except OSError:
@@ -96,10 +87,5 @@ def run_proxy(checkpoint: Path | None, candidates: list[str], base, texts: list[
             _post(port, texts[(i + 1) % len(texts)] + f" #{i}")
         rss = _rss_mib(proc.pid)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        server.stop(30)
     return {"first_routed_s": first_s, "rss_mib": rss, "fail_open_before_ready": fail_open}

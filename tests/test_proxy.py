@@ -5,10 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +18,7 @@ from litellm_energy_router.router.checkpoint import point_to
 from litellm_energy_router.table import open_store
 
 from backend import Backend
+from proxy_process import ProxyProcess
 from router_fixtures import train_planted
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
@@ -32,16 +29,6 @@ NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-7
 KEY = "sk-energy-router-test-0123456789"
 PROOF = "Give a proof about chess number 4242"
 EASY = "Tell me about rivers number 4242"
-# The `litellm` console script run by this interpreter (the script's own shebang may name another venv).
-LITELLM = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points; "
-           "sys.exit(next(iter(entry_points(group='console_scripts', name='litellm'))).load()())"]  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _post(port, text, metadata=None):
     body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
@@ -62,7 +49,6 @@ def proxy(tmp_path_factory):
     pointer = d / "current.json"
     point_to(pointer, v1)
     backend = Backend().start()
-    port = _free_port()
     env = {
         **os.environ, "LITELLM_MASTER_KEY": KEY, "VLLM_API_KEY": "none",
         "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
@@ -83,32 +69,14 @@ def proxy(tmp_path_factory):
             text = text.replace(dotted, "energy_router_callbacks." + dotted.rsplit(".", 1)[1])
         config = d / "proxy_config.yaml"
         config.write_text(text)
-    log = open(d / "proxy.log", "w")
-    proc = subprocess.Popen([*LITELLM, "--config", str(config), "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)  # fmt: skip
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited: {(d / 'proxy.log').read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError(f"proxy not ready: {(d / 'proxy.log').read_text()[-3000:]}")
+    server = ProxyProcess(config, env, d, ready_timeout_s=180)
+    port = server.port
+    server.start()
     _wait_router_ready(port)
-    info = {"port": port, "backend": backend, "pointer": pointer, "v1": v1, "dir": d, "proc": proc}
+    info = {"port": port, "backend": backend, "pointer": pointer, "v1": v1, "dir": d, "server": server}
     yield info
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    server.stop(20)
     backend.stop()
-    log.close()
 
 
 def test_proxy_routing_knob_fallback_reload(proxy):
@@ -192,9 +160,7 @@ def test_proxy_energy_logger_writes_production_rows(proxy):
     """The callback in the same config records every served request (source=production); shutdown flushes."""
     port = proxy["port"]
     _post(port, EASY + " logged")
-    proc = proxy["proc"]
-    proc.send_signal(signal.SIGINT)
-    proc.wait(30)
+    proxy["server"].stop(30)
     store = open_store(f"sqlite:///{proxy['dir'] / 'production.db'}")
     rows = [r for r in store.iter_runs() if r["source"] == "production"]
     store.close()

@@ -9,9 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +27,7 @@ from litellm_energy_router.strategy import EnergyRouterFilter, EnergyRoutingStra
 from litellm_energy_router.table import open_store
 
 from backend import Backend
+from proxy_process import ProxyProcess
 from router_fixtures import CANDS, train_planted
 
 PROOF = "Give a proof about chess number 4242"
@@ -184,17 +182,7 @@ def test_sdk_filter_refuses_too(planted_ckpt, backend):
 # -- the real LiteLLM proxy ---------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
-LITELLM = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points; "
-           "sys.exit(next(iter(entry_points(group='console_scripts', name='litellm'))).load()())"]  # fmt: skip
 KEYS = {"free": "sk-free-tier-0123456789", "eco": "sk-eco-team-0123456789", "open": "sk-open-0123456789"}
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _write_configs(d, pointer):
@@ -221,32 +209,17 @@ def proxy(tmp_path_factory, backend):
     point_to(d / "current.json", train_planted(store, d / "v1", names=NAMES))
     store.close()
     _write_configs(d, d / "current.json")
-    port = _free_port()
     env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-0123456789", "VLLM_API_KEY": "none",
            "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
            "LARGE_API_BASE": backend.base("large"), "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml")}  # fmt: skip
-    log = open(d / "proxy.log", "w")
-    proc = subprocess.Popen([*LITELLM, "--config", str(d / "proxy.yaml"), "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=d)  # fmt: skip
+    server = ProxyProcess(d / "proxy.yaml", env, d, ready_timeout_s=180)
+    port = server.port
+    server.start()
     deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError(f"proxy not ready: {(d / 'proxy.log').read_text()[-3000:]}")
     while time.time() < deadline and _post(port, "open", "{}")[2] != "vllm-llama-70b":
         time.sleep(0.5)  # the router loads its checkpoint on first use; until then LiteLLM picks
     yield port
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    server.stop(20)
 
 
 def _post(port, key, knob, text=PROOF):
