@@ -343,7 +343,9 @@ class SQLStore:
 
 
 def _add_missing_columns(conn: Any) -> None:
-    """Add the nullable columns a table made by an earlier release of this schema version lacks."""
+    """Add the nullable columns, and the indexes, that a table made by an earlier release of this schema
+    version lacks (``create_all`` creates missing tables only). On PostgreSQL the index build locks
+    writes to that table for its duration (once, at the first start of the newer release)."""
     from sqlalchemy import inspect
 
     insp = inspect(conn)
@@ -353,6 +355,10 @@ def _add_missing_columns(conn: Any) -> None:
             if col.name not in have and col.nullable:
                 ddl = col.type.compile(dialect=conn.dialect)
                 conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
+        indexed = {ix["name"] for ix in insp.get_indexes(table.name)}
+        for ix in sorted(table.indexes, key=lambda i: str(i.name)):
+            if ix.name not in indexed:
+                ix.create(conn, checkfirst=True)
 
 
 def _pairs(queries: list[Query], runs: list[Run]) -> list[tuple[Query, Run]]:
