@@ -143,3 +143,28 @@ def test_ope_on_a_checkpoint_keeps_only_the_chosen_logging_versions(planted_ckpt
     only = evaluate_checkpoint_on_log(None, planted_ckpt, lam=0.05, rows=rows, logging_versions=["v1"])
     assert both.n == 10 and both.logging_versions == {"v1": 5, "v2": 5}
     assert only.n == 5 and only.logging_versions == {"v1": 5}
+
+
+def test_stats_by_router_version_in_the_store_and_the_cli(sqlite_url):
+    import os
+    import subprocess
+    import sys
+
+    cands, queries, runs = planted_rows(4, prefix="s")
+    store = open_store(sqlite_url)
+    store.write(queries, runs, candidates=cands)
+    prod = []
+    for i, v in enumerate(["v1", "v1", "v2"]):
+        q = queries[i].model_copy(update={"id": f"prod-c{i}", "source": "production"})
+        prod.append((q, Run(**{**runs[3 * i], "query_id": q.id, "source": "production", "call_id": f"c{i}",
+                               "status": "success", "router_version": v})))  # fmt: skip
+    store.write([q for q, _ in prod], [r for _, r in prod], keep_first=True)
+    st = store.stats(by_version=True, sources=["production"])
+    store.close()
+    assert sorted((s.candidate, s.router_version, s.rows) for s in st) == [("small", "v1", 2), ("small", "v2", 1)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    r = subprocess.run([sys.executable, "-m", "litellm_energy_router.cli", "table", "stats", "--db", sqlite_url,
+                        "--by-version", "--by-task"], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any("v1" in l and "small" in l for l in lines) and any("v2" in l for l in lines), r.stdout
