@@ -9,12 +9,20 @@ policy ``π`` with ``w_i = π(a_i | x_i) / p_i``:
   delta method, ``se = √(Σ w_i² (r_i − V)²) / Σ w_i``.
 
 ``r`` is the row's score (accuracy, in [0, 1]) or its energy (J). numpy only.
+
+Each production row also names the **logging router version** (``router_version``: the checkpoint whose
+decision served it; ``unknown`` for rows written before the column existed). Rows logged by different
+versions may be pooled: each row's propensity is the probability under the policy that served *it*, so
+IPS/SNIPS stay unbiased over a mixture of logging policies. What pooling hides is a version whose rows
+disagree with the others (a changed candidate pool, a broken release), so every estimate reports its
+rows per logging version and a separate SNIPS estimate per version (:attr:`PolicyEstimate.by_version`),
+and :func:`evaluate_checkpoint_on_log` can keep only chosen versions (``logging_versions``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -113,10 +121,15 @@ class PolicyEstimate:
     joules_snips: Estimate
     logged_accuracy: float
     logged_joules: float
+    logging_versions: dict[str, int] = field(default_factory=dict)  # logged rows per logging router version
+    by_version: dict[str, dict[str, Any]] = field(default_factory=dict)  # SNIPS per version (>= 2 versions)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "n": self.n, "matched": self.matched, "logged_accuracy": self.logged_accuracy, "logged_joules": self.logged_joules,
+            "logging_versions": dict(self.logging_versions),
+            "by_version": {v: {k: x.as_dict() if isinstance(x, Estimate) else x for k, x in d.items()}
+                           for v, d in self.by_version.items()},
             "accuracy_ips": self.accuracy_ips.as_dict(), "accuracy_snips": self.accuracy_snips.as_dict(),
             "joules_ips": self.joules_ips.as_dict(), "joules_snips": self.joules_snips.as_dict(),
         }  # fmt: skip
@@ -127,7 +140,9 @@ class PolicyEstimate:
             f"accuracy {self.logged_accuracy:.3f}, {self.logged_joules:.1f} J/request",
             f"  accuracy  IPS {self.accuracy_ips}  SNIPS {self.accuracy_snips}  (95% CI)",
             f"  joules    IPS {self.joules_ips}  SNIPS {self.joules_snips}  (95% CI, J/request)",
-        ]
+            "  logged by router version: " + ", ".join(f"{v} ({n} rows)" for v, n in self.logging_versions.items()),
+        ] + [f"    {v}: accuracy SNIPS {d['accuracy_snips']}, joules SNIPS {d['joules_snips']}"
+             for v, d in self.by_version.items()]
 
 
 def logged_rows(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -144,9 +159,42 @@ def logged_rows(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return out
 
 
+UNKNOWN_VERSION = "unknown"
+
+
+def logging_version(row: Mapping[str, Any]) -> str:
+    """The router version that logged ``row`` (:data:`UNKNOWN_VERSION` when the row does not say)."""
+    v = row.get("router_version")
+    return str(v) if v else UNKNOWN_VERSION
+
+
+def version_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Logged rows per logging router version, most rows first."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        v = logging_version(r)
+        counts[v] = counts.get(v, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _per_version(rows: Sequence[Mapping[str, Any]], q: np.ndarray, p: np.ndarray, acc: np.ndarray, joules: np.ndarray,
+                 level: float) -> dict[str, dict[str, Any]]:  # fmt: skip
+    versions = np.array([logging_version(r) for r in rows])
+    out: dict[str, dict[str, Any]] = {}
+    if len(set(versions.tolist())) < 2:
+        return out
+    for v in version_counts(rows):
+        k = versions == v
+        if k.sum() >= 2:
+            out[v] = {"n": int(k.sum()), "accuracy_snips": snips(acc[k], p[k], q[k], level),
+                      "joules_snips": snips(joules[k], p[k], q[k], level)}  # fmt: skip
+    return out
+
+
 def estimate_policy(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str], candidates: Sequence[str],
                     epsilon: float = 0.0, level: float = 0.95) -> PolicyEstimate:  # fmt: skip
-    """Estimate a router that would choose ``chosen[i]`` (a candidate name) for logged row ``rows[i]``."""
+    """Estimate a router that would choose ``chosen[i]`` (a candidate name) for logged row ``rows[i]``;
+    pooled over logging versions, and per version when the rows come from several."""
     if len(rows) != len(chosen):
         raise ValueError(f"estimate_policy: {len(rows)} rows but {len(chosen)} choices")
     idx = {c: j for j, c in enumerate(candidates)}
@@ -161,20 +209,27 @@ def estimate_policy(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str], ca
         accuracy_ips=ips(acc, p, q, level), accuracy_snips=snips(acc, p, q, level),
         joules_ips=ips(joules, p, q, level), joules_snips=snips(joules, p, q, level),
         logged_accuracy=float(acc.mean()), logged_joules=float(joules.mean()),
+        logging_versions=version_counts(rows), by_version=_per_version(rows, q, p, acc, joules, level),
     )  # fmt: skip
 
 
 def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, lam: float | None = None, target: float | None = None,
                                epsilon: float = 0.0, rows: Sequence[Mapping[str, Any]] | None = None,
-                               level: float = 0.95) -> PolicyEstimate | None:  # fmt: skip
+                               level: float = 0.95,
+                               logging_versions: Sequence[str] | None = None) -> PolicyEstimate | None:  # fmt: skip
     """Off-policy estimate of the router in ``checkpoint`` at knob ``lam`` (or accuracy ``target``) on the
-    logged production rows of ``store`` (or ``rows``). Production queries are scored without a task tag,
-    as serving scores them. ``None`` when no usable logged row names one of the router's candidates."""
+    logged production rows of ``store`` (or ``rows``); ``logging_versions`` keeps only rows logged by
+    those router versions (``unknown``: rows that do not say). Production queries are scored without a
+    task tag, as serving scores them. ``None`` when no usable logged row names one of the router's
+    candidates."""
     from litellm_energy_router.router.scoring import load_scorer
 
     model = load_scorer(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     rows = logged_rows(store.iter_runs(sources=["production"])) if rows is None else list(rows)
     rows = [r for r in rows if r["candidate"] in model.candidates and r.get("text")]
+    if logging_versions is not None:
+        keep = set(logging_versions)
+        rows = [r for r in rows if logging_version(r) in keep]
     if not rows:
         return None
     texts = [r["text"] for r in rows]

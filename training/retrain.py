@@ -19,6 +19,7 @@ One run:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.errors import one_line
@@ -37,6 +38,7 @@ from litellm_energy_router.settings import ConfigError, Settings, load_settings,
 from litellm_energy_router.table import open_store
 
 from .data import TableMatrix, holdout_split, load_matrix, near_duplicate_groups
+from .train_config import TrainSection
 
 Log = Callable[[str], None]
 
@@ -57,7 +59,10 @@ class RetrainConfig(BaseModel):
     sources: list[str] = Field(default_factory=lambda: ["import", "tournament", "shadow", "production"])
     warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights (else from scratch)")
     quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
-    grpo_steps: int = Field(0, ge=0, description="GRPO steps after SFT (0 = off, the default pipeline)")
+    grpo_steps: int = Field(0, ge=0, description="GRPO steps after SFT (0 = off, the default pipeline); "
+                            "kept for older configs: train.grpo says more")  # fmt: skip
+    train: TrainSection = Field(default_factory=TrainSection, description="what to train: backbone, stages, "
+                                "budgets (:mod:`.train_config`); left out: the default (or quick) configuration")  # fmt: skip
     rule: Literal["aiq", "joules", "both"] = Field("both", description="promotion rule on the held-out queries")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="accuracy the 'joules' rule prices; "
                                           "default: the best single candidate's held-out accuracy")  # fmt: skip
@@ -67,6 +72,12 @@ class RetrainConfig(BaseModel):
     lam: float | None = Field(None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda")
     epsilon: float | None = Field(None, ge=0, le=1, description="exploration rate assumed for the new router in the "
                                   "off-policy estimate; default: energy_router.router.epsilon")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _one_grpo_setting(self) -> "RetrainConfig":
+        if self.grpo_steps and self.train.grpo is not None:
+            raise ValueError("set either grpo_steps or train.grpo, not both")
+        return self
 
 
 def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:
@@ -221,7 +232,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 transform_train: Callable[[TableMatrix], TableMatrix] | None = None) -> RetrainResult:  # fmt: skip
     """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
     before training (tests use it to build a deliberately worse candidate)."""
-    from .pipeline import CheckpointPredictor, TrainConfig, _version, train_matrix
+    from .pipeline import CheckpointPredictor, _version, train_matrix
 
     pointer = Path(cfg.pointer)  # type: ignore[arg-type]
     vdir = _versions_dir(cfg)
@@ -252,11 +263,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             train_m, hold = m.take(tr), m.take(te)
             if transform_train is not None:
                 train_m = transform_train(train_m)
-            tc = TrainConfig.quick() if cfg.quick else TrainConfig()
-            if cfg.grpo_steps:
-                from .grpo import GRPOStageConfig
-
-                tc.grpo = GRPOStageConfig(steps=cfg.grpo_steps)
+            tc = cfg.train.build(quick=cfg.quick, grpo_steps=cfg.grpo_steps)
             if cfg.warm_start and serving_dir is not None:
                 tc.init_from = str(serving_dir)
             tmp = vdir / f".tmp-{_version()}"
@@ -288,6 +295,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                       "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
                       "off_policy": off_policy, "serving": str(serving_dir) if serving_dir else None,
                       "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
+                      "train_config": dataclasses.asdict(tc),
                       "created": time.time()}  # fmt: skip
             jp, mp = _write_reports(Path(cfg.report_dir) if cfg.report_dir else vdir / "reports", version, report)
             return RetrainResult(status, msg, version, ck, jp, mp, report)

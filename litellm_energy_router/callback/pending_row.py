@@ -37,6 +37,7 @@ class PendingRow:
     propensity: float | None
     deployment_id: str | None
     backend_id: str | None
+    router_version: str | None = None
     submitted_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -108,10 +109,20 @@ def extract_row(
     propensity = decision.propensity if decision and decision.candidate == candidate else None
     if propensity is not None and not (0.0 < propensity <= 1.0):
         propensity = None
+    version = _router_version(decision, candidate)
     return PendingRow(
         call_id=str(call_id), candidate=str(candidate), status="success" if status == "success" else "failure",
         text=query_text(kwargs, slo), start_s=start, end_s=max(end, start), first_token_s=first,
         prompt_tokens=_int(slo.get("prompt_tokens")), completion_tokens=_int(slo.get("completion_tokens")),
         propensity=propensity, deployment_id=str(model_id) if model_id else None,
-        backend_id=str(slo["id"]) if slo.get("id") else None,
+        backend_id=str(slo["id"]) if slo.get("id") else None, router_version=version,
     )  # fmt: skip
+
+
+def _router_version(decision: Decision | None, candidate: str) -> str | None:
+    """The checkpoint version whose policy chose the served candidate: only from this process's own
+    decision, only when the router decided (no fallback) and the served candidate is its choice."""
+    if decision is None or decision.fallback is not None or decision.candidate != candidate:
+        return None
+    v = decision.router_version
+    return v[:100] if isinstance(v, str) and v else None

@@ -45,17 +45,20 @@ def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def print_stats(store: SQLStore, by_task: bool = False, sources: Optional[List[str]] = None) -> None:
-    stats = store.stats(by_task=by_task, sources=sources)
+def print_stats(store: SQLStore, by_task: bool = False, sources: Optional[List[str]] = None,
+                by_version: bool = False) -> None:  # fmt: skip
+    stats = store.stats(by_task=by_task, sources=sources, by_version=by_version)
     t = Table(title=f"tournament table {store._safe_url()}")
     if by_task:
         t.add_column("task")
+    if by_version:
+        t.add_column("router version")
     for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "mean latency s"):
         t.add_column(col, justify="left" if col == "candidate" else "right")
     for s in stats:
         cells = [s.candidate, str(s.rows), str(s.labelled), _fmt(s.accuracy, ".3f"), _fmt(s.mean_energy_j, ".2f"),
                  _fmt(s.mean_latency_s, ".3f")]  # fmt: skip
-        t.add_row(*([s.task or ""] if by_task else []), *cells)
+        t.add_row(*([s.task or ""] if by_task else []), *([s.router_version or "-"] if by_version else []), *cells)
     if not stats:
         console.print("table is empty")
     else:
@@ -68,10 +71,12 @@ def stats(
     config: Optional[Path] = ConfigOpt,
     by_task: bool = typer.Option(False, "--by-task", help="one line per (task, candidate)"),
     source: Optional[List[str]] = typer.Option(None, "--source", help="only these sources (repeatable)"),
+    by_version: bool = typer.Option(False, "--by-version", help="one line per router version that served the "
+                                    "runs (production rows; '-' for the others)"),
 ) -> None:
     """Per candidate: rows, accuracy, mean joules, mean latency."""
     with _store(db_url(db, config)) as store:
-        print_stats(store, by_task, source)
+        print_stats(store, by_task, source, by_version)
 
 
 def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Path], models: Optional[List[str]]) -> None:

@@ -22,7 +22,7 @@ CANDIDATE_COLUMNS = ["candidate", "model", "params_b", "active_params_b", "hardw
 QUERY_COLUMNS = ["query_id", "task", "text", "text_hash", "reference", "query_source", "query_created"]
 RUN_COLUMNS = [
     "source", "score", "latency_s", "ttft_s", "prompt_tokens", "completion_tokens", "energy_j", "avg_power_w",
-    "energy_method", "gpu", "propensity", "call_id", "status", "grade_note", "created",
+    "energy_method", "gpu", "propensity", "call_id", "status", "grade_note", "created", "router_version",
 ]  # fmt: skip
 FLAT_COLUMNS = QUERY_COLUMNS + CANDIDATE_COLUMNS + RUN_COLUMNS
 _INT = {"prompt_tokens", "completion_tokens"}

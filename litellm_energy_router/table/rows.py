@@ -73,6 +73,9 @@ class Run(_Row):
         None, max_length=200, description="a caveat on how the score was obtained, e.g. code graded without isolation"
     )
     created: float = Field(default_factory=time.time)
+    router_version: str | None = Field(
+        None, max_length=100, description="checkpoint version whose decision served this run (production rows only)"
+    )
 
 
 def text_hash(text: str, salt: str = "") -> str:

@@ -1,7 +1,11 @@
 """Schema of the tournament table (SQLAlchemy Core). Same DDL on SQLite and PostgreSQL.
 
 ``er_meta`` holds the ``schema_version`` row; a store refuses a database written by a newer schema.
-A nullable column added within a schema version is added to an older table when a store opens it.
+A nullable column (and its index) added within a schema version is added to an older table when a store
+opens it: such additions are backward compatible (an older release neither reads nor needs them), so they
+do not bump ``SCHEMA_VERSION`` and older and newer proxies can share one table during a rolling upgrade.
+``er_runs.router_version`` (the checkpoint version whose decision served a production run; ``NULL`` for
+tournament, shadow and import rows and for rows written before the column existed) is one such addition.
 Energy columns are joules (J), power watts (W), times seconds, ``created``/``updated`` Unix seconds.
 """
 
@@ -77,10 +81,12 @@ runs = Table(
     Column("grade_note", String(200)),
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
+    Column("router_version", String(100)),
     UniqueConstraint("query_id", "candidate", "source", name="uq_er_runs_key"),
     Index("ix_er_runs_candidate", "candidate"),
     Index("ix_er_runs_updated", "updated"),
     Index("ix_er_runs_call_id", "call_id"),
+    Index("ix_er_runs_router_version", "router_version"),
 )
 
 RUN_KEY = ("query_id", "candidate", "source")

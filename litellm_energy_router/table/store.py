@@ -41,6 +41,7 @@ class CandidateStats:
     accuracy: float | None
     mean_energy_j: float | None
     mean_latency_s: float | None
+    router_version: str | None = None  # with ``by_version``: the router version that served the runs
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class TableStore(Protocol):
 
     def iter_runs(self, *, since_id: int | None = None, sources: Sequence[str] | None = None) -> Iterator[dict[str, Any]]: ...
 
-    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None) -> list[CandidateStats]: ...
+    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None,
+              by_version: bool = False) -> list[CandidateStats]: ...
 
     def count_runs(self) -> int: ...
 
@@ -307,10 +309,12 @@ class SQLStore:
                 return
             last = chunk[-1]["id"]
 
-    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None) -> list[CandidateStats]:
-        """Per candidate (and task if ``by_task``): rows, accuracy, mean J, mean latency (s)."""
+    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None,
+              by_version: bool = False) -> list[CandidateStats]:  # fmt: skip
+        """Per candidate (and task if ``by_task``, serving router version if ``by_version``): rows,
+        accuracy, mean J, mean latency (s)."""
         r, q = schema.runs, schema.queries
-        keys = [r.c.candidate] + ([q.c.task] if by_task else [])
+        keys = [r.c.candidate] + ([q.c.task] if by_task else []) + ([r.c.router_version] if by_version else [])
         stmt = select(
             *keys,
             func.count(),
@@ -326,10 +330,11 @@ class SQLStore:
         with self.engine.connect() as conn:
             for row in conn.execute(stmt):
                 row = list(row)
+                version = row.pop(2 if by_task else 1) if by_version else None
                 task = row.pop(1) if by_task else None
                 cand, n, n_lab, acc, e, lat = row
                 f = lambda v: None if v is None else float(v)  # noqa: E731
-                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat)))
+                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version))
         return out
 
     def close(self) -> None:
@@ -343,7 +348,9 @@ class SQLStore:
 
 
 def _add_missing_columns(conn: Any) -> None:
-    """Add the nullable columns a table made by an earlier release of this schema version lacks."""
+    """Add the nullable columns, and the indexes, that a table made by an earlier release of this schema
+    version lacks (``create_all`` creates missing tables only). On PostgreSQL the index build locks
+    writes to that table for its duration (once, at the first start of the newer release)."""
     from sqlalchemy import inspect
 
     insp = inspect(conn)
@@ -353,6 +360,10 @@ def _add_missing_columns(conn: Any) -> None:
             if col.name not in have and col.nullable:
                 ddl = col.type.compile(dialect=conn.dialect)
                 conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
+        indexed = {ix["name"] for ix in insp.get_indexes(table.name)}
+        for ix in sorted(table.indexes, key=lambda i: str(i.name)):
+            if ix.name not in indexed:
+                ix.create(conn, checkfirst=True)
 
 
 def _pairs(queries: list[Query], runs: list[Run]) -> list[tuple[Query, Run]]:
