@@ -262,7 +262,12 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             tmp = vdir / f".tmp-{_version()}"
             log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
             t0 = time.time()
-            train_matrix(train_m, tmp, tc, log=log)
+            pairs = None
+            if tc.partial_feedback:  # every labelled pair of the training queries (held-out ones excluded)
+                from .pairs import load_pairs
+
+                pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
+            train_matrix(train_m, tmp, tc, log=log, pairs=pairs)
             version = read_manifest(tmp).version
             shutil.rmtree(tmp / "_trainer", ignore_errors=True)
             shutil.rmtree(tmp / "_grpo", ignore_errors=True)
