@@ -23,7 +23,7 @@ fit, provided ``p`` is the true probability of the logged choice. Two choices, e
   propensity can do (it would otherwise carry the fit alone). Clipped rows are counted.
 * *self-normalisation* per (logging router version, candidate): the weights of each group are scaled
   so that they sum to the group's row count. Ratio estimators (weighted means, a weighted likelihood's
-  optimum per task) are unchanged by the scale, so the correction stays; what the scale sets is how
+  optimum without penalty) are unchanged by the scale, so the correction stays; what the scale sets is how
   much the production rows weigh against the unbiased rows and the L2 penalty. Raw ``1/p`` would let
   ``n_j`` production rows of candidate j speak for ~N queries (all production traffic), far more
   evidence than they hold; normalised, they count as the ``n_j`` observations they are. Normalising

@@ -220,7 +220,8 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
 def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = print,
                 transform_train: Callable[[TableMatrix], TableMatrix] | None = None) -> RetrainResult:  # fmt: skip
     """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
-    before training (tests use it to build a deliberately worse candidate)."""
+    before training (tests use it to build a deliberately worse candidate); the edited matrix is then all
+    the run trains on (no partial-feedback pairs)."""
     from .pipeline import CheckpointPredictor, TrainConfig, _version, train_matrix
 
     pointer = Path(cfg.pointer)  # type: ignore[arg-type]
@@ -263,7 +264,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
             t0 = time.time()
             pairs = None
-            if tc.partial_feedback:  # every labelled pair of the training queries (held-out ones excluded)
+            if tc.partial_feedback and transform_train is None:  # every labelled pair of the training queries (held-out excluded)
                 from .pairs import load_pairs
 
                 pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
