@@ -188,7 +188,7 @@ class _Acc:
         self.texts: list[str | None] = []
         self.ptok: list[list[int]] = []
         self.slot: dict[tuple[int, int], int] = {}
-        self.rank: list[tuple[int, float, int]] = []
+        self.rk_u, self.rk_upd, self.rk_id = array("b"), array("d"), array("q")  # which run labels the pair
         self.pq, self.pc, self.src = array("q"), array("q"), array("b")
         self.y, self.e, self.ct, self.prop = array("d"), array("d"), array("d"), array("d")
         self.ver: list[str | None] = []
@@ -228,16 +228,19 @@ class _Acc:
         if r.get("prompt_tokens") is not None:
             self.ptok[qi].append(int(r["prompt_tokens"]))
         rank = (int(r["source"] in UNBIASED_SOURCES), float(r.get("updated") or 0.0), int(r["id"]))
+        ranks = (self.rk_u, self.rk_upd, self.rk_id)
         vals = (qi, ci, src, float(r["score"]), float(r["energy_j"]), ct, prop)
         s = self.slot.get((qi, ci))
         if s is None:
             self.slot[(qi, ci)] = len(self.pq)
-            self.rank.append(rank)
+            for arr, v in zip(ranks, rank):
+                arr.append(v)
             self.ver.append(r.get("router_version"))
             for arr, v in zip((self.pq, self.pc, self.src, self.y, self.e, self.ct, self.prop), vals):
                 arr.append(v)
-        elif rank >= self.rank[s]:
-            self.rank[s] = rank
+        elif rank >= (self.rk_u[s], self.rk_upd[s], self.rk_id[s]):
+            for arr, v in zip(ranks, rank):
+                arr[s] = v
             self.ver[s] = r.get("router_version")
             for arr, v in zip((self.pq, self.pc, self.src, self.y, self.e, self.ct, self.prop), vals):
                 arr[s] = v
