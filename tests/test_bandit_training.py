@@ -20,10 +20,10 @@ def _prod(qid, cand, score, energy=10.0, prop=0.5, **kw):
             "prompt_tokens": 8, "completion_tokens": 20, "propensity": prop, **kw}  # fmt: skip
 
 
-def test_unbiased_row_wins_over_production_and_weights_normalise(tmp_path):
+def test_unbiased_row_wins_over_production_and_weights_normalise(any_url):
     from litellm_energy_router.training.pairs import SOURCES, load_pairs
 
-    st = _store(tmp_path)
+    st = open_store(any_url)
     qs = [make_query(f"q{i}", "t", f"text {i}", source="tournament") for i in range(4)]
     runs = [{"query_id": "q0", "candidate": c, "source": "tournament", "score": 1.0, "energy_j": 5.0} for c in ("a", "b")]
     runs += [_prod("q0", "a", 0.0, prop=0.5),  # same pair as a tournament run: the tournament run labels it
