@@ -101,8 +101,8 @@ def test_skewed_logging_policy_weighted_estimate_unbiased_unweighted_biased(tmp_
                 assert abs(est[k] - truth[k]) > 4 * se, (k, est[k], truth[k], se)  # selection bias, beyond noise
 
 
-def test_probe_and_logreg_take_partial_rows_with_weights(tmp_path):
-    """The probe and logreg fit on partial rows: a candidate's pooled intercept follows its weighted labels."""
+def test_probe_fits_partial_rows_with_their_weights(tmp_path):
+    """The probe fits on partial rows: a candidate's pooled intercept follows its weighted labels."""
     from litellm_energy_router.training.calibrate import fit_probe
     from litellm_energy_router.training.pairs import load_pairs
 
