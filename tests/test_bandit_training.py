@@ -119,6 +119,29 @@ def test_probe_fits_partial_rows_with_their_weights(tmp_path):
         assert np.allclose(P, target, atol=0.03), (name, P, target)
 
 
+class _ConstEmbedder:
+    """No signal in the text: every learned baseline must fall back to the (weighted) label means."""
+
+    name = "const"
+
+    def embed(self, texts):
+        return np.full((len(texts), 4), 0.5, dtype=np.float32)
+
+
+@pytest.mark.parametrize("name,params", [("knn", {"k": 10_000, "shrink": 0.0}), ("logreg", {"C": 100.0}), ("mf", {"dim": 16, "l2": 3e-4})])
+def test_baselines_fit_partial_rows_with_their_weights(tmp_path, name, params):
+    from litellm_energy_router.training.baselines import make_baseline
+    from litellm_energy_router.training.pairs import load_pairs
+
+    st, _ = _skewed_table(tmp_path, 600, seed=7)
+    p = load_pairs(st, ["a", "b"])
+    st.close()
+    for m in (p.matrix(), p.matrix(unweighted=True)):
+        P = make_baseline(name, embedder=_ConstEmbedder(), **params).fit(m).predict_proba(m.subset([0]))[0]
+        target = [np.average(np.nan_to_num(m.Y[:, k])[m.W[:, k] > 0], weights=m.W[m.W[:, k] > 0, k]) for k in range(2)]
+        assert np.allclose(P, target, atol=0.02), (name, P, target)
+
+
 def test_energy_estimate_prefers_measured_production_joules(tmp_path):
     from litellm_energy_router.training.data import fit_energy_estimate, load_matrix
     from litellm_energy_router.training.pairs import MIN_MEASURED_RUNS, load_pairs
