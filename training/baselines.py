@@ -11,6 +11,11 @@ One interface (:class:`Predictor`: ``fit(train) -> self``, ``predict_proba(test)
 * ``mf`` — RouteLLM-style matrix factorisation: ``σ(w·(norm(v_k) ⊙ W x) + b_k)`` over candidate vectors
   ``v_k`` and projected query features ``x`` (PyTorch), trained pointwise on correctness.
 
+Partial feedback: a matrix from :meth:`~.pairs.PairTable.matrix` has NaN in ``Y`` where a candidate is
+unlabelled and pair weights ``W`` (inverse propensity for production rows); every baseline fits on the
+labelled pairs only, with those weights (task prior: weighted means; kNN: weighted votes of the labelled
+neighbours; logreg: sample weights; MF: weighted loss).
+
 Hyperparameters are chosen by inner cross-validation **on the training rows only** (Brier score of
 ``P`` against the scores), then the model is refitted on all training rows. Heavy libraries (torch,
 scikit-learn, transformers) are imported inside the methods that need them.
@@ -28,6 +33,7 @@ from litellm_energy_router.router.baseline_scorers import knn_proba, task_onehot
 
 from .data import TableMatrix, kfold, near_duplicate_groups
 from .embed import Embedder, embed_queries
+from .pairs import label_weights, weighted_brier
 
 
 @runtime_checkable
@@ -66,11 +72,13 @@ def brier(P: np.ndarray, Y: np.ndarray) -> float:
 def task_prior(train: TableMatrix, tasks: Sequence[str], alpha: float = 1.0) -> np.ndarray:
     """``P[n, K]``: each candidate's training accuracy on the row's task, smoothed toward its overall
     accuracy with ``alpha`` pseudo-rows (unknown task → overall accuracy)."""
-    glob = train.Y.mean(axis=0)
+    W = label_weights(train)
+    Yw = W * np.nan_to_num(train.Y)
+    glob = Yw.sum(axis=0) / np.maximum(W.sum(axis=0), 1e-12)
     table = {}
     for t in train.task_names():
-        Yt = train.Y[train.tasks == t]
-        table[t] = (Yt.sum(axis=0) + alpha * glob) / (len(Yt) + alpha)
+        rows = train.tasks == t
+        table[t] = (Yw[rows].sum(axis=0) + alpha * glob) / (W[rows].sum(axis=0) + alpha)
     return np.stack([table.get(t, glob) for t in tasks]) if len(tasks) else np.zeros((0, train.K))
 
 
@@ -116,7 +124,7 @@ class Baseline(ABC):
                 for tr, te in splits:
                     self._fit(train.subset(tr), None if X is None else X[tr], **params)
                     P[te] = self._predict(train.subset(te), None if X is None else X[te])
-                self.tuning.append((params, brier(P, train.Y)))
+                self.tuning.append((params, weighted_brier(P, train)))
             self.params = min(self.tuning, key=lambda t: t[1])[0]
         else:
             self.params = {**self.fixed, **combos[0]}
@@ -161,14 +169,23 @@ class KNN(Baseline):
     def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None:
         d = X.shape[1] - len(self._tasks)
         self._Xtr, self._Ytr, self._train = X[:, :d], train.Y, train
+        self._Wtr = None if train.W is None else label_weights(train)
         self.k, self.shrink = int(params["k"]), float(params["shrink"])
 
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
         d = self._Xtr.shape[1]
-        return knn_proba(X[:, :d], self._Xtr, self._Ytr, self.k, self.shrink, task_prior(self._train, list(test.tasks)))
+        prior = task_prior(self._train, list(test.tasks))
+        if self._Wtr is None:
+            return knn_proba(X[:, :d], self._Xtr, self._Ytr, self.k, self.shrink, prior)
+        k = min(self.k, len(self._Ytr))  # partial rows: weighted votes of the neighbours labelled for each candidate
+        nn = np.argpartition(-(X[:, :d] @ self._Xtr.T), k - 1, axis=1)[:, :k]
+        W = self._Wtr[nn]
+        votes, mass = (W * np.nan_to_num(self._Ytr)[nn]).sum(axis=1), W.sum(axis=1)
+        return np.where(mass + self.shrink > 0, (votes + self.shrink * prior) / np.maximum(mass + self.shrink, 1e-12), prior)
 
     def export_arrays(self) -> dict[str, np.ndarray]:
-        return {"X": self._Xtr.astype(np.float32), "Y": self._Ytr, "k": np.array(self.k), "shrink": np.array(self.shrink)}
+        keep = np.isfinite(self._Ytr).all(axis=1)  # serving's kNN votes over complete rows only
+        return {"X": self._Xtr[keep].astype(np.float32), "Y": self._Ytr[keep], "k": np.array(self.k), "shrink": np.array(self.shrink)}
 
 
 @register_baseline("logreg")
@@ -183,12 +200,15 @@ class LogReg(Baseline):
         from sklearn.linear_model import LogisticRegression
 
         self._models: list[Any] = []
+        W = label_weights(train)
         for k in range(train.K):
-            y = (train.Y[:, k] >= 0.5).astype(int)
-            if y.min() == y.max():  # one class only: a constant
-                self._models.append(float(y[0]))
+            rows = W[:, k] > 0
+            y = (np.nan_to_num(train.Y[rows, k]) >= 0.5).astype(int)
+            if len(y) == 0 or y.min() == y.max():  # one class only (or no label): a constant
+                self._models.append(float(y[0]) if len(y) else float(np.nanmean(train.Y)))
                 continue
-            self._models.append(LogisticRegression(C=float(params["C"]), max_iter=2000).fit(X, y))
+            sw = None if train.W is None else W[rows, k]
+            self._models.append(LogisticRegression(C=float(params["C"]), max_iter=2000).fit(X[rows], y, sample_weight=sw))
 
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
         cols = [np.full(test.n, m) if isinstance(m, float) else m.predict_proba(X)[:, 1] for m in self._models]
@@ -232,13 +252,15 @@ class MatrixFactorization(Baseline):
         B = torch.nn.Parameter(torch.logit(torch.tensor(prior.clip(0.02, 0.98), dtype=torch.float32)))
         opt = torch.optim.Adam([V, W, w, B], lr=self.lr)
         E_, O_ = torch.tensor(emb, dtype=torch.float32), torch.tensor(onehot, dtype=torch.float32)
-        Yt = torch.tensor(train.Y, dtype=torch.float32)
+        Yt = torch.tensor(np.nan_to_num(train.Y), dtype=torch.float32)
+        Wt = torch.tensor(label_weights(train), dtype=torch.float32)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # tiny matrices: extra threads only contend (15x slower on 2 busy cores)
         try:
             for _ in range(self.steps):
                 opt.zero_grad()
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(E_, O_, V, W, w, B), Yt)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(E_, O_, V, W, w, B), Yt, weight=Wt,
+                                                                            reduction="sum") / Wt.sum()  # fmt: skip
                 loss = loss + l2 * (W.pow(2).sum() + V.pow(2).sum() + w.pow(2).sum())
                 loss.backward()
                 opt.step()

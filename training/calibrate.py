@@ -86,10 +86,15 @@ def _fit_on_probe(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: S
             "a_any": a_any.tolist(), "b_any": (-a_any * mean_any).tolist(), "offset": "probe"}  # fmt: skip
 
 
-def fit_probe(emb: np.ndarray, Y: np.ndarray, tasks: Sequence[str], encoder: str, C: float = 0.3):
+def fit_probe(emb: np.ndarray, Y: np.ndarray, tasks: Sequence[str], encoder: str, C: float = 0.3,
+              weights: np.ndarray | None = None):  # fmt: skip
     """The probe head (:class:`~litellm_energy_router.router.probe.Probe`) on embeddings ``emb[n, D]``:
     per (task, candidate) and pooled over tasks, an L2 logistic regression with inverse strength ``C``
-    (a constant label gives zero weights and a clipped log-odds bias)."""
+    (a constant label gives zero weights and a clipped log-odds bias).
+
+    ``weights[n, K]`` (partial feedback, :mod:`.pairs`): each (query, candidate) pair's sample weight,
+    0 where the candidate is unlabelled (``Y`` may be NaN there); a (task, candidate) without labelled
+    rows takes the pooled regression."""
     from sklearn.linear_model import LogisticRegression
 
     from litellm_energy_router.router.probe import Probe
@@ -98,21 +103,24 @@ def fit_probe(emb: np.ndarray, Y: np.ndarray, tasks: Sequence[str], encoder: str
     t_arr = np.asarray([str(t) for t in tasks])
     n, d = emb.shape
     k = Y.shape[1]
+    Wt = np.ones((n, k)) if weights is None else np.where(np.isfinite(Y), weights, 0.0)
 
-    def one(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-        y = (np.asarray(y) >= 0.5).astype(int)
+    def one(rows: np.ndarray, j: int) -> tuple[np.ndarray, float] | None:
+        rows = rows & (Wt[:, j] > 0)
+        if not rows.any():
+            return None
+        y, w = (np.nan_to_num(Y[rows, j]) >= 0.5).astype(int), Wt[rows, j]
         if y.min() == y.max():
-            p = min(max(float(y.mean()), 1e-3), 1 - 1e-3)
+            p = min(max(float(np.average(y, weights=w)), 1e-3), 1 - 1e-3)
             return np.zeros(d), float(np.log(p / (1 - p)))
-        clf = LogisticRegression(C=C, max_iter=3000).fit(X, y)
+        clf = LogisticRegression(C=C, max_iter=3000).fit(emb[rows], y, sample_weight=None if weights is None else w)
         return clf.coef_[0], float(clf.intercept_[0])
 
-    W, b = np.zeros((len(names), k, d)), np.zeros((len(names), k))
-    for i, name in enumerate(names):
-        rows = t_arr == name
-        for j in range(k):
-            W[i, j], b[i, j] = one(emb[rows], Y[rows, j])
     W_any, b_any = np.zeros((k, d)), np.zeros(k)
     for j in range(k):
-        W_any[j], b_any[j] = one(emb, Y[:, j])
+        W_any[j], b_any[j] = one(np.ones(n, dtype=bool), j) or (np.zeros(d), 0.0)
+    W, b = np.zeros((len(names), k, d)), np.zeros((len(names), k))
+    for i, name in enumerate(names):
+        for j in range(k):
+            W[i, j], b[i, j] = one(t_arr == name, j) or (W_any[j], b_any[j])
     return Probe(names, W, b, W_any, b_any, encoder)

@@ -49,6 +49,7 @@ class TableMatrix:
     E: np.ndarray  # [n, K] float, J
     T: np.ndarray  # [n, K] float, completion tokens (NaN = unknown)
     dropped: dict[str, int] = field(default_factory=dict)
+    W: np.ndarray | None = None  # [n, K] pair weights of a partial matrix (NaN Y unlabelled; training/pairs.py), None = complete
     max_run_id: int = 0  # training-data watermark: the largest run id read
     max_updated: float = 0.0  # and the latest ``updated`` time read (Unix s; catches rows labelled later)
 
@@ -70,6 +71,7 @@ class TableMatrix:
             candidates=list(self.candidates), ids=self.ids[idx], tasks=self.tasks[idx],
             texts=[self.texts[i] for i in idx], prompt_tokens=self.prompt_tokens[idx],
             Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped), max_run_id=self.max_run_id,
+            W=None if self.W is None else self.W[idx],
             max_updated=self.max_updated,
         )  # fmt: skip
 
@@ -301,8 +303,11 @@ def _fit_nonneg_2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float,
     return (c, 0.0) if j == 0 else (0.0, c)
 
 
-def fit_energy_estimate(m: TableMatrix, profile: Any | None = None) -> EnergyEstimate:
+def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any | None = None) -> EnergyEstimate:
     """Fit the routing-time energy estimate on the rows of ``m`` (training rows only).
+
+    With ``pairs`` (a :class:`~.pairs.PairTable`) it is fitted on every run with joules instead, measured
+    production joules first (:func:`~.pairs.fit_energy_from_pairs`), and records what it was fitted on.
 
     J per prompt / output token are fitted to the rows themselves (non-negative least squares of energy,
     J, on prompt and completion tokens), so Ê is in the same units as the energy the table measured; a
@@ -312,6 +317,10 @@ def fit_energy_estimate(m: TableMatrix, profile: Any | None = None) -> EnergyEst
     Expected output tokens are the mean per (task, candidate), with the per-candidate mean for unknown
     tasks; a run without completion tokens counts with the output tokens its energy implies.
     """
+    if pairs is not None:
+        from .pairs import fit_energy_from_pairs
+
+        return fit_energy_from_pairs(pairs, profile)
     models: dict[str, Any] | None = None
     jp: dict[str, float] = {}
     jo: dict[str, float] = {}

@@ -26,6 +26,7 @@ from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .calibrate import fit_calibration, fit_probe
 from .embed import default_embedder, embed_queries
 from .data import TableMatrix as Matrix, fit_energy_estimate, load_matrix, near_duplicate_groups
+from .pairs import PairTable, load_pairs, partial_only
 from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
 
@@ -55,6 +56,9 @@ class TrainConfig:
         seed: split seed.
         init_from: warm start: a checkpoint directory whose weights and tokenizer SFT starts from
             (same candidates in the same order) instead of a fresh ``backbone``.
+        partial_feedback: ``train()`` also reads every labelled (query, candidate) run (:mod:`.pairs`): the
+            probe head trains on them (production rows inverse-propensity weighted), the student sees their
+            queries, the energy estimate prefers measured joules. SFT and calibration keep complete queries.
     """
 
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
@@ -68,6 +72,7 @@ class TrainConfig:
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
     seed: int = 0
     init_from: str | None = None
+    partial_feedback: bool = True
 
     @classmethod
     def quick(cls) -> "TrainConfig":
@@ -106,9 +111,12 @@ def calibration_split(m: Matrix, fraction: float, seed: int = 0) -> tuple[np.nda
     return np.flatnonzero(~cal), np.flatnonzero(cal)
 
 
-def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
-                 log: Callable[[str], None] = print, on_step: Callable[[dict], None] | None = None) -> Path:  # fmt: skip
-    """Train on a :class:`Matrix` and write a checkpoint into ``out_dir``. Returns the directory."""
+def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable[[str], None] = print,
+                 on_step: Callable[[dict], None] | None = None, pairs: PairTable | None = None) -> Path:  # fmt: skip
+    """Train on a :class:`Matrix` and write a checkpoint into ``out_dir``. Returns the directory.
+
+    ``pairs``: every labelled (query, candidate) run of the training queries (:mod:`.pairs`; held-out
+    queries already excluded): the probe head, the student and the energy estimate learn from them too."""
     if len(m) < 10:
         raise TrainingDataError(f"only {len(m)} fully labelled queries for candidates {m.candidates}; need >= 10")
     out = Path(out_dir)
@@ -128,7 +136,7 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
     t_sft = time.time() - t0
     e_ref = float(m.E.mean(axis=0).max())
-    est = fit_energy_estimate(m)
+    est = fit_energy_estimate(m, pairs=pairs)
     E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)
     buckets = None
     if cfg.grpo is not None:
@@ -151,11 +159,14 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         t1 = time.time()
         emb = embed_queries(m.texts)
         enc = default_embedder().name
-        early = fit_probe(emb[fit_idx], fit.Y, fit.tasks, enc, cfg.probe_c)
+        pm = pairs.matrix() if pairs is not None else m  # every labelled pair, weighted (complete queries: m)
+        pe = embed_queries(pm.texts) if pairs is not None else emb
+        pfit = ~np.isin(pm.ids.astype(str), cal.ids.astype(str))
+        early = fit_probe(pe[pfit], pm.Y[pfit], pm.tasks[pfit], enc, cfg.probe_c, weights=None if pm.W is None else pm.W[pfit])
         q_cal = early.logits(emb[cal_idx], list(cal.tasks))
         q_cal_any = early.logits(emb[cal_idx], [None] * len(cal))
         calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks, q_cal, q_cal_any)
-        probe = fit_probe(emb, m.Y, m.tasks, enc, cfg.probe_c)
+        probe = fit_probe(pe, pm.Y, pm.tasks, enc, cfg.probe_c, weights=pm.W)
         probe.save(out / PROBE_FILE)
         probe_entry = {"file": PROBE_FILE, "encoder": enc, "dim": probe.dim, "C": cfg.probe_c}
         log(f"probe head: {enc} embeddings ({probe.dim}), LM slopes {np.round(calibration['a'], 3).tolist()}, {time.time() - t1:.0f}s")
@@ -174,7 +185,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
                 none = [None] * len(texts)
                 return (calibrated_logits(z_t, calibration, tasks, offset=probe.logits(e, tasks)),
                         calibrated_logits(z_a, calibration, none, offset=probe.logits(e, none)))  # fmt: skip
-        student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log, head)
+        extra = partial_only(pairs, m) if pairs is not None else None
+        student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log, head, extra)
     manifest = Manifest(
         version=_version(), candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
@@ -184,7 +196,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]),
               "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets], "grpo_e_ref_j": e_ref},
         energy=est, calibration=calibration, student=student, probe=probe_entry,
-        watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources)},
+        watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources),
+                   **({"pairs": pairs.counts()} if pairs is not None else {})},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
               "calibration_queries": len(cal), "sft_seconds": round(t_sft, 1)},
         versions=library_versions(),
@@ -198,13 +211,18 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig,
 
 
 def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray,
-            out: Path, log: Callable[[str], None], head: Callable | None = None) -> dict:  # fmt: skip
+            out: Path, log: Callable[[str], None], head: Callable | None = None, extra: Matrix | None = None) -> dict:  # fmt: skip
     """Fit the student on the LM's slot logits of every training query (task shown and hidden; ``scorer``
     the lean forward or None); the calibration queries' logits are already computed. ``head(texts, tasks,
-    z_task, z_any) -> (u_task, u_any)``: distil these (the calibrated logits, probe included) instead."""
+    z_task, z_any) -> (u_task, u_any)``: distil these (the calibrated logits, probe included) instead.
+    ``extra``: queries only partial feedback labels, distilled too (their probe logits reach serving)."""
     from .distil_student import fit_student
 
     t0 = time.time()
+    if extra is not None and len(extra):
+        fit = Matrix(candidates=fit.candidates, ids=np.concatenate([fit.ids, extra.ids]), tasks=np.concatenate([fit.tasks, extra.tasks]),
+                     texts=list(fit.texts) + list(extra.texts), prompt_tokens=np.concatenate([fit.prompt_tokens, extra.prompt_tokens]),
+                     Y=np.vstack([fit.Y, extra.Y]), E=np.vstack([fit.E, extra.E]), T=np.vstack([fit.T, extra.T]))  # fmt: skip
     tasks = [str(t) for t in fit.tasks]
     z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
     z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])
@@ -225,7 +243,8 @@ def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None
     """Read the table and train a router checkpoint into ``out_dir``."""
     cfg = cfg or TrainConfig()
     m = load_matrix(store, cfg.candidates, cfg.sources)
-    return train_matrix(m, out_dir, cfg, log, on_step)
+    pairs = load_pairs(store, m.candidates, cfg.sources) if cfg.partial_feedback else None
+    return train_matrix(m, out_dir, cfg, log, on_step, pairs=pairs)
 
 
 

@@ -231,7 +231,8 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
 def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = print,
                 transform_train: Callable[[TableMatrix], TableMatrix] | None = None) -> RetrainResult:  # fmt: skip
     """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
-    before training (tests use it to build a deliberately worse candidate)."""
+    before training (tests use it to build a deliberately worse candidate); the edited matrix is then all
+    the run trains on (no partial-feedback pairs)."""
     from .pipeline import CheckpointPredictor, _version, train_matrix
 
     pointer = Path(cfg.pointer)  # type: ignore[arg-type]
@@ -269,7 +270,12 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             tmp = vdir / f".tmp-{_version()}"
             log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
             t0 = time.time()
-            train_matrix(train_m, tmp, tc, log=log)
+            pairs = None
+            if tc.partial_feedback and transform_train is None:  # every labelled pair of the training queries (held-out excluded)
+                from .pairs import load_pairs
+
+                pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
+            train_matrix(train_m, tmp, tc, log=log, pairs=pairs)
             version = read_manifest(tmp).version
             shutil.rmtree(tmp / "_trainer", ignore_errors=True)
             shutil.rmtree(tmp / "_grpo", ignore_errors=True)

@@ -76,6 +76,8 @@ class TrainSection(_Section):
     student: bool | None = Field(None, description="distil the serving student")
     probe_c: float | None = Field(0.3, gt=0, description="probe head strength; null: no probe head")
     seed: int | None = None
+    partial_feedback: bool | None = Field(None, description="train the probe head, student and energy estimate on every "
+                                          "labelled (query, candidate) run, production rows weighted by inverse propensity")  # fmt: skip
 
     def build(self, *, quick: bool = False, grpo_steps: int = 0) -> Any:
         """The :class:`~.pipeline.TrainConfig` this section names, over the default (or quick) one."""

@@ -43,6 +43,8 @@ class EnergyEstimate(BaseModel):
     j_per_output_token: dict[str, float]
     output_tokens: dict[str, dict[str, float]] = Field(description="task -> candidate -> mean output tokens")
     output_tokens_any: dict[str, float] = Field(description="candidate -> mean output tokens, all tasks")
+    fitted_on: dict[str, dict[str, Any]] | None = Field(
+        None, description="candidate -> runs it was fitted on (per source, measured) and where J/token came from")
 
     def estimate(self, candidates: Sequence[str], prompt_tokens: Sequence[int], tasks: Sequence[str | None]) -> Any:
         """Ê[n, K] in joules (numpy array)."""
