@@ -10,8 +10,8 @@ row-level :func:`sample_rows`) draws the rows to train on:
   recency rank in [0, 1] and ``u = 4·mean_k P_k(1 − P_k)`` in [0, 1];
 * by **systematic sampling** in a random order with inclusion probability ``π`` proportional to that
   size (capped at 1): each stratum yields a fixed number of rows, ``π`` is known exactly for every
-  row, and the sample carries weights ``w = base_weight / π`` (``base_weight``: any weight the row already had, e.g. an inverse propensity). A weighted sum over the
-  sample is then an unbiased (Horvitz–Thompson) estimate of the sum over the whole table.
+  row, and the sample carries weights ``w = base_weight / π`` (``base_weight``: any weight the row
+  already had, e.g. an inverse propensity). A weighted sum over the sample is then an unbiased (Horvitz–Thompson) estimate of the sum over the whole table.
 
 Selection depends only on what is known before the outcome (task, candidate, source, time, the serving
 router's P), never on correctness or energy, so a model of P(correct | query) fitted on the sample stays
