@@ -49,3 +49,15 @@ def test_retrain_over_budget_trains_on_a_stratified_sample_and_reports_it(tmp_pa
     rep2 = json.loads(second.report_json.read_text())
     assert "score uncertainty" in rep2["timings"]["stages"]
     assert rep2["data"]["table_queries"] == 330
+
+    _add(sqlite_url, "d", 40, "small")  # a warm start trains on the new queries plus a replay of old ones
+    warm = run_retrain(cfg.model_copy(update={"warm_start": True, "budget": budget.model_copy(update={"replay_ratio": 1.0})}),
+                       log=lambda s: None)  # fmt: skip
+    rep3 = json.loads(warm.report_json.read_text())
+    s3 = rep3["data"]["sample"]
+    assert rep3["data"]["table_queries"] == 370
+    new = sum(v["sampled"] for k, v in s3["strata"].items() if k.endswith("|new"))
+    old = sum(v["sampled"] for k, v in s3["strata"].items() if k.endswith("|old"))
+    # every new query; as many old ones replayed (more only by the per-task floor)
+    assert new == 40 and 40 <= old <= 40 + 2 * budget.min_per_stratum
+    assert rep3["train_queries"] < 80

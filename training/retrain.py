@@ -56,7 +56,8 @@ class RetrainConfig(BaseModel):
     keep: int = Field(5, ge=1, description="promoted versions kept on disk (the pointed-to one is never removed)")
     min_new_rows: int = Field(200, ge=0, description="labelled rows newer than the watermark needed to train")
     sources: list[str] = Field(default_factory=lambda: ["import", "tournament", "shadow", "production"])
-    warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights (else from scratch)")
+    warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights and train on the new "
+                             "queries plus budget.replay_ratio times as many old ones (else from scratch)")  # fmt: skip
     quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
     grpo_steps: int = Field(0, ge=0, description="GRPO steps after SFT (0 = off, the default pipeline)")
     rule: Literal["aiq", "joules", "both"] = Field("both", description="promotion rule on the held-out queries")
@@ -273,8 +274,10 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 log(msg)
                 return RetrainResult("nothing_new", msg, details={"new_rows": new})
             rdir = Path(cfg.report_dir) if cfg.report_dir else vdir / "reports"
+            warm_since = wm.get("max_run_id") if cfg.warm_start and serving_dir is not None else None
             m, data = bounded_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources,
-                                     cfg.budget, cfg.holdout_fraction, serving_dir, rdir, stages, log)  # fmt: skip
+                                     cfg.budget, cfg.holdout_fraction, serving_dir, rdir, stages, log,
+                                     warm_since)  # fmt: skip
             with stages.stage("held-out split"):
                 tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
                                        groups=near_duplicate_groups(m.texts, m.ids, m.tasks))

@@ -45,6 +45,8 @@ class TrainingBudget(BaseModel):
     min_per_stratum: int = Field(20, ge=1, description="rows kept from every stratum (all of it when smaller)")
     recency_boost: float = Field(1.0, ge=0, description="extra inclusion size of the most recent row over the oldest")
     uncertainty_boost: float = Field(1.0, ge=0, description="extra inclusion size of a row the serving router scores at P=0.5")
+    replay_ratio: float = Field(1.0, ge=0, description="warm start: old queries replayed per new query (the retrain "
+                                "then costs in proportion to the new rows)")  # fmt: skip
     seed: int = 0
 
     def query_cap(self, report_dir: Path | None = None) -> int | None:
@@ -185,6 +187,32 @@ def sample_matrix(m: Any, budget: int, cfg: TrainingBudget | None = None,
     return out, s
 
 
+def warm_sample_matrix(m: Any, new: np.ndarray, n_total: int, cfg: TrainingBudget | None = None,
+                       uncertainty: np.ndarray | None = None) -> tuple[Any, Sample]:  # fmt: skip
+    """Warm start: every new query (``new`` mask; a sample of them when more than ``n_total``) plus a
+    replay sample of the old ones filling ``n_total``, drawn like :func:`sample_matrix`. New rows have
+    π = 1 unless sampled, so the weights keep whole-table estimates unbiased."""
+    cfg = cfg or TrainingBudget()
+    new_idx, old_idx = np.flatnonzero(new), np.flatnonzero(~np.asarray(new, dtype=bool))
+    parts, pis, strata = [], [], {}
+    for rows, n in ((new_idx, min(len(new_idx), n_total)), (old_idx, max(n_total - len(new_idx), 0))):
+        if len(rows) == 0 or n == 0:
+            continue
+        sub = m.take(rows)
+        u = None if uncertainty is None else uncertainty[rows]
+        _, s = sample_matrix(sub, n, cfg, u) if n < len(rows) else (sub, sample_rows(list(sub.tasks), len(rows), cfg=cfg))
+        parts.append(rows[s.idx])
+        pis.append(s.pi)
+        tag = "new" if rows is new_idx else "old"
+        strata.update({f"{k}|{tag}": v for k, v in s.strata.items()})
+    idx = np.concatenate(parts)
+    pi = np.concatenate(pis)
+    base = np.ones(len(m)) if getattr(m, "weight", None) is None else np.asarray(m.weight, dtype=np.float64)
+    out = m.take(idx)
+    out.weight = base[idx] / pi
+    return out, Sample(idx=idx, pi=pi, weight=out.weight, strata=strata)
+
+
 def serving_uncertainty(scorer: Any, m: Any, batch: int = 2048, tick: Any = None) -> np.ndarray:
     """Uncertainty of the serving checkpoint's scorer on every query of ``m``, scored in batches
     (``tick(n)`` after each)."""
@@ -209,10 +237,12 @@ def summary(s: Sample, table_rows: int) -> dict[str, Any]:
 
 def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequence[str], budget: TrainingBudget,
                    holdout_fraction: float, serving_dir: Path | None, report_dir: Path | None, stages: Any,
-                   log: Any = print) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+                   log: Any = print, warm_since: int | None = None) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """Read the table in chunks (a bar over the rows) and, when it holds more queries than the budget
     allows (the training cap plus the held-out share), sample it (:func:`sample_matrix`, uncertainty
-    from the serving checkpoint when one loads). Returns the matrix and what the report says about it."""
+    from the serving checkpoint when one loads). ``warm_since`` (warm start: the serving checkpoint's
+    largest run id): the queries with a newer run plus ``replay_ratio`` times as many old ones
+    (:func:`warm_sample_matrix`). Returns the matrix and what the report says about it."""
     from .data import load_matrix
     from .progress import CountingStore
 
@@ -221,9 +251,12 @@ def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequen
         m = load_matrix(counting, candidates, sources)
     info: dict[str, Any] = {"rows_read": counting.rows_read, "table_queries": len(m)}
     cap = budget.query_cap(report_dir)
-    if cap is None or len(m) <= cap / (1 - holdout_fraction):
+    n = len(m) if cap is None else min(len(m), int(np.ceil(cap / (1 - holdout_fraction))))
+    new = None if warm_since is None or m.last_run is None else m.last_run > warm_since
+    if new is not None:
+        n = min(n, max(int(np.ceil(new.sum() * (1 + budget.replay_ratio))), 50))
+    if n >= len(m):
         return m, info
-    n = int(np.ceil(cap / (1 - holdout_fraction)))
     u = None
     if serving_dir is not None and budget.uncertainty_boost:
         with stages.stage("score uncertainty", total=len(m)) as tick:
@@ -234,7 +267,7 @@ def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequen
             except Exception as e:  # noqa: BLE001 - an unloadable serving checkpoint only loses the favouring
                 log(f"sampling: serving checkpoint not used for uncertainty ({type(e).__name__})")
     with stages.stage("sample"):
-        m, s = sample_matrix(m, n, budget, u)
+        m, s = sample_matrix(m, n, budget, u) if new is None else warm_sample_matrix(m, new, n, budget, u)
     info["sample"] = summary(s, info["table_queries"])
     log(f"sampling: {len(m)} of {info['table_queries']} queries (budget {cap} training queries; "
         f"effective sample size {info['sample']['effective_sample_size']})")  # fmt: skip
