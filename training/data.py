@@ -52,6 +52,8 @@ class TableMatrix:
     W: np.ndarray | None = None  # [n, K] pair weights of a partial matrix (NaN Y unlabelled; training/pairs.py), None = complete
     max_run_id: int = 0  # training-data watermark: the largest run id read
     max_updated: float = 0.0  # and the latest ``updated`` time read (Unix s; catches rows labelled later)
+    last_run: np.ndarray | None = None  # [n] the largest run id of each query (recency, for sampling)
+    weight: np.ndarray | None = None  # [n] row weights (1 / inclusion probability of a sample; None = 1)
 
     @property
     def n(self) -> int:
@@ -72,7 +74,8 @@ class TableMatrix:
             texts=[self.texts[i] for i in idx], prompt_tokens=self.prompt_tokens[idx],
             Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped), max_run_id=self.max_run_id,
             W=None if self.W is None else self.W[idx],
-            max_updated=self.max_updated,
+            max_updated=self.max_updated, last_run=None if self.last_run is None else self.last_run[idx],
+            weight=None if self.weight is None else self.weight[idx],
         )  # fmt: skip
 
     take = subset
@@ -102,9 +105,12 @@ def load_matrix(
     be learned from and are dropped (counted in ``dropped["no_text"]``) unless ``require_text=False``,
     which keeps them with ``text=None``.
     """
-    best: dict[tuple[str, str], dict[str, Any]] = {}
+    # (updated, run id, score, energy_j, completion_tokens) of the winning run per (query, candidate):
+    # a small tuple, not the row, so memory holds what the matrix needs and not every row read
+    best: dict[tuple[str, str], tuple[float, int, float, float, float]] = {}
     qinfo: dict[str, tuple[str, str | None]] = {}
     ptoks: dict[str, list[int]] = {}
+    last: dict[str, int] = {}
     wanted = set(candidates) if candidates is not None else None
     max_id, max_upd = 0, 0.0
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
@@ -114,20 +120,23 @@ def load_matrix(
             continue
         qid = r["query_id"]
         qinfo.setdefault(qid, (r["task"], r["text"]))
+        last[qid] = max(last.get(qid, 0), int(r["id"]))
         if r.get("prompt_tokens") is not None:
             ptoks.setdefault(qid, []).append(int(r["prompt_tokens"]))
         if r.get("score") is None or r.get("energy_j") is None:
             continue
         key = (qid, r["candidate"])
-        if key not in best or (r.get("updated") or 0, r["id"]) >= (best[key].get("updated") or 0, best[key]["id"]):
-            best[key] = r
+        rank = (float(r.get("updated") or 0), int(r["id"]))
+        if key not in best or rank >= best[key][:2]:
+            ct = r.get("completion_tokens")
+            best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
     if not best:
         src = f" from sources {','.join(sources)}" if sources else ""
         raise MatrixError(f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (no run with score and energy_j{src})")
     if candidates is None:
         energy: dict[str, list[float]] = {}
         for (_, c), r in best.items():
-            energy.setdefault(c, []).append(float(r["energy_j"]))
+            energy.setdefault(c, []).append(r[3])
         cands = sorted(energy, key=lambda c: (float(np.mean(energy[c])), c))
     else:
         cands = list(candidates)
@@ -138,7 +147,6 @@ def load_matrix(
         if missing:
             raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}")
     K = len(cands)
-    col = {c: k for k, c in enumerate(cands)}
     ids, tasks, texts, pt, Y, E, T = [], [], [], [], [], [], []
     dropped = {"missing_label": 0, "no_text": 0}
     for qid in sorted(qinfo):
@@ -161,12 +169,8 @@ def load_matrix(
         y = np.empty(K)
         e = np.empty(K)
         t = np.full(K, np.nan)
-        for r in rows:
-            k = col[r["candidate"]]
-            y[k] = float(r["score"])
-            e[k] = float(r["energy_j"])
-            if r.get("completion_tokens") is not None:
-                t[k] = float(r["completion_tokens"])
+        for k, r in enumerate(rows):
+            y[k], e[k], t[k] = r[2], r[3], r[4]
         Y.append(y)
         E.append(e)
         T.append(t)
@@ -175,7 +179,7 @@ def load_matrix(
     return TableMatrix(
         candidates=cands, ids=np.array(ids, dtype=object), tasks=np.array(tasks, dtype=object), texts=texts,
         prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped, max_run_id=max_id,
-        max_updated=max_upd,
+        max_updated=max_upd, last_run=np.array([last[i] for i in ids], dtype=np.int64),
     )  # fmt: skip
 
 

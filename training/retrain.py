@@ -37,7 +37,8 @@ from litellm_energy_router.errors import one_line
 from litellm_energy_router.settings import ConfigError, Settings, load_settings, read_yaml_section
 from litellm_energy_router.table import open_store
 
-from .data import TableMatrix, holdout_split, load_matrix, near_duplicate_groups
+from .data import TableMatrix, holdout_split, near_duplicate_groups
+from .sampling import TrainingBudget
 from .train_config import TrainSection
 
 Log = Callable[[str], None]
@@ -57,7 +58,8 @@ class RetrainConfig(BaseModel):
     keep: int = Field(5, ge=1, description="promoted versions kept on disk (the pointed-to one is never removed)")
     min_new_rows: int = Field(200, ge=0, description="labelled rows newer than the watermark needed to train")
     sources: list[str] = Field(default_factory=lambda: ["import", "tournament", "shadow", "production"])
-    warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights (else from scratch)")
+    warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights and train on the new "
+                             "queries plus budget.replay_ratio times as many old ones (else from scratch)")  # fmt: skip
     quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
     grpo_steps: int = Field(0, ge=0, description="GRPO steps after SFT (0 = off, the default pipeline); "
                             "kept for older configs: train.grpo says more")  # fmt: skip
@@ -72,6 +74,10 @@ class RetrainConfig(BaseModel):
     lam: float | None = Field(None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda")
     epsilon: float | None = Field(None, ge=0, le=1, description="exploration rate assumed for the new router in the "
                                   "off-policy estimate; default: energy_router.router.epsilon")  # fmt: skip
+    budget: TrainingBudget = Field(default_factory=TrainingBudget, description="bounded work per retrain: a "
+                                   "table larger than this is sampled (training/sampling.py)")  # fmt: skip
+    embed_cache_dir: Path | None = Field(None, description="query-embedding cache kept across retrains; "
+                                         "default: <versions_dir>/embed-cache")  # fmt: skip
 
     @model_validator(mode="after")
     def _one_grpo_setting(self) -> "RetrainConfig":
@@ -212,7 +218,7 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
     lines = [f"# Retrain {version}: {report['status']}", "", report["message"], "",
              f"- new labelled rows since the watermark: {report['new_rows']}",
              f"- trained on {report['train_queries']} queries; held out {cmp_.get('held_out_queries')}",
-             f"- training time: {report['train_seconds']:.1f} s", "",
+             f"- training time: {report['train_seconds']:.1f} s", *_scale_lines(report), "",
              "| checkpoint | AIQ | J at target accuracy | max accuracy |", "|---|---|---|---|"]  # fmt: skip
     for name in ("candidate", "serving"):
         if name in cmp_:
@@ -228,12 +234,31 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
     return jp, mp
 
 
+def _scale_lines(report: dict[str, Any]) -> list[str]:
+    """Report lines: what was read and sampled, each stage's wall time and the peak memory."""
+    data, t = report.get("data", {}), report.get("timings", {})
+    out = [f"- rows read: {data.get('rows_read')}; table queries: {data.get('table_queries')}"] if data else []
+    if "sample" in data:
+        s = data["sample"]
+        out.append(f"- sampled {s['sampled']} of {s['table_rows']} queries (budget; effective sample size "
+                   f"{s['effective_sample_size']}, weights {s['weight_min']:.2f}..{s['weight_max']:.2f})")  # fmt: skip
+    if t:
+        out.append(f"- peak RSS {t['peak_rss_mb']:.0f} MiB; stages: " +
+                   ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in t["stages"].items()))  # fmt: skip
+    return out
+
+
 def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = print,
-                transform_train: Callable[[TableMatrix], TableMatrix] | None = None) -> RetrainResult:  # fmt: skip
+                transform_train: Callable[[TableMatrix], TableMatrix] | None = None,
+                progress: Any | None = None) -> RetrainResult:  # fmt: skip
     """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
     before training (tests use it to build a deliberately worse candidate); the edited matrix is then all
-    the run trains on (no partial-feedback pairs)."""
+    the run trains on (no partial-feedback pairs). ``progress``: a ``rich.progress.Progress`` showing each
+    stage (:mod:`.progress`)."""
+    from .embed import use_cache_dir
     from .pipeline import CheckpointPredictor, _version, train_matrix
+    from .progress import Stages
+    from .sampling import bounded_matrix
 
     pointer = Path(cfg.pointer)  # type: ignore[arg-type]
     vdir = _versions_dir(cfg)
@@ -248,6 +273,8 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
         return RetrainResult("locked", msg)
     try:
         serving_dir, manifest = _serving(pointer)
+        stages = Stages(progress)
+        use_cache_dir(cfg.embed_cache_dir or vdir / "embed-cache")
         store = open_store(cfg.table_url)
         try:
             wm = manifest.watermark if manifest is not None else {}
@@ -258,9 +285,14 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 msg = f"nothing new: {new} labelled rows since run id {since_id} (minimum {cfg.min_new_rows})"
                 log(msg)
                 return RetrainResult("nothing_new", msg, details={"new_rows": new})
-            m = load_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources)
-            tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
-                                   groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
+            rdir = Path(cfg.report_dir) if cfg.report_dir else vdir / "reports"
+            warm_since = wm.get("max_run_id") if cfg.warm_start and serving_dir is not None else None
+            m, data = bounded_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources,
+                                     cfg.budget, cfg.holdout_fraction, serving_dir, rdir, stages, log,
+                                     warm_since)  # fmt: skip
+            with stages.stage("held-out split"):
+                tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
+                                       groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
             train_m, hold = m.take(tr), m.take(te)
             if transform_train is not None:
                 train_m = transform_train(train_m)
@@ -274,18 +306,23 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             if tc.partial_feedback and transform_train is None:  # every labelled pair of the training queries (held-out excluded)
                 from .pairs import load_pairs
 
-                pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
-            train_matrix(train_m, tmp, tc, log=log, pairs=pairs)
+                with stages.stage("read labelled pairs"):
+                    pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
+            with stages.stage("train") as tick:
+                train_matrix(train_m, tmp, tc, log=log, pairs=pairs,
+                             on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")))  # fmt: skip
             version = read_manifest(tmp).version
             shutil.rmtree(tmp / "_trainer", ignore_errors=True)
             shutil.rmtree(tmp / "_grpo", ignore_errors=True)
             t_train = time.time() - t0
             loaded = {"candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
                       "serving": CheckpointPredictor(serving_dir, hold.candidates) if serving_dir else None}  # fmt: skip
-            cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
+            with stages.stage("compare"):
+                cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
             log(f"retrain {version}: {cmp_['why']}")
             final = vdir / f"v-{version}"
-            off_policy = _ope(store, loaded, cfg, log)
+            with stages.stage("off-policy"):
+                off_policy = _ope(store, loaded, cfg, log)
             if cmp_["promote"]:
                 os.replace(tmp, final)
                 set_pointer(pointer, final)
@@ -302,8 +339,8 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                       "off_policy": off_policy, "serving": str(serving_dir) if serving_dir else None,
                       "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
                       "train_config": dataclasses.asdict(tc),
-                      "created": time.time()}  # fmt: skip
-            jp, mp = _write_reports(Path(cfg.report_dir) if cfg.report_dir else vdir / "reports", version, report)
+                      "created": time.time(), "data": data, "timings": stages.report()}  # fmt: skip
+            jp, mp = _write_reports(rdir, version, report)
             return RetrainResult(status, msg, version, ck, jp, mp, report)
         finally:
             store.close()

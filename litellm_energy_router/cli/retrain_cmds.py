@@ -30,7 +30,11 @@ def retrain_cmd(
     try:
         cfg = load_retrain_config(config, table_url=db, pointer=pointer, quick=quick, warm_start=warm_start,
                                   min_new_rows=min_new_rows)  # fmt: skip
-        res = run_retrain(cfg, since=since, log=lambda s: console.print(s, highlight=False, soft_wrap=True))
+        from ..training.progress import progress_bar
+
+        with progress_bar() as bar:  # one bar per stage, with an ETA where the stage knows its total
+            res = run_retrain(cfg, since=since, log=lambda s: console.print(s, highlight=False, soft_wrap=True),
+                              progress=bar)  # fmt: skip
     except (ConfigError, CheckpointError, MatrixError, TableError) as e:
         fail(str(e))
         return

@@ -289,19 +289,29 @@ class SQLStore:
     ) -> Iterator[dict[str, Any]]:
         """Runs joined with their query (``task``, ``text``, ``text_hash``, ``reference``,
         ``query_source``, ``query_created``) and candidate (``model``, ``params_b``, ``active_params_b``, ``hardware``),
-        ordered by run id. ``since_id`` keeps runs with a larger id (a training watermark)."""
+        ordered by run id. ``since_id`` keeps runs with a larger id (a training watermark).
+
+        Read in chunks of ``batch`` rows: a server-side cursor on PostgreSQL, keyset pages on SQLite, so
+        memory does not grow with the table (a consumer that keeps every row is what would)."""
         r, q, c = schema.runs, schema.queries, schema.candidates
         cols = [
             r.c.id, *[r.c[n] for n in _RUN_FIELDS], r.c.updated,
             q.c.task, q.c.text, q.c.text_hash, q.c.reference, q.c.source.label("query_source"), q.c.created.label("query_created"),
             c.c.model, c.c.params_b, c.c.active_params_b, c.c.hardware,
         ]  # fmt: skip
+        base = select(*cols).join(q, q.c.id == r.c.query_id).join(c, c.c.name == r.c.candidate)
+        if sources:
+            base = base.where(r.c.source.in_(list(sources)))
         last = since_id if since_id is not None else -1
-        while True:
-            stmt = select(*cols).join(q, q.c.id == r.c.query_id).join(c, c.c.name == r.c.candidate)
-            stmt = stmt.where(r.c.id > last).order_by(r.c.id).limit(batch)
-            if sources:
-                stmt = stmt.where(r.c.source.in_(list(sources)))
+        if self.dialect == "postgresql":  # one server-side cursor: ``batch`` rows in client memory at a time
+            with self.engine.connect() as conn:
+                res = conn.execution_options(stream_results=True, yield_per=batch).execute(
+                    base.where(r.c.id > last).order_by(r.c.id))
+                for part in res.mappings().partitions():
+                    yield from (dict(m) for m in part)
+            return
+        while True:  # SQLite: keyset pages, no read transaction held between pages
+            stmt = base.where(r.c.id > last).order_by(r.c.id).limit(batch)
             with self.engine.connect() as conn:
                 chunk = [dict(m) for m in conn.execute(stmt).mappings()]
             yield from chunk
