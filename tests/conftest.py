@@ -54,6 +54,18 @@ def pg_url():
 
 
 @pytest.fixture
+def fresh_litellm_callbacks():
+    """LiteLLM's callback lists emptied before and after the test: LiteLLM keeps one instance per
+    CustomLogger class in its processed callback lists, so a second EnergyLogger would be ignored while a
+    first one (another test's) is registered."""
+    import litellm
+
+    litellm.logging_callback_manager._reset_all_callbacks()
+    yield
+    litellm.logging_callback_manager._reset_all_callbacks()
+
+
+@pytest.fixture
 def sqlite_url(tmp_path):
     return f"sqlite:///{tmp_path / 'table.db'}"
 

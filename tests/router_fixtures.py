@@ -37,3 +37,12 @@ def train_planted(store, out_dir, n: int = 60, names=None):
     cands, queries, runs = planted_rows(n, names=names)
     store.write(queries, runs, candidates=cands)
     return train(store, out_dir, TrainConfig.quick(), log=lambda s: None)
+
+
+async def drain_litellm_logging():
+    """Let LiteLLM's logging of the calls made so far run on this event loop, not on a later test's."""
+    try:
+        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
+    except ImportError:  # a LiteLLM without the logging worker
+        return
+    await GLOBAL_LOGGING_WORKER.flush()

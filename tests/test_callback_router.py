@@ -19,7 +19,7 @@ from litellm_energy_router.table import open_store, text_hash
 from chat_backend import OpenAIBackend, expected_usage, model_list
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
-pytestmark = pytest.mark.litellm_integration
+pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 CANDIDATES = [{"name": SMALL, "deployment_id": "dep-small", "params_b": 7}, {"name": BIG, "deployment_id": "dep-big", "params_b": 70}]
@@ -50,15 +50,6 @@ def wait_submitted(logger: EnergyLogger, n: int, timeout: float = 60.0) -> None:
 def backend():
     with OpenAIBackend(delay_s=0.02) as be:
         yield be
-
-
-@pytest.fixture(autouse=True)
-def _reset_callbacks():
-    # LiteLLM keeps one instance per CustomLogger class in its processed callback lists: a second
-    # EnergyLogger would be ignored while the first is registered.
-    litellm.logging_callback_manager._reset_all_callbacks()
-    yield
-    litellm.logging_callback_manager._reset_all_callbacks()
 
 
 def check_rows(url, served, *, salt="pepper"):

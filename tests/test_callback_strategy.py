@@ -19,14 +19,7 @@ from litellm_energy_router.table import open_store
 from router_fixtures import CANDS
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
-pytestmark = pytest.mark.litellm_integration
-
-
-@pytest.fixture(autouse=True)
-def _reset_callbacks():
-    litellm.logging_callback_manager._reset_all_callbacks()
-    yield
-    litellm.logging_callback_manager._reset_all_callbacks()
+pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 
 
 @pytest.mark.slow

@@ -22,6 +22,8 @@ from litellm_energy_router.table import Run, open_store, schema
 from litellm_energy_router.training.ope import estimate_policy, evaluate_checkpoint_on_log, logged_rows, version_counts
 from router_fixtures import CANDS, planted_rows
 
+pytestmark = pytest.mark.usefixtures("fresh_litellm_callbacks")
+
 
 def _strip_router_version(url: str) -> None:
     """Make the table look like one written by the release before ``router_version``."""
@@ -67,13 +69,6 @@ def test_an_old_table_gains_router_version_and_its_index_and_keeps_its_rows(any_
         store.close()
     open_store(any_url).close()  # opening a migrated table again changes nothing
     assert _has_column_and_index(any_url) == (True, True)
-
-
-@pytest.fixture(autouse=True)
-def _reset_callbacks():
-    litellm.logging_callback_manager._reset_all_callbacks()
-    yield
-    litellm.logging_callback_manager._reset_all_callbacks()
 
 
 @pytest.mark.slow

@@ -26,12 +26,7 @@ from tcp_proxy import TCPProxy
 # ENERGY_ROUTER_BURST_N overrides it for quicker local runs.
 N = int(os.environ.get("ENERGY_ROUTER_BURST_N", "5000"))
 
-
-@pytest.fixture(autouse=True)
-def _reset_callbacks():
-    litellm.logging_callback_manager._reset_all_callbacks()
-    yield
-    litellm.logging_callback_manager._reset_all_callbacks()
+pytestmark = pytest.mark.usefixtures("fresh_litellm_callbacks")
 
 
 @pytest.mark.postgres

@@ -22,29 +22,13 @@ from litellm_energy_router.table import open_store, text_hash
 
 from backend import Backend
 from chat_backend import OpenAIBackend, model_list
-from router_fixtures import CANDS
+from router_fixtures import CANDS, drain_litellm_logging
 
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 FORGED = {"candidate": BIG, "deployment_id": None, "propensity": 0.001, "router_version": "forged"}
 PROOF = "Give a proof about chess number 4242"
 # Real LiteLLM (Router / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
-pytestmark = pytest.mark.litellm_integration
-
-
-async def _drain_litellm_logging():
-    """Let LiteLLM's logging of the calls made so far run on this event loop, not on a later test's."""
-    try:
-        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
-    except ImportError:  # a LiteLLM without the logging worker
-        return
-    await GLOBAL_LOGGING_WORKER.flush()
-
-
-@pytest.fixture(autouse=True)
-def _reset_callbacks():
-    litellm.logging_callback_manager._reset_all_callbacks()
-    yield
-    litellm.logging_callback_manager._reset_all_callbacks()
+pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 
 
 def _settings(url, tmp_path, **extra):
@@ -84,7 +68,7 @@ def _chat(router, logger, model, text, **kw):
         deadline = time.monotonic() + 30
         while logger.writer.submitted == n and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        await _drain_litellm_logging()
+        await drain_litellm_logging()
         return r._hidden_params["litellm_call_id"]
 
     return asyncio.run(go())

@@ -28,7 +28,7 @@ from litellm_energy_router.table import open_store
 
 from backend import Backend
 from proxy_process import ProxyProcess
-from router_fixtures import CANDS, train_planted
+from router_fixtures import CANDS, drain_litellm_logging, train_planted
 
 PROOF = "Give a proof about chess number 4242"
 POLICY = {"lambda": 0.05, "per_key": {
@@ -39,15 +39,6 @@ BAD = [float("nan"), float("inf"), -1.0, 1e12, "0.3", True, [1]]
 FIELDS = ["lambda", "target_accuracy", "max_energy_j"]
 # Real LiteLLM (Router / proxy): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = pytest.mark.litellm_integration
-
-
-async def _drain_litellm_logging():
-    """Let LiteLLM's logging of the calls made so far run on this event loop, not on a later test's."""
-    try:
-        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
-    except ImportError:  # a LiteLLM without the logging worker
-        return
-    await GLOBAL_LOGGING_WORKER.flush()
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +87,7 @@ def _sdk(router, backend, metadata, text=PROOF):
             return e
         finally:
             await asyncio.sleep(0.05)
-            await _drain_litellm_logging()  # LiteLLM's logging of this call runs here, not in another test
+            await drain_litellm_logging()  # LiteLLM's logging of this call runs here, not in another test
         return None
 
     err = asyncio.run(go())

@@ -17,14 +17,7 @@ from litellm_energy_router.strategy import EnergyRoutingStrategy
 from router_fixtures import CANDS
 from test_decision_boundary import FORGED, PROOF, _chat, _deployment, _rows, _served
 
-pytestmark = pytest.mark.litellm_integration
-
-
-@pytest.fixture(autouse=True)
-def _reset_callbacks():
-    litellm.logging_callback_manager._reset_all_callbacks()
-    yield
-    litellm.logging_callback_manager._reset_all_callbacks()
+pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 
 
 def test_a_caller_cannot_set_the_router_version_of_its_row(planted_ckpt, sqlite_url, tmp_path):
