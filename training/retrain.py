@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.errors import one_line
@@ -67,6 +67,18 @@ class RetrainConfig(BaseModel):
     lam: float | None = Field(None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda")
     epsilon: float | None = Field(None, ge=0, le=1, description="exploration rate assumed for the new router in the "
                                   "off-policy estimate; default: energy_router.router.epsilon")  # fmt: skip
+    select: bool = Field(True, description="model selection: cross-validate select_scorers on the training rows and "
+                         "export the best as the candidate (training/selection.py); false: train the LM router only")  # fmt: skip
+    select_scorers: list[str] = Field(default_factory=lambda: ["task_prior", "knn", "logreg", "mf", "stacked"],
+                                      description="scorers model selection judges (router, lm, task_prior, knn, logreg, mf, stacked)")  # fmt: skip
+    select_folds: int = Field(5, ge=2, le=20, description="CV folds of model selection")
+
+    @field_validator("select_scorers")
+    @classmethod
+    def _known_scorers(cls, v: list[str]) -> list[str]:
+        from .selection import check_scorers
+
+        return check_scorers(v)
 
 
 def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:
@@ -208,6 +220,10 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
             r = cmp_[name]
             jt = "never" if r["joules_at_target"] is None else f"{r['joules_at_target']:.2f}"
             lines.append(f"| {name} | {r['aiq']:.4f} | {jt} | {r['max_accuracy']:.3f} |")
+    if report.get("selection"):
+        from .selection import summary_lines
+
+        lines += ["", *summary_lines(report["selection"])]
     for name, est in report.get("off_policy", {}).items():
         if "accuracy_snips" in est:
             a, j = est["accuracy_snips"], est["joules_snips"]
@@ -262,7 +278,13 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             tmp = vdir / f".tmp-{_version()}"
             log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
             t0 = time.time()
-            train_matrix(train_m, tmp, tc, log=log)
+            selection = None
+            if cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)
+                from .selection import select_and_export
+
+                selection = select_and_export(train_m, tmp, cfg.select_scorers, folds=cfg.select_folds, train_config=tc, log=log).summary()
+            else:
+                train_matrix(train_m, tmp, tc, log=log)
             version = read_manifest(tmp).version
             shutil.rmtree(tmp / "_trainer", ignore_errors=True)
             shutil.rmtree(tmp / "_grpo", ignore_errors=True)
@@ -286,7 +308,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             log(msg)
             report = {"version": version, "status": status, "message": msg, "new_rows": new, "since_id": since_id,
                       "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
-                      "off_policy": off_policy, "serving": str(serving_dir) if serving_dir else None,
+                      "off_policy": off_policy, "selection": selection, "serving": str(serving_dir) if serving_dir else None,
                       "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
                       "created": time.time()}  # fmt: skip
             jp, mp = _write_reports(Path(cfg.report_dir) if cfg.report_dir else vdir / "reports", version, report)

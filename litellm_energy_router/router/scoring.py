@@ -12,8 +12,9 @@ Built-in kinds (registered by :mod:`.builtin_scorers`):
 * ``student`` — the distilled student (:mod:`.student`): numpy only, tens of µs per query.
 * ``lm`` — the LM router's forward pass (:class:`.model.RouterModel`); imports torch and transformers
   when chosen, never before.
-* ``task_prior``, ``knn``, ``logreg`` — the evaluation's baselines exported to a checkpoint
-  (:mod:`.baseline_scorers`); ``knn``/``logreg`` embed the query with MiniLM, imported when chosen.
+* ``task_prior``, ``knn``, ``logreg``, ``mf``, ``stacked`` — the evaluation's baselines (and their
+  per-candidate stack, which retrain's model selection may promote) exported to a checkpoint
+  (:mod:`.baseline_scorers`); all but ``task_prior`` embed the query with MiniLM, imported when chosen.
 
 Nothing here imports torch, transformers or scikit-learn.
 """
