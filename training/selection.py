@@ -148,6 +148,7 @@ class Selection:
     stack_w: np.ndarray | None = None
     bases: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, Any] | None = None  # per-query energy: token errors per candidate, AIQ with that Ê
 
     @property
     def tie(self) -> bool:
@@ -161,7 +162,8 @@ class Selection:
                 "best_baseline": self.best_baseline, "folds": self.folds, "rule": "highest pooled held-out AIQ",
                 "best_single": {"candidate": self.ev.candidates[self.ev.best], "accuracy": self.ev.best_accuracy,
                                 "joules": self.ev.best_energy},
-                "scorers": {r["scorer"]: {k: v for k, v in r.items() if k != "scorer"} for r in self.rows}}  # fmt: skip
+                "scorers": {r["scorer"]: {k: v for k, v in r.items() if k != "scorer"} for r in self.rows},
+                "per_query_energy": self.tokens}  # fmt: skip
 
 
 def scorer_factories(names: Sequence[str], *, train_config: Any = None, embedder: Any = None, seed: int = 0,
@@ -200,7 +202,7 @@ def _rows(ev: Evaluation, names: Sequence[str], secs: Mapping[str, float]) -> li
 def select(m: TableMatrix, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: int = 5, seed: int = 0,
            train_config: Any = None, profile: Any = None, embedder: Any = None, n_points: int = 41,
            extra: Mapping[str, Factory] | None = None, progress: Callable[[int, int, str], None] | None = None,
-           log: Log = lambda s: None) -> Selection:  # fmt: skip
+           per_query_energy: bool = True, log: Log = lambda s: None) -> Selection:  # fmt: skip
     """Cross-validate ``scorers`` (plus ``extra`` methods, judged but never chosen) on ``m`` and choose."""
     names = check_scorers(scorers)
     bases = [b for b in STACK_BASES if b in names]
@@ -220,6 +222,7 @@ def select(m: TableMatrix, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: i
     ev = evaluate(m.Y, m.E, {n: (oof.P[n], oof.Eh[n]) for n in order}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
                   n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
     rows = _rows(ev, names, oof.seconds)
+    tokens = _per_query_energy(m, splits, oof, ev, names, n_points, profile) if per_query_energy else None
     simple = {n: i for i, n in enumerate(SIMPLEST_FIRST)}  # exact ties go to the cheaper scorer to serve
     ranked = sorted(rows, key=lambda r: (-r["aiq"], r["joules_at_best"] if r["joules_at_best"] is not None else np.inf,
                                          simple[r["scorer"]]))  # fmt: skip
@@ -228,9 +231,35 @@ def select(m: TableMatrix, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: i
     base_rows = [r for r in ranked if r["scorer"] in BASELINE_NAMES]
     sel = Selection(ev, rows, chosen, runner, ranked[0]["aiq"] - (ranked[1]["aiq"] if runner else ranked[0]["aiq"]),
                     ev.paired_fold_delta(chosen, runner) if runner else None, base_rows[0]["scorer"] if base_rows else None,
-                    folds, stack_w, bases, dict(oof.seconds))  # fmt: skip
+                    folds, stack_w, bases, dict(oof.seconds), tokens)  # fmt: skip
     log(selection_line(sel))
     return sel
+
+
+def _per_query_energy(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]], oof: OutOfFold, ev0: Evaluation,
+                      names: Sequence[str], n_points: int, profile: Any) -> dict[str, Any]:  # fmt: skip
+    """The token model judged on the same folds: output-token MAE per candidate (per-task mean vs model) and
+    every scorer's pooled AIQ / joules at the best single's accuracy with the per-query Ê, with the paired
+    per-fold AIQ difference (mean, sd) against the per-task Ê (``ev0``)."""
+    from .data import fit_energy_estimate
+    from .token_model import token_errors
+
+    t0 = time.perf_counter()
+    errors, offsets = token_errors(m, splits)
+    Eh = np.full((m.n, m.K), np.nan)
+    for tr, te in splits:
+        test = m.subset(te)
+        est = fit_energy_estimate(m.subset(tr), profile)
+        Eh[te] = est.estimate(m.candidates, test.prompt_tokens, list(test.tasks), offset_tokens=offsets[te])
+    ev = evaluate(m.Y, m.E, {n: (oof.P[n], Eh) for n in names}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
+                  n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
+    out: dict[str, Any] = {"token_mae": errors, "seconds": round(time.perf_counter() - t0, 1), "scorers": {}}
+    for n in names:
+        r = ev.method(n)
+        d = np.asarray(r.aiq_folds) - np.asarray(ev0.method(n).aiq_folds)
+        out["scorers"][n] = {"aiq": r.aiq, "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
+                             "aiq_delta_fold_mean": float(d.mean()), "aiq_delta_fold_sd": float(d.std(ddof=1)) if len(d) > 1 else None}  # fmt: skip
+    return out
 
 
 def selection_line(sel: Selection | dict[str, Any]) -> str:
@@ -257,7 +286,16 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         ratio = "never" if r["joules_ratio"] is None else f"{r['joules_ratio']:.3f} ± {sd(r['joules_ratio_fold_sd'], '.3f')}"
         lines.append(f"| {name}{mark} | {r['aiq']:.4f} ± {sd(r['aiq_fold_sd'], '.4f')} | {j} | {ratio} | "
                      f"{sd(r['brier'], '.4f')} | {r['seconds']:.0f} |")  # fmt: skip
-    return lines + ["", selection_line(s)]
+    lines += ["", selection_line(s)]
+    tok = s.get("per_query_energy")
+    if tok:
+        lines += ["", "Per-query energy (output tokens predicted per query and candidate, same folds): output-token "
+                  "MAE per candidate, per-task mean → model: " + ", ".join(
+                      f"{c.split('/')[-1]} {e['mae_task_mean']:.1f} → {e['mae_model']:.1f}" for c, e in tok["token_mae"].items()
+                      if e["mae_task_mean"] is not None) + "; AIQ with it (paired per-fold Δ vs the per-task Ê): " + ", ".join(
+                      f"{n} {r['aiq']:.4f} ({r['aiq_delta_fold_mean']:+.4f} ± {r['aiq_delta_fold_sd'] or 0:.4f})"
+                      for n, r in tok["scorers"].items()) + f"; served: {'yes' if tok.get('served') else 'no'}."]  # fmt: skip
+    return lines
 
 
 def selection_table(sel: Selection) -> str:
@@ -302,6 +340,13 @@ def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str
     manifest = read_manifest(out)
     if sel.chosen == "lm":
         manifest.scorer = "lm"
+    if sel.tokens is not None:  # per-query Ê served only when it does not lower the chosen scorer's AIQ
+        from .token_model import attach_token_model
+
+        helps = sel.tokens["scorers"][sel.chosen]["aiq"] >= next(r["aiq"] for r in sel.rows if r["scorer"] == sel.chosen)
+        manifest.tokens = attach_token_model(m, out, sel.tokens["token_mae"]) if helps else None
+        sel.tokens["served"] = manifest.tokens is not None
+        log(f"per-query energy: {'served' if sel.tokens['served'] else 'not served (per-task mean kept)'}")
     manifest.selection = sel.summary()  # type: ignore[attr-defined]
     write_manifest(out, manifest)
     return sel

@@ -6,7 +6,8 @@ in ``eval``) and writes a checkpoint: ``baseline.npz`` + a manifest whose ``scor
 whose ``baseline`` entry names the file. The arrays (numpy only, no pickle):
 
 * every kind: ``tasks[T]`` (training task names), ``prior[T, K]`` (per-task accuracy, smoothed) and
-  ``prior_any[K]`` (all tasks; used for a task the table has never seen);
+  ``prior_any[K]`` (all tasks; used for a task the table has never seen — for every kind when the
+  manifest's ``baseline.unknown_task`` is ``prior``, else only inside the kinds that use the prior);
 * ``knn``: ``X[N, D]`` the unit-norm MiniLM embeddings of the training query blocks, ``Y[N, K]`` their
   scores, ``k`` and ``shrink`` (pseudo-neighbours at the task prior);
 * ``logreg``: ``coef[K, D + T]`` and ``intercept[K]`` per candidate over [embedding, task one-hot], and
@@ -137,6 +138,7 @@ class BaselineScorer(CheckpointScorer):
         if self.arrays["prior_any"].shape != (len(self.manifest.candidates),):
             raise CheckpointError(f"{f}: prior_any has shape {self.arrays['prior_any'].shape}, not ({len(self.manifest.candidates)},)")
         self.encoder = str(entry.get("encoder", "all-MiniLM-L6-v2"))
+        self.unknown_task = str(entry.get("unknown_task", "model"))  # "prior": a task never seen gets prior_any
         self.inline = not uses_embeddings(self.name, self.arrays)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -148,5 +150,9 @@ class BaselineScorer(CheckpointScorer):
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         a = self.arrays
         prior = prior_lookup(self.tasks, a["prior"], a["prior_any"], tasks)
+        known = np.array([(t or "") in self.tasks for t in tasks], dtype=bool)
+        if self.unknown_task == "prior" and not known.any():
+            return prior  # every row's task unseen: the pooled prior, nothing to embed
         emb = self._embed(texts) if uses_embeddings(self.name, a) else None
-        return np.clip(kind_proba(self.name, a, emb, task_onehot(self.tasks, tasks), prior), 0.0, 1.0)
+        P = np.clip(kind_proba(self.name, a, emb, task_onehot(self.tasks, tasks), prior), 0.0, 1.0)
+        return np.where(known[:, None], P, prior) if self.unknown_task == "prior" else P
