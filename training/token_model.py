@@ -1,8 +1,8 @@
 """Fitting the per-query output-token model (:mod:`litellm_energy_router.router.token_model`) and judging
 it against the per-task mean the energy estimate uses otherwise.
 
-Per candidate: ridge regression (dual form, one eigendecomposition of the Gram matrix for every candidate
-and damping; at most :data:`MAX_ROWS` rows, a random sample beyond) of the output tokens minus their per-task training mean on the query's hashed byte n-grams and
+Per task and candidate: ridge regression (dual form, one eigendecomposition of the Gram matrix for every candidate
+and damping; at most :data:`MAX_ROWS` rows, a random sample beyond) of the output tokens minus their training mean on the task on the query's hashed byte n-grams and
 log1p(prompt tokens); the damping chosen by inner CV (mean squared error) among ``alphas``, and the
 candidate's column set to zero (the per-task mean kept) when no damping beats the per-task mean in the
 inner CV. :func:`token_errors` gives the honest comparison on outer folds: mean absolute error of the
@@ -58,41 +58,50 @@ def _ridge_all(X: Any, R: np.ndarray, alphas: Sequence[float]) -> dict[float, np
 
 def fit_token_model(m: TableMatrix, *, alphas: Sequence[float] = ALPHAS, folds: int = 3, seed: int = 0,
                     max_rows: int = MAX_ROWS) -> tuple[TokenModel, dict]:  # fmt: skip
-    """Fit on ``m`` (at most ``max_rows`` rows, drawn at random; see the module docstring). Returns the model
-    and, per candidate, the damping chosen (None: per-task mean kept) and the inner-CV mean squared error
-    of both."""
-    if m.n > max_rows:
-        m = m.subset(np.sort(np.random.default_rng(seed).choice(m.n, max_rows, replace=False)))
-    shell = TokenModel(np.zeros((DIM + 1, m.K)), NGRAMS, TAIL)
-    X = _design(shell, m.texts, m.prompt_tokens)
-    means, any_ = task_means(m)
-    _, R = _tokens(m, means, any_)
+    """Fit on ``m``, one model per task (at most ``max_rows`` rows of it, drawn at random; see the module
+    docstring). Returns the model and, per task and candidate, the damping chosen (None: per-task mean kept)
+    and the inner-CV mean squared error (tokens²) of both."""
+    tasks = m.task_names()
+    W = np.zeros((len(tasks), DIM + 1, m.K))
+    info: dict[str, Any] = {}
+    for ti, t in enumerate(tasks):
+        rows = np.flatnonzero(m.tasks == t)
+        if len(rows) > max_rows:
+            rows = np.sort(np.random.default_rng(seed).choice(rows, max_rows, replace=False))
+        W[ti], info[t] = _fit_task(m.subset(rows), alphas, folds, seed)
+    return TokenModel(W, tasks, NGRAMS, TAIL), info
+
+
+def _fit_task(m: TableMatrix, alphas: Sequence[float], folds: int, seed: int) -> tuple[np.ndarray, dict]:
+    shell = TokenModel(np.zeros((1, DIM + 1, m.K)), [""], NGRAMS, TAIL)
     W = np.zeros((DIM + 1, m.K))
     info: dict[str, Any] = {c: {"alpha": None} for c in m.candidates}
-    if m.n < 2 * folds:
-        return TokenModel(W, NGRAMS, TAIL), info
+    known = ~np.isnan(m.T)
+    if m.n < 4 * folds or np.nanstd(np.where(known, m.T, np.nan), axis=0).max() < 1.0:
+        return W, info  # too few rows, or output lengths (nearly) constant: the mean is the model
+    X = _design(shell, m.texts, m.prompt_tokens)
+    mean = lambda T: np.nan_to_num(np.nanmean(T, axis=0))  # noqa: E731
     mse = {a: np.zeros(m.K) for a in alphas}
     base = np.zeros(m.K)
-    for tr, te in kfold(list(m.ids), folds, seed=seed, groups=m.tasks):
-        mt, at = task_means(m.subset(tr))  # the inner folds' own per-task means: the baseline to beat
-        _, Rtr = _tokens(m.subset(tr), mt, at)
-        _, Rte = _tokens(m.subset(te), mt, at)
+    for tr, te in kfold(list(m.ids), folds, seed=seed):
+        mu = mean(m.T[tr])  # the inner fold's own mean: the baseline to beat
+        Rtr, Rte = np.nan_to_num(m.T[tr] - mu), np.nan_to_num(m.T[te] - mu)
         base += np.sum(Rte**2, axis=0)
         for a, Wa in _ridge_all(X[tr], Rtr, alphas).items():
             mse[a] += np.sum((Rte - X[te] @ Wa) ** 2, axis=0)
-    full = _ridge_all(X, R, alphas)
+    full = _ridge_all(X, np.nan_to_num(m.T - mean(m.T)), alphas)
     for k, c in enumerate(m.candidates):
         best = min(alphas, key=lambda a: mse[a][k])
         keep = bool(mse[best][k] < base[k])
-        info[c] = {"alpha": best if keep else None, "inner_mse_model": float(mse[best][k] / m.n), "inner_mse_task_mean": float(base[k] / m.n)}
+        info[c] = {"alpha": best if keep else None, "inner_mse_model": float(mse[best][k] / m.n), "inner_mse_mean": float(base[k] / m.n)}
         if keep:
             W[:, k] = full[best][:, k]
-    return TokenModel(W, NGRAMS, TAIL), info
+    return W, info
 
 
 def token_errors(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[dict[str, dict[str, float]], np.ndarray]:
-    """Outer-CV judgement: per candidate the mean absolute error (tokens) of the per-task mean and of the
-    model's prediction, on rows with known output tokens; and the held-out offsets ``[n, K]``."""
+    """Outer-CV judgement: per candidate the mean absolute and root-mean-square error (tokens) of the
+    per-task mean and of the model's prediction, on rows with known output tokens; and the held-out offsets ``[n, K]``."""
     offsets = np.zeros((m.n, m.K))
     pred_mean, pred_model = np.full((m.n, m.K), np.nan), np.full((m.n, m.K), np.nan)
     for tr, te in splits:
@@ -100,14 +109,17 @@ def token_errors(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]]
         tm, _ = fit_token_model(train)
         means, any_ = task_means(train)
         base, _ = _tokens(test, means, any_)
-        off = tm.offset(test.texts, test.prompt_tokens)
+        off = tm.offset(test.texts, test.prompt_tokens, list(test.tasks))
         offsets[te] = off
         pred_mean[te], pred_model[te] = base, np.maximum(base + off, 0.0)
     out = {}
     for k, c in enumerate(m.candidates):
         ok = ~np.isnan(m.T[:, k])
-        out[c] = {"mae_task_mean": float(np.mean(np.abs(pred_mean[ok, k] - m.T[ok, k]))) if ok.any() else None,
-                  "mae_model": float(np.mean(np.abs(pred_model[ok, k] - m.T[ok, k]))) if ok.any() else None}  # fmt: skip
+        em, eo = pred_mean[ok, k] - m.T[ok, k], pred_model[ok, k] - m.T[ok, k]
+        out[c] = {"mae_task_mean": float(np.mean(np.abs(em))) if ok.any() else None,
+                  "mae_model": float(np.mean(np.abs(eo))) if ok.any() else None,
+                  "rmse_task_mean": float(np.sqrt(np.mean(em**2))) if ok.any() else None,
+                  "rmse_model": float(np.sqrt(np.mean(eo**2))) if ok.any() else None}  # fmt: skip
     return out, offsets
 
 

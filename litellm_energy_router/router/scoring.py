@@ -113,7 +113,7 @@ class CheckpointScorer:
         """Ê[n, K] in joules from the prompt length (known at routing time) and expected output tokens."""
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
-        offset = self.tokens.offset(texts, n_tok) if self.tokens is not None else None
+        offset = self.tokens.offset(texts, n_tok, tasks) if self.tokens is not None else None
         return self.manifest.energy.estimate(self.manifest.candidates, n_tok, tasks, offset_tokens=offset)
 
     def decide(self, P: np.ndarray, E: np.ndarray, lam: float | None = None, target: float | None = None,
