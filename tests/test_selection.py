@@ -114,3 +114,32 @@ def test_unknown_scorer_names_are_refused_in_one_line():
         check_scorers(["knn", "gpt"])
     with pytest.raises(ValueError):
         RetrainConfig(table_url="sqlite://", pointer="p.json", select_scorers=["knn", "knn"])
+
+
+def test_token_model_learns_per_query_output_length_and_serves_the_same_offsets(tmp_path):
+    from litellm_energy_router.router.token_model import TokenModel
+    from litellm_energy_router.training.data import TableMatrix
+    from litellm_energy_router.training.token_model import fit_token_model, token_errors
+
+    rng = np.random.default_rng(0)
+    n = 240
+    long_ = np.array([i % 2 == 0 for i in range(n)])
+    texts = [("Write a long essay about " if lg else "Say yes or no: ") + " ".join(rng.choice(WORDS, size=4)) for lg in long_]
+    tasks = np.array(["code" if i < 160 else "quiz" for i in range(n)], dtype=object)
+    T = np.where(long_[:, None], 300.0, 20.0) + rng.normal(0, 5, (n, 2))
+    T[tasks == "quiz"] = 2.0  # constant lengths: the mean is the model
+    m = TableMatrix(candidates=["a", "b"], ids=np.array([f"q{i}" for i in range(n)], dtype=object), tasks=tasks, texts=texts,
+                    prompt_tokens=np.full(n, 12.0), Y=np.ones((n, 2)), E=T * 0.1, T=T)  # fmt: skip
+    splits = [(np.flatnonzero(np.arange(n) % 4 != f), np.flatnonzero(np.arange(n) % 4 == f)) for f in range(4)]
+    errs, off = token_errors(m, splits)
+    assert all(e["mae_model"] < 0.5 * e["mae_task_mean"] for e in errs.values())
+    assert not off[tasks == "quiz"].any()  # constant-length task: no offset
+    tm, info = fit_token_model(m)
+    assert info["code"]["a"]["alpha"] is not None and info["quiz"]["a"]["alpha"] is None
+    tm.save(tmp_path / "tokens.npz")
+    served = TokenModel.load(tmp_path / "tokens.npz")
+    code = list(np.flatnonzero(tasks == "code")[:6])
+    got = served.offset([texts[i] for i in code], [12.0] * 6, ["code"] * 6)
+    np.testing.assert_allclose(got, tm.offset([texts[i] for i in code], [12.0] * 6, ["code"] * 6))
+    assert (got[long_[code]] > 100).all() and (got[~long_[code]] < -100).all()
+    assert not served.offset([texts[0]], [12.0], ["never-seen"]).any()  # an unseen task keeps the mean
