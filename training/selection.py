@@ -43,6 +43,9 @@ SIMPLEST_FIRST = ("task_prior", "logreg", "knn", "mf", "stacked", "router", "lm"
 DEFAULT_SCORERS = ("router", "task_prior", "knn", "logreg", "mf", "stacked")
 
 Log = Callable[[str], None]
+# what an exported baseline answers for a task it never saw: "model" (its text features, task one-hot all
+# zero) or "prior" (the pooled prior); chosen on `eval --leave-task-out` (docs/training.md, Unseen tasks)
+UNKNOWN_TASK_FALLBACK = "model"
 
 
 def check_scorers(names: Sequence[str]) -> list[str]:
@@ -294,7 +297,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
                       f"{c.split('/')[-1]} {e['mae_task_mean']:.1f} → {e['mae_model']:.1f}" for c, e in tok["token_mae"].items()
                       if e["mae_task_mean"] is not None) + "; AIQ with it (paired per-fold Δ vs the per-task Ê): " + ", ".join(
                       f"{n} {r['aiq']:.4f} ({r['aiq_delta_fold_mean']:+.4f} ± {r['aiq_delta_fold_sd'] or 0:.4f})"
-                      for n, r in tok["scorers"].items()) + f"; served: {'yes' if tok.get('served') else 'no'}."]  # fmt: skip
+                      for n, r in tok["scorers"].items()) + ("" if "served" not in tok else f"; served: {'yes' if tok['served'] else 'no'}") + "."]  # fmt: skip
     return lines
 
 
@@ -340,6 +343,8 @@ def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str
     manifest = read_manifest(out)
     if sel.chosen == "lm":
         manifest.scorer = "lm"
+    if manifest.baseline is not None:
+        manifest.baseline["unknown_task"] = UNKNOWN_TASK_FALLBACK
     if sel.tokens is not None:  # per-query Ê served only when it does not lower the chosen scorer's AIQ
         from .token_model import attach_token_model
 
