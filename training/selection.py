@@ -45,7 +45,7 @@ DEFAULT_SCORERS = ("router", "task_prior", "knn", "logreg", "mf", "stacked")
 Log = Callable[[str], None]
 # what an exported baseline answers for a task it never saw: "model" (its text features, task one-hot all
 # zero) or "prior" (the pooled prior); chosen on `eval --leave-task-out` (docs/training.md, Unseen tasks)
-UNKNOWN_TASK_FALLBACK = "model"
+UNKNOWN_TASK_FALLBACK = "prior"
 
 
 def check_scorers(names: Sequence[str]) -> list[str]:
