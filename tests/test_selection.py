@@ -65,6 +65,9 @@ def test_retrain_promotes_the_baseline_the_cv_proves_best_with_margin_and_spread
     P = served.score(["Question 9999: apples rivers?"] * 3, list(RATE))
     assert P.shape == (3, 3)
     assert P[0, 0] < P[0, 2]  # algebra: large is far likelier than small to answer
+    # a task the table never saw: the pooled prior (the leave-task-out fallback), not the text model
+    np.testing.assert_allclose(served.score(["Question 9999: apples rivers?"], ["never-seen"])[0], served.arrays["prior_any"])
+    assert manifest.baseline["unknown_task"] == "prior"
     md = res.report_md.read_text()
     assert "← promoted" in md and sel["chosen"] in md
 
