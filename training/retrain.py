@@ -6,8 +6,9 @@ One run:
 2. counts labelled rows (score and energy) newer than the serving checkpoint's training watermark
    (run id, or updated later, e.g. labelled by feedback); below ``min_new_rows`` it stops: "nothing new";
 3. trains a candidate checkpoint on the table minus a **stable held-out set** (a hash of the query id,
-   so the held-out queries never enter any checkpoint's training data), from scratch or warm-started
-   from the serving checkpoint;
+   so the held-out queries never enter any checkpoint's training data): with ``select`` (default), the
+   scorers of ``select_scorers`` are cross-validated on those rows and the best is exported
+   (:mod:`.selection`); otherwise the LM router, from scratch or warm-started from the serving checkpoint;
 4. scores the candidate and the serving checkpoint on the same held-out queries (AIQ; joules to reach
    the target accuracy) and, when production rows with propensities exist, estimates both on logged
    traffic by IPS/SNIPS (:mod:`.ope`);
