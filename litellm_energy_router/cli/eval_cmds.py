@@ -86,7 +86,8 @@ def eval_cmd(
         if leave_task_out:
             return _leave_task_out(scorers, extra, m, profile, points, out, bar)
         if not scorers:
-            return _checkpoints_only(extra, m, folds, seed, profile, points, out, bar)
+            _checkpoints_only(extra, m, folds, seed, profile, points, out, bar)
+            return _off_policy(url, ckpts, settings_or_fail(config), lam, out)
         from ..training.selection import select, selection_table
 
         task = bar.add_task("cross-validating", total=folds * (len(extra) + len([s for s in scorers if s != "stacked"])))
