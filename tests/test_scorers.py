@@ -38,7 +38,7 @@ def test_auto_kind_is_the_manifests_and_an_unknown_kind_is_refused(planted_ckpt)
         load_scorer(planted_ckpt, "nope")
 
 
-@pytest.mark.parametrize("kind", ["task_prior", "knn", "logreg"])
+@pytest.mark.parametrize("kind", ["task_prior", "knn", "logreg", "mf"])
 def test_exported_baseline_serves_the_evaluation_baselines_p(kind, planted_matrix, tmp_path):
     from litellm_energy_router.training.baselines import export_baseline, make_baseline
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from litellm_energy_router.router.baseline_scorers import knn_proba, task_onehot
 
-from .data import TableMatrix, kfold, near_duplicate_groups
+from .data import TableMatrix, concat_rows, kfold, near_duplicate_groups
 from .embed import Embedder, embed_queries
 from .pairs import label_weights, weighted_brier
 
@@ -91,6 +91,7 @@ class Baseline(ABC):
     name: ClassVar[str] = "baseline"
     grid: ClassVar[dict[str, list[Any]]] = {}
     uses_embeddings: ClassVar[bool] = False
+    accepts_partial: ClassVar[bool] = True  # fits a partial matrix (NaN = unlabelled, ``W`` pair weights)
 
     def __init__(self, *, embedder: Embedder | None = None, inner_folds: int = 3, seed: int = 0, **params: Any) -> None:
         unknown = set(params) - set(self.grid)
@@ -284,38 +285,53 @@ class MatrixFactorization(Baseline):
             t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
             return torch.sigmoid(self._logits(t(emb), t(onehot), *self._params)).numpy().astype(np.float64)
 
+    def export_arrays(self) -> dict[str, np.ndarray]:
+        return dict(zip(("V", "W", "w", "B"), (p.numpy().astype(np.float64) for p in self._params)))
 
-def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedder | None = None, seed: int = 0) -> Any:
-    """Fit baseline ``name`` (``task_prior``, ``knn`` or ``logreg``; hyperparameters by inner CV) on ``m`` and
-    write it as a servable checkpoint (:mod:`litellm_energy_router.router.baseline_scorers`). Returns the directory."""
-    import time
-    from pathlib import Path
 
-    from litellm_energy_router.router.baseline_scorers import BASELINE_FILE, BASELINE_KINDS
-    from litellm_energy_router.router.checkpoint import Manifest, library_versions, write_manifest
-    from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
+def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedder | None = None, seed: int = 0,
+                    partial: TableMatrix | None = None) -> Any:  # fmt: skip
+    """Fit baseline ``name`` (``task_prior``, ``knn``, ``logreg`` or ``mf``; hyperparameters by inner CV) on ``m``
+    (plus ``partial``: queries only partial feedback labels, weighted) and write it as a servable checkpoint
+    (:mod:`litellm_energy_router.router.baseline_scorers`). Returns the directory."""
+    from litellm_energy_router.router.baseline_scorers import BASELINE_KINDS
 
-    from .data import fit_energy_estimate
     from .embed import default_embedder
 
-    if name not in BASELINE_KINDS:
+    if name not in BASELINE_KINDS or name not in BASELINES:
         raise ValueError(f"baseline {name!r}: not servable (servable: {', '.join(BASELINE_KINDS)})")
     if len(m) < 2:
         raise ValueError(f"only {len(m)} fully labelled queries for candidates {m.candidates}; need >= 2")
     emb = embedder or default_embedder()
-    b = make_baseline(name, embedder=emb, seed=seed).fit(m)
+    b = make_baseline(name, embedder=emb, seed=seed).fit(concat_rows(m, partial))
+    return write_baseline_checkpoint(name, m, out_dir, b.export_arrays(), b.params, emb.name if b.uses_embeddings else None,
+                                     b.predict_proba(m))  # fmt: skip
+
+
+def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: dict[str, np.ndarray], params: dict[str, Any],
+                              encoder: str | None, P: np.ndarray) -> Any:  # fmt: skip
+    """Write a fitted baseline of ``kind`` (its ``arrays`` beyond the task prior, added here; ``P`` its
+    predictions on ``m``, for the knob range and the training Brier) as a servable checkpoint."""
+    import time
+    from pathlib import Path
+
+    from litellm_energy_router.router.baseline_scorers import BASELINE_FILE
+    from litellm_energy_router.router.checkpoint import Manifest, library_versions, write_manifest
+    from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
+
+    from .data import fit_energy_estimate
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tasks = m.task_names()
     np.savez(out / BASELINE_FILE, tasks=np.array(tasks, dtype=str), prior=task_prior(m, tasks), prior_any=m.Y.mean(axis=0),
-             **b.export_arrays())  # fmt: skip
+             **arrays)  # fmt: skip
     est = fit_energy_estimate(m)
-    P = b.predict_proba(m)
     grid = lambda_grid(P, est.estimate(m.candidates, m.prompt_tokens, m.tasks), DEFAULT_E_REF_J, 2)
     manifest = Manifest(
-        version=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{name}", candidates=m.candidates, scorer=name,
+        version=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{kind}", candidates=m.candidates, scorer=kind,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1])}, energy=est,
-        baseline={"file": BASELINE_FILE, "kind": name, "params": b.params, "encoder": emb.name if b.uses_embeddings else None},
+        baseline={"file": BASELINE_FILE, "kind": kind, "params": params, "encoder": encoder},
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m)},
         eval={"train_brier": brier(P, m.Y)}, versions=library_versions(),
     )  # fmt: skip

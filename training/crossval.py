@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from .baselines import BASELINES, Predictor, make_baseline
-from .data import TableMatrix, estimate_energy, fit_energy_estimate, kfold, load_matrix, near_duplicate_groups
+from .data import TableMatrix, concat_rows, estimate_energy, fit_energy_estimate, kfold, load_matrix, near_duplicate_groups
 from .evaluate import Evaluation, evaluate
 
 Factory = Callable[[], Predictor]
@@ -53,7 +54,43 @@ def cross_validate(
     if callable(methods) and not isinstance(methods, Mapping):
         methods = {"router": methods}
     m = matrix if matrix is not None else routerbench_matrix(profile=profile)
-    splits = kfold(near_duplicate_groups(m.texts, m.ids, m.tasks), folds, seed=seed, groups=m.tasks)
+    splits = cv_splits(m, folds, seed)
+    oof = out_of_fold(methods, m, splits, profile=profile, progress=progress)
+    P, Eh, secs, params, e_refs = oof.P, oof.Eh, oof.seconds, oof.params, oof.e_refs
+    routers = {name: (P[name], Eh[name]) for name in methods}
+    ev = evaluate(m.Y, m.E, routers, m.candidates, e_ref=float(np.mean(e_refs)), n_points=n_points, folds=[te for _, te in splits])
+    for name in methods:
+        chosen = f"; hyperparameters per fold: {params[name]}" if params[name] else ""
+        ev.notes.append(f"{name}: fit+predict {secs[name]:.1f} s over {folds} folds; held-out Brier {ev.method(name).calibration.brier:.4f}{chosen}")
+    return ev
+
+
+def cv_splits(m: TableMatrix, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The CV folds of ``m``: by query, stratified by task, near-duplicates in one fold."""
+    return kfold(near_duplicate_groups(m.texts, m.ids, m.tasks), folds, seed=seed, groups=m.tasks)
+
+
+@dataclass
+class OutOfFold:
+    """Held-out predictions of each method over every row of a matrix: ``P[name]``, ``Eh[name]`` (J),
+    fit+predict seconds, tuned hyperparameters per fold, and each fold's λ scale ``e_refs`` (J)."""
+
+    P: dict[str, np.ndarray]
+    Eh: dict[str, np.ndarray]
+    seconds: dict[str, float]
+    params: dict[str, list[Any]]
+    e_refs: list[float]
+    splits: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+def out_of_fold(methods: Mapping[str, Factory], m: TableMatrix, splits: list[tuple[np.ndarray, np.ndarray]], *,
+                profile: Any = None, progress: Callable[[int, int, str], None] | None = None,
+                energy: Callable[[TableMatrix, TableMatrix], np.ndarray] | None = None,
+                partial: TableMatrix | None = None) -> OutOfFold:  # fmt: skip
+    """Fit every method on each fold's training rows and predict its test rows. ``energy(train, test)``
+    gives the default Ê (J) of a method without ``predict_energy`` (default: :func:`~.data.fit_energy_estimate`).
+    ``partial``: queries only partial feedback labels (never tested on), added to every fold's training rows
+    of the methods that fit a partial matrix (``accepts_partial``)."""
     P = {name: np.full((m.n, m.K), np.nan) for name in methods}
     Eh = {name: np.full((m.n, m.K), np.nan) for name in methods}
     secs = {name: 0.0 for name in methods}
@@ -61,13 +98,14 @@ def cross_validate(
     e_refs = []
     for f, (tr, te) in enumerate(splits):
         train, test = m.subset(tr), m.subset(te)
-        e_default = estimate_energy(fit_energy_estimate(train, profile), test)
+        e_default = energy(train, test) if energy else estimate_energy(fit_energy_estimate(train, profile), test)
         e_refs.append(float(train.E.mean(axis=0).max()))  # J: what the pipeline stores as knob.e_ref_j
         for j, (name, factory) in enumerate(methods.items()):
             if progress:
-                progress(f * len(methods) + j, folds * len(methods), f"fold {f + 1}/{folds}: {name}")
+                progress(f * len(methods) + j, len(splits) * len(methods), f"fold {f + 1}/{len(splits)}: {name}")
             t0 = time.perf_counter()
-            pred = factory().fit(train)
+            pred = factory()
+            pred = pred.fit(concat_rows(train, partial) if getattr(pred, "accepts_partial", False) else train)
             p = np.asarray(pred.predict_proba(test), dtype=np.float64)
             secs[name] += time.perf_counter() - t0
             if p.shape != (test.n, m.K):
@@ -76,12 +114,7 @@ def cross_validate(
             Eh[name][te] = pred.predict_energy(test) if hasattr(pred, "predict_energy") else e_default
             if getattr(pred, "params", None):
                 params[name].append(pred.params)
-    routers = {name: (P[name], Eh[name]) for name in methods}
-    ev = evaluate(m.Y, m.E, routers, m.candidates, e_ref=float(np.mean(e_refs)), n_points=n_points, folds=[te for _, te in splits])
-    for name in methods:
-        chosen = f"; hyperparameters per fold: {params[name]}" if params[name] else ""
-        ev.notes.append(f"{name}: fit+predict {secs[name]:.1f} s over {folds} folds; held-out Brier {ev.method(name).calibration.brier:.4f}{chosen}")
-    return ev
+    return OutOfFold(P, Eh, secs, params, e_refs, list(splits))
 
 
 def routerbench_matrix(db_url: str | None = None, *, profile: Any = None) -> TableMatrix:
@@ -182,3 +215,23 @@ def leave_task_out(
         out[t] = evaluate(test.Y, test.E, routers, matrix.candidates, e_ref=float(train.E.mean(axis=0).max()),
                           n_points=n_points, folds=parts)  # fmt: skip
     return out
+
+
+def lto_table(evs: Mapping[str, Evaluation]) -> str:
+    """Markdown, one row per method (the zero router first), one column per held-out task: AIQ ± sd over
+    the parts and joules at the task's best single candidate's accuracy as a ratio to its joules."""
+    tasks = list(evs)
+    names = [m.name for m in next(iter(evs.values())).methods if m.kind in ("zero", "router")]
+    head = "| method | " + " | ".join(f"{t}: AIQ | {t}: J ratio" for t in tasks) + " | mean AIQ |"
+    lines = [head, "|---|" + "---|" * (2 * len(tasks) + 1)]
+    for name in names:
+        cells, aiqs = [], []
+        for t in tasks:
+            ev = evs[t]
+            r = ev.method(name)
+            sd = f" ± {np.std(r.aiq_folds, ddof=1):.4f}" if len(r.aiq_folds) > 1 else ""
+            j = r.joules_at_best / ev.best_energy
+            cells += [f"{r.aiq:.4f}{sd}", f"{j:.3f}" if np.isfinite(j) else "never"]
+            aiqs.append(r.aiq)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {np.mean(aiqs):.4f} |")
+    return "\n".join(lines)

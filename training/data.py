@@ -88,6 +88,25 @@ class TableMatrix:
         return f"{self.n} queries x {self.K} candidates ({acc})"
 
 
+def concat_rows(a: TableMatrix, b: TableMatrix | None) -> TableMatrix:
+    """The rows of ``a`` then those of ``b`` (same candidates): e.g. the complete training queries plus the
+    queries only partial feedback labels (NaN where unlabelled). ``W`` is kept when either has one (ones
+    for a complete side); watermarks are ``a``'s."""
+    if b is None or not len(b):
+        return a
+    if list(b.candidates) != list(a.candidates):
+        raise MatrixError(f"candidates differ: {a.candidates} vs {b.candidates}")
+    W = None
+    if a.W is not None or b.W is not None:
+        W = np.vstack([np.ones_like(m.Y) if m.W is None else m.W for m in (a, b)])
+    cat = np.concatenate
+    return TableMatrix(
+        candidates=list(a.candidates), ids=cat([a.ids, b.ids]), tasks=cat([a.tasks, b.tasks]), texts=list(a.texts) + list(b.texts),
+        prompt_tokens=cat([a.prompt_tokens, b.prompt_tokens]), Y=np.vstack([a.Y, b.Y]), E=np.vstack([a.E, b.E]),
+        T=np.vstack([a.T, b.T]), dropped=dict(a.dropped), W=W, max_run_id=a.max_run_id, max_updated=a.max_updated,
+    )  # fmt: skip
+
+
 def load_matrix(
     store: Any,
     candidates: Sequence[str] | None = None,

@@ -198,6 +198,7 @@ class MethodResult:
     target_curve: Curve | None = None
     aiq_target: float | None = None
     aiq_folds: list[float] = field(default_factory=list)
+    joules_ratio_folds: list[float] = field(default_factory=list)  # per fold: J at the best single's accuracy / its J
     phase: Phase | None = None
     kind: str = "router"  # router | zero | random | oracle
     calibration: "Calibration | None" = None  # of the predicted P (routers only)
@@ -338,12 +339,14 @@ def evaluate(
         ref = float(e_ref) if e_ref is not None else float(Ehat.mean(axis=0).max())
         curve, C = sweep_lambda(P, Ehat, Y, E, ref, n_points, name)
         tc = sweep_target(P, Ehat, Y, E, n_points, name)
-        per_fold = []
+        per_fold, j_fold = [], []
         for idx in folds or []:
             fc = Curve.from_choices(name, "lambda", curve.knob, C[:, idx], Y[idx], E[idx])
             per_fold.append(aiq(fc.energy_j, fc.accuracy, float(E[idx].mean(axis=0).max())))
+            fx, fy = fc.hull()
+            j_fold.append(joules_at_accuracy(fx, fy, float(Y[idx, best].mean())) / float(E[idx, best].mean()))
         hx, hy = tc.hull()
-        add(name, curve, "router", target_curve=tc, aiq_target=hull_area(hx, hy, x_max) / x_max, aiq_folds=per_fold,
+        add(name, curve, "router", target_curve=tc, aiq_target=hull_area(hx, hy, x_max) / x_max, aiq_folds=per_fold, joules_ratio_folds=j_fold,
             phase=phase_transition(curve, se, candidates), calibration=calibration(P, Y))  # fmt: skip
     return ev
 

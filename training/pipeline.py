@@ -25,7 +25,7 @@ from litellm_energy_router.table import TableStore
 from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .calibrate import fit_calibration, fit_probe
 from .embed import default_embedder, embed_queries
-from .data import TableMatrix as Matrix, fit_energy_estimate, load_matrix, near_duplicate_groups
+from .data import TableMatrix as Matrix, concat_rows, fit_energy_estimate, load_matrix, near_duplicate_groups
 from .pairs import PairTable, load_pairs, partial_only
 from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
@@ -220,9 +220,7 @@ def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal:
 
     t0 = time.time()
     if extra is not None and len(extra):
-        fit = Matrix(candidates=fit.candidates, ids=np.concatenate([fit.ids, extra.ids]), tasks=np.concatenate([fit.tasks, extra.tasks]),
-                     texts=list(fit.texts) + list(extra.texts), prompt_tokens=np.concatenate([fit.prompt_tokens, extra.prompt_tokens]),
-                     Y=np.vstack([fit.Y, extra.Y]), E=np.vstack([fit.E, extra.E]), T=np.vstack([fit.T, extra.T]))  # fmt: skip
+        fit = concat_rows(fit, extra)
     tasks = [str(t) for t in fit.tasks]
     z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
     z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])

@@ -6,8 +6,9 @@ One run:
 2. counts labelled rows (score and energy) newer than the serving checkpoint's training watermark
    (run id, or updated later, e.g. labelled by feedback); below ``min_new_rows`` it stops: "nothing new";
 3. trains a candidate checkpoint on the table minus a **stable held-out set** (a hash of the query id,
-   so the held-out queries never enter any checkpoint's training data), from scratch or warm-started
-   from the serving checkpoint;
+   so the held-out queries never enter any checkpoint's training data): with ``select`` (default), the
+   scorers of ``select_scorers`` are cross-validated on those rows and the best is exported
+   (:mod:`.selection`); otherwise the LM router, from scratch or warm-started from the serving checkpoint;
 4. scores the candidate and the serving checkpoint on the same held-out queries (AIQ; joules to reach
    the target accuracy) and, when production rows with propensities exist, estimates both on logged
    traffic by IPS/SNIPS (:mod:`.ope`);
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.errors import one_line
@@ -84,6 +85,19 @@ class RetrainConfig(BaseModel):
         if self.grpo_steps and self.train.grpo is not None:
             raise ValueError("set either grpo_steps or train.grpo, not both")
         return self
+    select: bool = Field(False, description="model selection: cross-validate select_scorers on the training rows and "
+                         "export the best as the candidate (training/selection.py); false (default): train the LM "
+                         "router (its winner, kNN, ties the router on the development rows)")  # fmt: skip
+    select_scorers: list[str] = Field(default_factory=lambda: ["task_prior", "knn", "logreg", "mf", "stacked"],
+                                      description="scorers model selection judges (router, lm, task_prior, knn, logreg, mf, stacked)")  # fmt: skip
+    select_folds: int = Field(5, ge=2, le=20, description="CV folds of model selection")
+
+    @field_validator("select_scorers")
+    @classmethod
+    def _known_scorers(cls, v: list[str]) -> list[str]:
+        from .selection import check_scorers
+
+        return check_scorers(v)
 
 
 def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:
@@ -225,6 +239,10 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
             r = cmp_[name]
             jt = "never" if r["joules_at_target"] is None else f"{r['joules_at_target']:.2f}"
             lines.append(f"| {name} | {r['aiq']:.4f} | {jt} | {r['max_accuracy']:.3f} |")
+    if report.get("selection"):
+        from .selection import summary_lines
+
+        lines += ["", *summary_lines(report["selection"])]
     for name, est in report.get("off_policy", {}).items():
         if "accuracy_snips" in est:
             a, j = est["accuracy_snips"], est["joules_snips"]
@@ -308,9 +326,16 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
 
                 with stages.stage("read labelled pairs"):
                     pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
+            selection = None
             with stages.stage("train") as tick:
-                train_matrix(train_m, tmp, tc, log=log, pairs=pairs,
-                             on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")))  # fmt: skip
+                if cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)
+                    from .selection import select_and_export
+
+                    selection = select_and_export(train_m, tmp, cfg.select_scorers, folds=cfg.select_folds,
+                                                  train_config=tc, log=log, pairs=pairs).summary()  # fmt: skip
+                else:
+                    train_matrix(train_m, tmp, tc, log=log, pairs=pairs,
+                                 on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")))  # fmt: skip
             version = read_manifest(tmp).version
             shutil.rmtree(tmp / "_trainer", ignore_errors=True)
             shutil.rmtree(tmp / "_grpo", ignore_errors=True)
@@ -336,7 +361,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             log(msg)
             report = {"version": version, "status": status, "message": msg, "new_rows": new, "since_id": since_id,
                       "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
-                      "off_policy": off_policy, "serving": str(serving_dir) if serving_dir else None,
+                      "off_policy": off_policy, "selection": selection, "serving": str(serving_dir) if serving_dir else None,
                       "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
                       "train_config": dataclasses.asdict(tc),
                       "created": time.time(), "data": data, "timings": stages.report()}  # fmt: skip

@@ -17,12 +17,14 @@ def eval_cmd(
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
     folds: int = typer.Option(5, "--folds", min=2, help="cross-validation folds (split by query, stratified by task)"),
-    baselines: str = typer.Option("task_prior,knn,logreg,mf", "--baselines", help="comma-separated baselines, or 'none'"),
+    baselines: str = typer.Option("task_prior,knn,logreg,mf,stacked", "--baselines",
+                                  help="comma-separated baselines (task_prior, knn, logreg, mf, stacked), or 'none'"),
     seed: int = typer.Option(0, "--seed", help="fold assignment seed"),
     source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
     energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", help="J/token profile YAML (default: settings energy.profile, else bundled)"),
     points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
-    router: bool = typer.Option(True, "--router/--no-router", help="also train and judge the LM router (default config) per fold"),
+    router: bool = typer.Option(True, "--router/--no-router", help="also train the LM router (default config) per fold, judged as "
+                                "served ('router': its student) and with the LM forward ('lm')"),
     checkpoint: Optional[list[Path]] = typer.Option(
         None, "--checkpoint",
         help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
@@ -33,20 +35,20 @@ def eval_cmd(
     leave_task_out: bool = typer.Option(False, "--leave-task-out", help="train on all tasks but one, judge on the held-out "
                                         "one with its task hidden (an unseen task), for every task"),  # fmt: skip
 ) -> None:
-    """K-fold CV by query of the learned baselines on the table: curves vs the zero router, random and
-    the oracle; AIQ, joules at the best single candidate's accuracy, accuracy at half its joules, phase."""
+    """K-fold CV by query of the router and the learned baselines on the table: curves vs the zero router,
+    random and the oracle; per scorer AIQ and joules at the best single candidate's accuracy with their
+    fold spread, the one model selection (retrain) would promote marked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..energy.profile import ProfileError, load_profile
-    from ..training.baselines import BASELINES
-    from ..training.crossval import baseline_factories, cross_validate
     from ..training.data import MatrixError, load_matrix
+    from ..training.selection import SELECTABLE
     from ..training.evaluate import write_report
 
     names = [] if baselines.strip().lower() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
-    unknown = [b for b in names if b not in BASELINES]
+    unknown = [b for b in names if b not in SELECTABLE or b in ("router", "lm")]
     if unknown:
-        fail(f"--baselines: unknown baseline {unknown[0]!r} (have: {', '.join(BASELINES)})")
+        fail(f"--baselines: unknown baseline {unknown[0]!r} (have: task_prior, knn, logreg, mf, stacked)")
     if not names and not router and not checkpoint:
         fail("--baselines none with --no-router: nothing to evaluate")
     ckpts = {}
@@ -76,39 +78,62 @@ def eval_cmd(
     console.print(m.summary(), highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:  # fmt: skip
-        methods = baseline_factories(names) if names else {}
-        if router:
-            from ..training.pipeline import LMRouterPredictor
-
-            share: dict = {}  # one training per fold, judged with the LM (reference) and the serving student
-            methods = {"lm_router": lambda: LMRouterPredictor(share=share),
-                       "lm_router (serving student)": lambda: LMRouterPredictor(scorer="student", share=share), **methods}  # fmt: skip
+        scorers = (["router", "lm"] if router else []) + names
+        extra = {name: (lambda pred=pred: pred) for name, pred in ckpts.items()}
         for name, pred in ckpts.items():
             if pred.model.candidates != m.candidates:
                 fail(f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}")
-            methods = {name: (lambda pred=pred: pred), **methods}
         if leave_task_out:
-            return _leave_task_out(methods, m, profile, points, out, bar)
-        task = bar.add_task("cross-validating", total=folds * len(methods))
-        ev = cross_validate(
-            methods, m, folds=folds, seed=seed, profile=profile, n_points=points,
-            progress=lambda i, n, label: bar.update(task, completed=i, description=label),
-        )  # fmt: skip
-    paths = write_report(ev, out, title=f"Router evaluation ({folds}-fold CV by query)")
+            return _leave_task_out(scorers, extra, m, profile, points, out, bar)
+        if not scorers:
+            _checkpoints_only(extra, m, folds, seed, profile, points, out, bar)
+            return _off_policy(url, ckpts, settings_or_fail(config), lam, out)
+        from ..training.selection import select, selection_table
+
+        task = bar.add_task("cross-validating", total=folds * (len(extra) + len([s for s in scorers if s != "stacked"])))
+        try:
+            sel = select(m, scorers, folds=folds, seed=seed, profile=profile, n_points=points, extra=extra,
+                         progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
+        except ValueError as e:
+            fail(str(e))
+    table = selection_table(sel)
+    paths = write_report(sel.ev, out, title=f"Router evaluation ({folds}-fold CV by query)",
+                         extra="## Model selection (what retrain would promote)\n\n" + table)  # fmt: skip
     from ..training.report import summary_table
 
-    console.print(summary_table(ev), highlight=False, soft_wrap=True)
+    console.print(summary_table(sel.ev), highlight=False, soft_wrap=True)
+    console.print("\nModel selection over the scorers (retrain promotes the marked one):\n" + table, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
     if ckpts:
         _off_policy(url, ckpts, settings_or_fail(config), lam, out)
 
 
-def _leave_task_out(methods: dict, m, profile, points: int, out: Path, bar) -> None:
-    """Per held-out task: AIQ (± sd over 5 parts of its queries) and joules at the best single model's
-    accuracy of every method; written to ``out/leave_task_out.md`` and printed."""
-    from ..training.crossval import leave_task_out
+def _checkpoints_only(extra: dict, m, folds: int, seed: int, profile, points: int, out: Path, bar) -> None:
+    """``--baselines none --no-router --checkpoint ...``: the checkpoints judged on every fold, as they are."""
+    from ..training.crossval import cross_validate
+    from ..training.evaluate import write_report
     from ..training.report import summary_table
 
+    task = bar.add_task("cross-validating", total=folds * len(extra))
+    ev = cross_validate(extra, m, folds=folds, seed=seed, profile=profile, n_points=points,
+                        progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
+    paths = write_report(ev, out, title=f"Router evaluation ({folds}-fold CV by query)")
+    console.print(summary_table(ev), highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
+
+
+def _leave_task_out(scorers: list, extra: dict, m, profile, points: int, out: Path, bar) -> None:
+    """Per held-out task: AIQ (± sd over 5 parts of its queries) and joules at the best single model's
+    accuracy of every method; the per-task table of all methods, then each task's full table; written to
+    ``out/leave_task_out.md`` and printed."""
+    from ..training.crossval import leave_task_out, lto_table
+    from ..training.report import summary_table
+    from ..training.selection import Stacked, scorer_factories
+
+    methods = {**extra, **scorer_factories(scorers)}
+    if "stacked" in scorers:
+        bases = [b for b in ("task_prior", "knn", "logreg", "mf") if b in scorers] or ["task_prior", "knn", "logreg", "mf"]
+        methods["stacked"] = lambda: Stacked(bases)
     task = bar.add_task("leave-task-out", total=len(m.task_names()) * len(methods))
     try:
         evs = leave_task_out(methods, m, profile=profile, n_points=points,
@@ -117,7 +142,9 @@ def _leave_task_out(methods: dict, m, profile, points: int, out: Path, bar) -> N
         fail(str(e))
     parts = ["# Leave-task-out evaluation", "",
              "Each method is trained on all tasks but one and judged on the held-out task's queries with the task "
-             "hidden (an unseen task: no task prior). AIQ per fold = over 5 random parts of the held-out queries."]  # fmt: skip
+             "hidden (an unseen task: no task prior; `task_prior` is then the pooled prior of the other tasks). "
+             "AIQ ± sd over 5 random parts of the held-out queries; J ratio = joules at the best single "
+             "candidate's accuracy on that task / that candidate's joules.", "", lto_table(evs)]  # fmt: skip
     for t, ev in evs.items():
         parts += ["", f"## held-out task: {t} ({ev.n} queries)", "", summary_table(ev)]
     out.mkdir(parents=True, exist_ok=True)

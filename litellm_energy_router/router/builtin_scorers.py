@@ -16,4 +16,6 @@ def energy_router_scorers() -> dict:
         "task_prior": baseline,
         "knn": baseline,
         "logreg": baseline,
+        "mf": baseline,
+        "stacked": baseline,
     }

@@ -46,8 +46,10 @@ class EnergyEstimate(BaseModel):
     fitted_on: dict[str, dict[str, Any]] | None = Field(
         None, description="candidate -> runs it was fitted on (per source, measured) and where J/token came from")
 
-    def estimate(self, candidates: Sequence[str], prompt_tokens: Sequence[int], tasks: Sequence[str | None]) -> Any:
-        """Ê[n, K] in joules (numpy array)."""
+    def estimate(self, candidates: Sequence[str], prompt_tokens: Sequence[int], tasks: Sequence[str | None],
+                 offset_tokens: Any = None) -> Any:  # fmt: skip
+        """Ê[n, K] in joules (numpy array). ``offset_tokens[n, K]``: a per-query correction of the expected
+        output tokens (the checkpoint's token model, :mod:`.token_model`); the sum is floored at 0."""
         import numpy as np
 
         jp = np.array([self.j_per_prompt_token[c] for c in candidates])
@@ -56,6 +58,8 @@ class EnergyEstimate(BaseModel):
         for i, task in enumerate(tasks):
             table = self.output_tokens.get(task or "", self.output_tokens_any)
             out[i] = [table.get(c, self.output_tokens_any[c]) for c in candidates]
+        if offset_tokens is not None:
+            out = np.maximum(out + np.asarray(offset_tokens, dtype=float), 0.0)
         return np.asarray(prompt_tokens, dtype=float)[:, None] * jp[None, :] + out * jo[None, :]
 
 
@@ -76,6 +80,7 @@ class Manifest(BaseModel):
     student: dict[str, Any] | None = Field(None, description="distilled student: file, features, fit, target (router/student.py)")
     probe: dict[str, Any] | None = Field(None, description="probe head: file, encoder, dim (router/probe.py)")
     baseline: dict[str, Any] | None = Field(None, description="exported baseline: file, kind, params (router/baseline_scorers.py)")
+    tokens: dict[str, Any] | None = Field(None, description="per-query output-token model: file, CV errors (router/token_model.py)")
     watermark: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)

@@ -12,8 +12,9 @@ Built-in kinds (registered by :mod:`.builtin_scorers`):
 * ``student`` — the distilled student (:mod:`.student`): numpy only, tens of µs per query.
 * ``lm`` — the LM router's forward pass (:class:`.model.RouterModel`); imports torch and transformers
   when chosen, never before.
-* ``task_prior``, ``knn``, ``logreg`` — the evaluation's baselines exported to a checkpoint
-  (:mod:`.baseline_scorers`); ``knn``/``logreg`` embed the query with MiniLM, imported when chosen.
+* ``task_prior``, ``knn``, ``logreg``, ``mf``, ``stacked`` — the evaluation's baselines (and their
+  per-candidate stack, which retrain's model selection may promote) exported to a checkpoint
+  (:mod:`.baseline_scorers`); all but ``task_prior`` embed the query with MiniLM, imported when chosen.
 
 Nothing here imports torch, transformers or scikit-learn.
 """
@@ -95,6 +96,9 @@ class CheckpointScorer:
         self.path = resolve(path)
         self.manifest: Manifest = manifest or read_manifest(self.path, expect_candidates)
         self.probe: Any = None  # the probe head, for the scorers that calibrate on top of it (read_probe)
+        from .token_model import TOKENS_FILE, TokenModel
+
+        self.tokens = self.load_part(self.manifest.tokens, TOKENS_FILE, TokenModel.load, "token model")
 
     @property
     def candidates(self) -> list[str]:
@@ -109,7 +113,8 @@ class CheckpointScorer:
         """Ê[n, K] in joules from the prompt length (known at routing time) and expected output tokens."""
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
-        return self.manifest.energy.estimate(self.manifest.candidates, n_tok, tasks)
+        offset = self.tokens.offset(texts, n_tok, tasks) if self.tokens is not None else None
+        return self.manifest.energy.estimate(self.manifest.candidates, n_tok, tasks, offset_tokens=offset)
 
     def decide(self, P: np.ndarray, E: np.ndarray, lam: float | None = None, target: float | None = None,
                e_ref_j: float = DEFAULT_E_REF_J) -> np.ndarray:  # fmt: skip

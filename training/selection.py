@@ -1,0 +1,367 @@
+"""Model selection: serve the best scorer the table can prove.
+
+Every selectable scorer is fitted on the same CV folds of the training rows and judged on the held-out
+folds over the whole knob range: AIQ (pooled held-out curve, and per fold), joules at the best single
+candidate's accuracy (pooled, and per fold as a ratio to that candidate's joules), Brier score. The one
+with the highest pooled AIQ is chosen; its margin over the runner-up is reported with the spread of the
+paired per-fold AIQ differences (a margin inside that spread is a tie, and is written as one). Retrain
+exports the chosen one as its candidate checkpoint (:func:`select_and_export`); ``energy-router eval``
+prints the same table (:func:`selection_table`).
+
+Scorers (:data:`SELECTABLE`):
+
+* ``router`` — the LM router as served (its distilled student); ``lm`` — the same training scored with
+  the LM forward (slow on CPU: only when asked);
+* ``task_prior``, ``knn``, ``logreg``, ``mf`` — :mod:`.baselines` (hyperparameters by inner CV);
+* ``stacked`` — per candidate, a logistic regression on the logits of the baselines' out-of-fold ``P``
+  (:func:`fit_stack`). In the CV it is *cross-fitted*: the stack judged on fold f is fitted on the other
+  folds' out-of-fold predictions, so no row's label enters its own prediction. Exported, its bases are
+  refitted on every training row and its weights are the ones fitted on all out-of-fold predictions;
+  served by the ``stacked`` scorer kind (:mod:`litellm_energy_router.router.baseline_scorers`, numpy).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from litellm_energy_router.router.baseline_scorers import stack_features, stack_proba
+
+from .baselines import make_baseline
+from .crossval import Factory, OutOfFold, cv_splits, out_of_fold
+from .data import TableMatrix
+from .evaluate import Evaluation, evaluate
+
+SELECTABLE = ("router", "lm", "task_prior", "knn", "logreg", "mf", "stacked")
+BASELINE_NAMES = ("task_prior", "knn", "logreg", "mf")
+STACK_BASES = ("task_prior", "knn", "logreg", "mf")
+SIMPLEST_FIRST = ("task_prior", "logreg", "knn", "mf", "stacked", "router", "lm")
+DEFAULT_SCORERS = ("router", "task_prior", "knn", "logreg", "mf", "stacked")
+
+Log = Callable[[str], None]
+# what an exported baseline answers for a task it never saw: "model" (its text features, task one-hot all
+# zero) or "prior" (the pooled prior); chosen on `eval --leave-task-out` (docs/training.md, Unseen tasks)
+UNKNOWN_TASK_FALLBACK = "prior"
+
+
+def check_scorers(names: Sequence[str]) -> list[str]:
+    """The names, checked: each selectable, no duplicate, at least one."""
+    out = [str(n).strip() for n in names if str(n).strip()]
+    bad = [n for n in out if n not in SELECTABLE]
+    if bad:
+        raise ValueError(f"scorer {bad[0]!r}: not selectable (have: {', '.join(SELECTABLE)})")
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"scorers {out}: need at least one, each once")
+    return out
+
+
+# -- the stack ---------------------------------------------------------------------------------------
+
+
+def fit_stack(Ps: Sequence[np.ndarray], Y: np.ndarray, *, l2: float = 1.0, iters: int = 50) -> np.ndarray:
+    """``stack_w[K, B + 1]``: per candidate, an L2-regularised logistic regression (Newton steps; the
+    intercept unpenalised) of the scores ``Y[:, k]`` on the clipped logits of the bases' ``P[:, k]``."""
+    X = stack_features(Ps)
+    n, K, d = X.shape
+    W = np.zeros((K, d))
+    reg = l2 * np.eye(d)
+    reg[-1, -1] = 0.0
+    for k in range(K):
+        x, y = X[:, k], np.asarray(Y[:, k], dtype=np.float64)
+        w = np.zeros(d)
+        w[-1] = np.log((y.mean() + 1e-3) / (1 - y.mean() + 1e-3))
+        for _ in range(iters):
+            p = 1.0 / (1.0 + np.exp(-(x @ w)))
+            g = x.T @ (p - y) + reg @ w
+            H = x.T @ (x * (p * (1 - p))[:, None]) + reg + 1e-6 * np.eye(d)
+            step = np.linalg.solve(H, g)
+            w -= step
+            if np.abs(step).max() < 1e-9:
+                break
+        W[k] = w
+    return W
+
+
+def cross_fit_stack(P: Mapping[str, np.ndarray], Y: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]],
+                    bases: Sequence[str]) -> np.ndarray:  # fmt: skip
+    """Held-out ``P`` of the stack: for each fold, weights fitted on the other folds' out-of-fold ``P``."""
+    out = np.full(Y.shape, np.nan)
+    for tr, te in splits:
+        w = fit_stack([P[b][tr] for b in bases], Y[tr])
+        out[te] = stack_proba([P[b][te] for b in bases], w)
+    return out
+
+
+class Stacked:
+    """The stack as a :class:`~.baselines.Predictor`. ``fit`` fits the weights on ``inner_folds``-fold
+    out-of-fold predictions of the bases on the training rows (unless ``stack_w`` is given), then refits
+    every base on all training rows."""
+
+    name = "stacked"
+    uses_embeddings = True
+
+    def __init__(self, bases: Sequence[str] = STACK_BASES, *, embedder: Any = None, inner_folds: int = 3, seed: int = 0,
+                 stack_w: np.ndarray | None = None) -> None:  # fmt: skip
+        self.bases, self.embedder, self.inner_folds, self.seed = list(bases), embedder, inner_folds, seed
+        self.stack_w = stack_w
+        self.params: dict[str, Any] = {}
+
+    def _factories(self) -> dict[str, Factory]:
+        return {b: (lambda b=b: make_baseline(b, embedder=self.embedder, seed=self.seed)) for b in self.bases}
+
+    def fit(self, train: TableMatrix) -> "Stacked":
+        if self.stack_w is None:
+            splits = cv_splits(train, min(self.inner_folds, train.n), self.seed + 7)
+            oof = out_of_fold(self._factories(), train, splits, energy=lambda tr, te: np.zeros((te.n, te.K)))
+            self.stack_w = fit_stack([oof.P[b] for b in self.bases], train.Y)
+        self.models = {b: f().fit(train) for b, f in self._factories().items()}
+        self.params = {"bases": self.bases, "base_params": {b: m.params for b, m in self.models.items()},
+                       "stack_w": np.round(self.stack_w, 4).tolist()}  # fmt: skip
+        return self
+
+    def predict_proba(self, test: TableMatrix) -> np.ndarray:
+        return stack_proba([np.clip(self.models[b].predict_proba(test), 0, 1) for b in self.bases], self.stack_w)
+
+    def export_arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {"bases": np.array(self.bases, dtype=str), "stack_w": self.stack_w}
+        for b, m in self.models.items():
+            out.update({f"{b}__{k}": v for k, v in m.export_arrays().items()})
+        return out
+
+
+# -- selection ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Selection:
+    """The CV judgement of every scorer and the choice. ``rows``: one dict per selectable scorer."""
+
+    ev: Evaluation
+    rows: list[dict[str, Any]]
+    chosen: str
+    runner_up: str | None
+    margin: float  # pooled AIQ of the chosen minus the runner-up's
+    paired: tuple[float, float] | None  # mean and sd over folds of AIQ(chosen) − AIQ(runner-up)
+    best_baseline: str | None
+    folds: int
+    stack_w: np.ndarray | None = None
+    bases: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, Any] | None = None  # per-query energy: token errors per candidate, AIQ with that Ê
+
+    @property
+    def tie(self) -> bool:
+        return self.paired is not None and abs(self.paired[0]) <= self.paired[1]
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able: what the report and the manifest's ``selection`` entry hold."""
+        pm, ps = self.paired if self.paired else (None, None)
+        return {"chosen": self.chosen, "runner_up": self.runner_up, "margin_aiq": self.margin,
+                "paired_fold_delta_mean": pm, "paired_fold_delta_sd": ps, "tie": self.tie,
+                "best_baseline": self.best_baseline, "folds": self.folds, "rule": "highest pooled held-out AIQ",
+                "best_single": {"candidate": self.ev.candidates[self.ev.best], "accuracy": self.ev.best_accuracy,
+                                "joules": self.ev.best_energy},
+                "scorers": {r["scorer"]: {k: v for k, v in r.items() if k != "scorer"} for r in self.rows},
+                "per_query_energy": self.tokens}  # fmt: skip
+
+
+def scorer_factories(names: Sequence[str], *, train_config: Any = None, embedder: Any = None, seed: int = 0,
+                     log: Log = lambda s: None) -> dict[str, Factory]:  # fmt: skip
+    """Factories for the selectable scorers in ``names`` (``stacked`` is cross-fitted, not fitted here)."""
+    out: dict[str, Factory] = {}
+    share: dict = {}  # router and lm: one training per fold, judged with both scorers
+    for n in names:
+        if n in ("router", "lm"):
+            from .pipeline import LMRouterPredictor
+
+            out[n] = lambda n=n: LMRouterPredictor(train_config, log=log, scorer="student" if n == "router" else "lm", share=share)
+        elif n in BASELINE_NAMES:
+            out[n] = lambda n=n: make_baseline(n, embedder=embedder, seed=seed)
+    return out
+
+
+def _fold_sd(v: Sequence[float]) -> float | None:
+    v = [x for x in v if np.isfinite(x)]
+    return float(np.std(v, ddof=1)) if len(v) > 1 else None
+
+
+def _rows(ev: Evaluation, names: Sequence[str], secs: Mapping[str, float]) -> list[dict[str, Any]]:
+    rows = []
+    for n in names:
+        r = ev.method(n)
+        ratios = r.joules_ratio_folds
+        rows.append({"scorer": n, "aiq": r.aiq, "aiq_fold_sd": _fold_sd(r.aiq_folds),
+                     "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
+                     "joules_ratio": r.joules_at_best / ev.best_energy if np.isfinite(r.joules_at_best) else None,
+                     "joules_ratio_fold_sd": _fold_sd(ratios), "never_folds": int(sum(not np.isfinite(x) for x in ratios)),
+                     "brier": r.calibration.brier if r.calibration else None, "seconds": round(secs.get(n, 0.0), 1)})  # fmt: skip
+    return rows
+
+
+def select(m: TableMatrix, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: int = 5, seed: int = 0,
+           train_config: Any = None, profile: Any = None, embedder: Any = None, n_points: int = 41,
+           extra: Mapping[str, Factory] | None = None, progress: Callable[[int, int, str], None] | None = None,
+           per_query_energy: bool = True, log: Log = lambda s: None, partial: TableMatrix | None = None) -> Selection:  # fmt: skip
+    """Cross-validate ``scorers`` (plus ``extra`` methods, judged but never chosen) on ``m`` and choose.
+    ``partial``: queries only partial feedback labels, added to the training rows of every fold for the
+    scorers that fit them (the baselines; the router's probe and student see them when it is exported)."""
+    names = check_scorers(scorers)
+    bases = [b for b in STACK_BASES if b in names]
+    if "stacked" in names and len(bases) < 2:
+        raise ValueError(f"scorer 'stacked' needs at least two of {', '.join(STACK_BASES)} among the scorers")
+    splits = cv_splits(m, folds, seed)
+    methods = {**(extra or {}), **scorer_factories(names, train_config=train_config, embedder=embedder, seed=seed, log=log)}
+    oof: OutOfFold = out_of_fold(methods, m, splits, profile=profile, progress=progress, partial=partial)
+    stack_w = None
+    if "stacked" in names:
+        t0 = time.perf_counter()
+        oof.P["stacked"] = cross_fit_stack(oof.P, m.Y, splits, bases)
+        oof.Eh["stacked"] = oof.Eh[bases[0]]
+        stack_w = fit_stack([oof.P[b] for b in bases], m.Y)
+        oof.seconds["stacked"] = sum(oof.seconds[b] for b in bases) + time.perf_counter() - t0
+    order = list(extra or {}) + names
+    ev = evaluate(m.Y, m.E, {n: (oof.P[n], oof.Eh[n]) for n in order}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
+                  n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
+    rows = _rows(ev, names, oof.seconds)
+    tokens = _per_query_energy(m, splits, oof, ev, names, n_points, profile) if per_query_energy else None
+    simple = {n: i for i, n in enumerate(SIMPLEST_FIRST)}  # exact ties go to the cheaper scorer to serve
+    ranked = sorted(rows, key=lambda r: (-r["aiq"], r["joules_at_best"] if r["joules_at_best"] is not None else np.inf,
+                                         simple[r["scorer"]]))  # fmt: skip
+    chosen = ranked[0]["scorer"]
+    runner = ranked[1]["scorer"] if len(ranked) > 1 else None
+    base_rows = [r for r in ranked if r["scorer"] in BASELINE_NAMES]
+    sel = Selection(ev, rows, chosen, runner, ranked[0]["aiq"] - (ranked[1]["aiq"] if runner else ranked[0]["aiq"]),
+                    ev.paired_fold_delta(chosen, runner) if runner else None, base_rows[0]["scorer"] if base_rows else None,
+                    folds, stack_w, bases, dict(oof.seconds), tokens)  # fmt: skip
+    log(selection_line(sel))
+    return sel
+
+
+def _per_query_energy(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]], oof: OutOfFold, ev0: Evaluation,
+                      names: Sequence[str], n_points: int, profile: Any) -> dict[str, Any]:  # fmt: skip
+    """The token model judged on the same folds: output-token MAE per candidate (per-task mean vs model) and
+    every scorer's pooled AIQ / joules at the best single's accuracy with the per-query Ê, with the paired
+    per-fold AIQ difference (mean, sd) against the per-task Ê (``ev0``)."""
+    from .data import fit_energy_estimate
+    from .token_model import token_errors
+
+    t0 = time.perf_counter()
+    errors, offsets = token_errors(m, splits)
+    Eh = np.full((m.n, m.K), np.nan)
+    for tr, te in splits:
+        test = m.subset(te)
+        est = fit_energy_estimate(m.subset(tr), profile)
+        Eh[te] = est.estimate(m.candidates, test.prompt_tokens, list(test.tasks), offset_tokens=offsets[te])
+    ev = evaluate(m.Y, m.E, {n: (oof.P[n], Eh) for n in names}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
+                  n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
+    out: dict[str, Any] = {"token_mae": errors, "seconds": round(time.perf_counter() - t0, 1), "scorers": {}}
+    for n in names:
+        r = ev.method(n)
+        d = np.asarray(r.aiq_folds) - np.asarray(ev0.method(n).aiq_folds)
+        out["scorers"][n] = {"aiq": r.aiq, "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
+                             "aiq_delta_fold_mean": float(d.mean()), "aiq_delta_fold_sd": float(d.std(ddof=1)) if len(d) > 1 else None}  # fmt: skip
+    return out
+
+
+def selection_line(sel: Selection | dict[str, Any]) -> str:
+    """One line: the choice, its margin over the runner-up and the spread of the paired fold differences."""
+    s = sel.summary() if isinstance(sel, Selection) else sel
+    if s["runner_up"] is None:
+        return f"selection: {s['chosen']} (the only scorer)"
+    pm, ps = s["paired_fold_delta_mean"], s["paired_fold_delta_sd"]
+    verdict = "a tie (inside the fold spread)" if s["tie"] else "ahead beyond the fold spread"
+    per_fold = "" if pm is None else f"; per fold {pm:+.4f} ± {ps:.4f}: {verdict}"
+    return f"selection: {s['chosen']} (AIQ {s['margin_aiq']:+.4f} over {s['runner_up']}{per_fold}) on {s['folds']}-fold CV"
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """Markdown of a :meth:`Selection.summary`: per scorer AIQ ± fold sd, joules at the best single's
+    accuracy (J, and × its J ± fold sd), Brier and fit seconds; the one retrain promotes is marked."""
+    b = s["best_single"]
+    lines = [f"| scorer | AIQ ± fold sd | J at {b['candidate']}'s accuracy ({b['accuracy']:.3f}) | × its J "
+             f"({b['joules']:.1f} J) ± fold sd | Brier | fit s |", "|---|---|---|---|---|---|"]  # fmt: skip
+    sd = lambda v, f: "–" if v is None else f"{v:{f}}"  # noqa: E731
+    for name, r in sorted(s["scorers"].items(), key=lambda kv: -kv[1]["aiq"]):
+        mark = " **← promoted**" if name == s["chosen"] else ""
+        j = "never" if r["joules_at_best"] is None else f"{r['joules_at_best']:.2f}"
+        ratio = "never" if r["joules_ratio"] is None else f"{r['joules_ratio']:.3f} ± {sd(r['joules_ratio_fold_sd'], '.3f')}"
+        lines.append(f"| {name}{mark} | {r['aiq']:.4f} ± {sd(r['aiq_fold_sd'], '.4f')} | {j} | {ratio} | "
+                     f"{sd(r['brier'], '.4f')} | {r['seconds']:.0f} |")  # fmt: skip
+    lines += ["", selection_line(s)]
+    tok = s.get("per_query_energy")
+    if tok:
+        lines += ["", "Per-query energy (output tokens predicted per query and candidate, same folds): output-token "
+                  "MAE per candidate, per-task mean → model: " + ", ".join(
+                      f"{c.split('/')[-1]} {e['mae_task_mean']:.1f} → {e['mae_model']:.1f}" for c, e in tok["token_mae"].items()
+                      if e["mae_task_mean"] is not None) + "; AIQ with it (paired per-fold Δ vs the per-task Ê): " + ", ".join(
+                      f"{n} {r['aiq']:.4f} ({r['aiq_delta_fold_mean']:+.4f} ± {r['aiq_delta_fold_sd'] or 0:.4f})"
+                      for n, r in tok["scorers"].items()) + ("" if "served" not in tok else f"; served: {'yes' if tok['served'] else 'no'}") + "."]  # fmt: skip
+    return lines
+
+
+def selection_table(sel: Selection) -> str:
+    return "\n".join(summary_lines(sel.summary()))
+
+
+# -- export ------------------------------------------------------------------------------------------
+
+
+def export_stacked(m: TableMatrix, out_dir: str | Path, *, bases: Sequence[str] = STACK_BASES, stack_w: np.ndarray | None = None,
+                   embedder: Any = None, seed: int = 0) -> Path:  # fmt: skip
+    """Fit the stack on ``m`` (weights ``stack_w`` when given, else fitted by inner CV) and write it as a
+    ``stacked`` checkpoint. Returns the directory."""
+    from .baselines import write_baseline_checkpoint
+    from .embed import default_embedder
+
+    emb = embedder or default_embedder()
+    st = Stacked(bases, embedder=emb, seed=seed, stack_w=stack_w).fit(m)
+    return write_baseline_checkpoint("stacked", m, out_dir, st.export_arrays(), st.params, emb.name, st.predict_proba(m))
+
+
+def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: int = 5,
+                      seed: int = 0, train_config: Any = None, log: Log = print, pairs: Any = None) -> Selection:  # fmt: skip
+    """:func:`select` on ``m``, then write the chosen scorer, fitted on all of ``m``, into ``out_dir``
+    with the selection in its manifest (``selection``). ``pairs`` (:class:`~.pairs.PairTable`): every labelled
+    (query, candidate) run of the training queries; the queries only partial feedback labels join the
+    training rows of the scorers that fit them, in the CV and in the export."""
+    from litellm_energy_router.router.checkpoint import read_manifest, write_manifest
+
+    from .baselines import export_baseline
+
+    t0 = time.time()
+    partial = None
+    if pairs is not None:
+        from .pairs import partial_only
+
+        partial = partial_only(pairs, m)
+    sel = select(m, scorers, folds=folds, seed=seed, train_config=train_config, log=log, partial=partial)
+    log(f"selection: {len(sel.rows)} scorers on {folds} folds of {m.n} queries in {time.time() - t0:.0f} s")
+    out = Path(out_dir)
+    if sel.chosen in ("router", "lm"):
+        from .pipeline import TrainConfig, train_matrix
+
+        train_matrix(m, out, train_config or TrainConfig(), log=log, pairs=pairs)
+    elif sel.chosen == "stacked":
+        export_stacked(m, out, bases=sel.bases, stack_w=sel.stack_w, seed=seed)
+    else:
+        export_baseline(sel.chosen, m, out, seed=seed, partial=partial)
+    manifest = read_manifest(out)
+    if sel.chosen == "lm":
+        manifest.scorer = "lm"
+    if manifest.baseline is not None:
+        manifest.baseline["unknown_task"] = UNKNOWN_TASK_FALLBACK
+    if sel.tokens is not None:  # per-query Ê served only when it does not lower the chosen scorer's AIQ
+        from .token_model import attach_token_model
+
+        helps = sel.tokens["scorers"][sel.chosen]["aiq"] >= next(r["aiq"] for r in sel.rows if r["scorer"] == sel.chosen)
+        manifest.tokens = attach_token_model(m, out, sel.tokens["token_mae"]) if helps else None
+        sel.tokens["served"] = manifest.tokens is not None
+        log(f"per-query energy: {'served' if sel.tokens['served'] else 'not served (per-task mean kept)'}")
+    manifest.selection = sel.summary()  # type: ignore[attr-defined]
+    write_manifest(out, manifest)
+    return sel
+
