@@ -1,6 +1,6 @@
 """Does GRPO earn its place? The GRPO choice policy vs its SFT start vs the calibrated scorer, on CV folds.
 
-    nice -n 10 python benchmarks/grpo_vs_sft.py [--folds 3] [--grpo-steps 200] [--beta 0.04] [--seed 0]
+    nice -n 10 python benchmarks/grpo_vs_sft.py [--folds 3] [--jobs 3] [--grpo-steps 60] [--beta 0.04] [--seed 0]
 
 Folds: those of ``energy-router eval`` over the bundled development rows (by query, stratified by task,
 near-duplicates in one fold). Per fold it trains one checkpoint with the GRPO stage on (``keep_start``,
@@ -19,7 +19,7 @@ queries), and last the GRPO − SFT AIQ difference with its fold spread.
 Cost: the default backbone is too slow for several folds on 2 shared cores, so the backbone is the
 ``tiny`` one of ``TrainConfig.quick()`` (1 layer, 64 hidden, 512-token BPE), SFT 2 epochs at batch 16,
 no student (the LM scorer is judged), the SFT start 1 epoch over (query, bucket) rows at batch 64, GRPO
-100 steps; the probe head (MiniLM embeddings) is the shipped one. The config is printed.
+60 steps (6 samples x 4 prompts); folds run in parallel processes, one torch thread each; the probe head (MiniLM embeddings) is the shipped one. The config is printed.
 """
 
 from __future__ import annotations
@@ -87,6 +87,19 @@ def judge_fold(d: str, test) -> dict[str, tuple[float, float]]:
     return out
 
 
+def run_fold(job: tuple) -> dict:
+    """Train one fold's checkpoint and judge it (a worker process of ``--jobs``)."""
+    import torch
+
+    f, train, test, cfg = job
+    torch.set_num_threads(1)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="er-grpo-") as d:
+        train_matrix(train, d, cfg, log=lambda s: print(f"  fold {f + 1}: {s}", flush=True))
+        r = judge_fold(d, test)
+    return {**r, "n_test": len(test), "secs": time.time() - t0}
+
+
 def _ms(v: list[float]) -> str:
     f = [x for x in v if np.isfinite(x)]
     if not f:
@@ -98,24 +111,27 @@ def _ms(v: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--folds", type=int, default=3)
-    ap.add_argument("--grpo-steps", type=int, default=100)
+    ap.add_argument("--grpo-steps", type=int, default=60)
     ap.add_argument("--beta", type=float, default=GRPOStageConfig.beta)
     ap.add_argument("--start-epochs", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=3, help="folds trained in parallel processes (1 torch thread each)")
     args = ap.parse_args()
     cfg = bench_config(args)
-    print(f"config: {dataclasses.asdict(cfg)}", flush=True)
+    print(f"config: {dataclasses.asdict(cfg)}; folds {args.folds}, jobs {args.jobs}", flush=True)
     m = routerbench_matrix()
     splits = kfold(near_duplicate_groups(m.texts, m.ids, m.tasks), args.folds, seed=args.seed, groups=m.tasks)
-    res = []
     t_all = time.time()
-    for f, (tr, te) in enumerate(splits):
-        t0 = time.time()
-        with tempfile.TemporaryDirectory(prefix="er-grpo-") as d:
-            train_matrix(m.subset(tr), d, cfg, log=lambda s: print("  " + s, flush=True))
-            r = judge_fold(d, m.subset(te))
-        res.append(r)
-        print(f"fold {f + 1}/{len(splits)}: {len(te)} held-out queries, {time.time() - t0:.0f} s; buckets λ "
+    jobs = [(f, m.subset(tr), m.subset(te), cfg) for f, (tr, te) in enumerate(splits)]
+    if args.jobs > 1:  # one process per fold, one torch thread each (less contention than 2 threads each)
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(min(args.jobs, len(jobs))) as pool:
+            res = pool.map(run_fold, jobs)
+    else:
+        res = [run_fold(j) for j in jobs]
+    for f, r in enumerate(res):
+        print(f"fold {f + 1}/{len(splits)}: {r['n_test']} held-out queries, {r['secs']:.0f} s; buckets λ "
               f"{np.round(r['lams'], 4).tolist()}; SFT start = scorer on {r['agree']:.1%} of held-out choices; "
               f"served buckets {r['served']}; AIQ " + ", ".join(f"{k} {r[k][0]:.4f}" for k in METHODS), flush=True)  # fmt: skip
     print(f"\n{len(splits)} folds, {time.time() - t_all:.0f} s; mean ± std over folds")

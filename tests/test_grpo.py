@@ -66,7 +66,7 @@ def test_sft_start_reproduces_the_decision_rule_on_its_training_queries(planted_
     P, E = r.score(texts, tasks), r.energy(texts, tasks)
     buckets = decision_buckets(P, E)
     targets = choice_targets(P, E, buckets)
-    cfg = GRPOStageConfig(start_epochs=10, start_batch_size=16, start_learning_rate=1e-2)
+    cfg = GRPOStageConfig(start_epochs=12, start_batch_size=16, start_learning_rate=3e-3)
     start = train_start(r.model, r.tokenizer, r.layout, texts, tasks, targets, cfg, str(tmp_path / "s"))
     got = policy_choices(start, r.layout, texts, tasks, len(buckets))
     chance = np.mean([np.bincount(t, minlength=3).max() / len(t) for t in targets])  # majority label per bucket
@@ -121,7 +121,7 @@ def test_a_bad_policy_is_not_served(grpo_ckpt, tmp_path):
     _, _, runs, texts, tasks = _planted(40, seed=5)
     P, E = r.score(texts, tasks), r.energy(texts, tasks)
     good = choice_targets(P, E, lams)
-    cfg = GRPOStageConfig(start_epochs=10, start_batch_size=16, start_learning_rate=1e-2)
+    cfg = GRPOStageConfig(start_epochs=12, start_batch_size=16, start_learning_rate=3e-3)
     bad = train_start(r.model, r.tokenizer, r.layout, texts, tasks, 2 - good, cfg, str(tmp_path / "b"))
     _, _, runs_h, texts_h, tasks_h = _planted(40, seed=9)
     Y = np.array([[x["score"] for x in runs_h[i * 3 : i * 3 + 3]] for i in range(40)])
