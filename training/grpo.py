@@ -103,12 +103,20 @@ def build_start_dataset(layout: Layout, texts: Sequence[str], tasks: Sequence[st
     return Dataset.from_dict({"input_ids": ids_col, "labels": labels_col}).shuffle(seed=0)
 
 
+def fresh_copy(model: Any) -> Any:
+    """A new module with ``model``'s config and weights (no trainer hooks: a deepcopy of a model a TRL
+    trainer has run keeps the wrapped forward of the original)."""
+    new = type(model)(copy.deepcopy(model.config))
+    new.load_state_dict(model.state_dict())
+    return new
+
+
 def train_start(model: Any, tokenizer: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None],
                 targets: np.ndarray, cfg: GRPOStageConfig, out_dir: str) -> Any:  # fmt: skip
     """A copy of ``model`` trained (SFT) to reproduce ``targets[B, n]`` on the choice layout."""
     from .sft import SFTStageConfig, run_sft
 
-    policy = copy.deepcopy(model)
+    policy = fresh_copy(model)
     policy.train()
     sft = SFTStageConfig(epochs=cfg.start_epochs, batch_size=cfg.start_batch_size, learning_rate=cfg.start_learning_rate, seed=cfg.seed)
     return run_sft(policy, tokenizer, build_start_dataset(layout, texts, tasks, targets), sft, out_dir)
@@ -227,15 +235,16 @@ def grpo_stage(model: Any, tokenizer: Any, layout: Layout, fit: Any, cal: Any, P
     t0 = time.time()
     buckets = decision_buckets(P_cal, Eh_cal)
     texts, tasks = list(fit.texts), [str(t) for t in fit.tasks]
-    start = train_start(model, tokenizer, layout, texts, tasks, choice_targets(P_fit, Eh_fit, buckets), cfg, str(out / "_start"))
+    start = fresh_copy(train_start(model, tokenizer, layout, texts, tasks, choice_targets(P_fit, Eh_fit, buckets), cfg,
+                                   str(out / "_start")))  # fmt: skip
     c_texts, c_tasks = list(cal.texts), [str(t) for t in cal.tasks]
     C_start = policy_choices(start, layout, c_texts, c_tasks, len(buckets))
     if cfg.keep_start:
         save_model(start, str(out / START_FILE))
-    policy = copy.deepcopy(start)
+    policy = fresh_copy(start)
     policy.train()
     ds = build_grpo_dataset(layout, texts, tasks, fit.Y, fit.E, buckets, cfg.seed)
-    policy = run_grpo(policy, tokenizer, layout, ds, DEFAULT_E_REF_J, cfg, str(out / "_grpo"))
+    policy = fresh_copy(run_grpo(policy, tokenizer, layout, ds, DEFAULT_E_REF_J, cfg, str(out / "_grpo")))
     C_pol = policy_choices(policy, layout, c_texts, c_tasks, len(buckets))
     C_sc = choice_targets(P_cal, Eh_cal, buckets)
     check = never_worse_check(cal.Y, cal.E, buckets, C_pol, C_sc, C_start, DEFAULT_E_REF_J, cfg.serve_margin_se)
