@@ -41,8 +41,9 @@ class TrainConfig:
     Attributes:
         backbone: which backbone to build (``tiny``, ``minilm``, ``hf:<id>``) and its size.
         sft: SFT stage hyper-parameters.
-        grpo: GRPO stage (λ-conditioned choice policy) after SFT, or ``None`` to skip it. Off by default:
-            measured on the held-out curve it does not improve on SFT alone (README: GRPO vs SFT alone,
+        grpo: GRPO stage (λ-conditioned choice policy started from the calibrated scorer's decisions,
+            served per bucket only where it passed the never-worse check), or ``None`` to skip it. Off by
+            default: on CV folds it does not beat its SFT start (README: GRPO vs SFT,
             ``benchmarks/grpo_vs_sft.py``).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the calibration.
