@@ -26,8 +26,8 @@ from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .calibrate import fit_calibration, fit_probe
 from .embed import default_embedder, embed_queries
 from .data import TableMatrix as Matrix, concat_rows, fit_energy_estimate, load_matrix, near_duplicate_groups
+from .grpo import GRPOStageConfig, grpo_stage
 from .pairs import PairTable, load_pairs, partial_only
-from .grpo import GRPOStageConfig, build_grpo_dataset, lambda_buckets, run_grpo
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
 
 
@@ -42,8 +42,9 @@ class TrainConfig:
     Attributes:
         backbone: which backbone to build (``tiny``, ``minilm``, ``hf:<id>``) and its size.
         sft: SFT stage hyper-parameters.
-        grpo: GRPO stage (λ-conditioned choice policy) after SFT, or ``None`` to skip it. Off by default:
-            measured on the held-out curve it does not improve on SFT alone (README: GRPO vs SFT alone,
+        grpo: GRPO stage (λ-conditioned choice policy started from the calibrated scorer's decisions,
+            served per bucket only where it passed the never-worse check), or ``None`` to skip it. Off by
+            default: on CV folds it does not beat its SFT start (README: GRPO vs SFT,
             ``benchmarks/grpo_vs_sft.py``).
         max_len: router input length, tokens (the query is cut from the left, never its end).
         calib_fraction: share of training queries held out of SFT to fit the calibration.
@@ -135,19 +136,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")  # fmt: skip
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
     t_sft = time.time() - t0
-    e_ref = float(m.E.mean(axis=0).max())
     est = fit_energy_estimate(m, pairs=pairs)
     E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)
-    buckets = None
-    if cfg.grpo is not None:
-        model.eval()
-        z0 = compute_slot_logits(model, layout, cal.texts, cal.tasks)
-        lam_max = float(lambda_grid(1 / (1 + np.exp(-z0)), E_hat, e_ref, 2)[-1])
-        buckets = lambda_buckets(lam_max)
-        log(f"GRPO: {cfg.grpo.steps} steps, lambda buckets up to {lam_max:.3g}")
-        model.train()
-        model = run_grpo(model, tok, layout, build_grpo_dataset(layout, fit.texts, fit.tasks, fit.Y, fit.E, buckets, cfg.seed),
-                         e_ref, cfg.grpo, str(out / "_grpo"))  # fmt: skip
     model.eval()
     lean = build_slot_scorer(model, layout.yes_id, layout.no_id)  # the HF forward's numbers, faster
     z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks, scorer=lean)
@@ -173,6 +163,13 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
     else:
         calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks, offset=q_cal)
+    knob_grpo = None
+    if cfg.grpo is not None:  # the choice policy trains on a copy of the LM: the scorer stays as calibrated
+        q_fit = early.logits(emb[fit_idx], list(fit.tasks)) if cfg.probe_c else None
+        z_fit = compute_slot_logits(model, layout, fit.texts, fit.tasks, scorer=lean)
+        P_fit = scores_from_logits(z_fit, calibration, fit.tasks, offset=q_fit)
+        Eh_fit = est.estimate(m.candidates, fit.prompt_tokens, fit.tasks)
+        knob_grpo = grpo_stage(model, tok, layout, fit, cal, P_fit, P_cal, Eh_fit, E_hat, cfg.grpo, out, log)
     grid = lambda_grid(P_cal, E_hat, DEFAULT_E_REF_J, 2)  # λ in the serving unit (accuracy per 100 J)
     brier = float(((P_cal - cal.Y) ** 2).mean())
     prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
@@ -194,7 +191,8 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
                   "params": int(sum(p.numel() for p in model.parameters())), "warm_start_from": cfg.init_from},
         max_len=cfg.max_len,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]),
-              "grpo_lambda_buckets": None if buckets is None else [float(b) for b in buckets], "grpo_e_ref_j": e_ref},
+              "grpo_lambda_buckets": None if knob_grpo is None else [b["lambda"] for b in knob_grpo["buckets"]],
+              "grpo": knob_grpo},
         energy=est, calibration=calibration, student=student, probe=probe_entry,
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources),
                    **({"pairs": pairs.counts()} if pairs is not None else {})},

@@ -11,7 +11,10 @@ sees another slot's answer: training and the one-pass inference see the same inp
 
 Choice layout (GRPO policy: λ-conditioned, decoding restricted to the candidate labels)::
 
-    [query tokens] [" task: <task>"] <er:q> <er:lam{b}> <er:choose>   ->   completion: <er:cj>
+    [query tokens] [" task: <task>"] <er:q> <er:lam{b}>   ->   completion: <er:cj>
+
+(the label is predicted at the bucket token itself, so the bucket is in that position's own embedding;
+with a constant ``<er:choose>`` after it a small backbone learned only the label marginal).
 
 Long prompts: only the last ``max_chars`` characters are tokenized (bounded time for a 1 MB prompt),
 and only the last ``max_len - overhead`` query tokens are kept, so the query itself (at the end of a
@@ -109,5 +112,5 @@ class Layout:
 
     def choice_ids(self, text: str, task: str | None, bucket: int) -> list[int]:
         """Prompt ids of the λ-conditioned choice layout (completion: one label token)."""
-        body = self._body(text, task, reserve=3)
-        return body + [self.q_id, self.lambda_ids[bucket], self.choose_id]
+        body = self._body(text, task, reserve=2)
+        return body + [self.q_id, self.lambda_ids[bucket]]

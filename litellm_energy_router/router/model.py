@@ -14,7 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .checkpoint import CheckpointError, Manifest
+from .decide import DEFAULT_E_REF_J, decide
 from .format import Layout
+from .policy import served_bucket
 from .scoring import CheckpointScorer, StudentScorer, scores_from_logits
 
 
@@ -60,6 +62,29 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **kw).logits
         sel = logits[:, -(k + 1) : -1, :]  # the K slot positions (the last token is <er:end>)
         out[s : s + len(chunk)] = (sel[..., layout.yes_id] - sel[..., layout.no_id]).double().numpy()
+    return out
+
+
+def compute_choice_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None],
+                          bucket: int, batch_size: int = 64) -> np.ndarray:  # fmt: skip
+    """The GRPO choice policy's logits over the K labels at ``<er:choose>`` for λ bucket ``bucket``, [n, K]
+    (one forward pass per batch, rows left-padded with explicit positions)."""
+    import torch
+
+    out = np.zeros((len(texts), layout.n_candidates))
+    pad = layout.tokenizer.pad_token_id or 0
+    for s in range(0, len(texts), batch_size):
+        rows = [layout.choice_ids(t, k, bucket) for t, k in zip(texts[s : s + batch_size], tasks[s : s + batch_size])]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), pad)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1, :]
+        out[s : s + len(rows)] = logits[:, layout.label_ids].double().numpy()
     return out
 
 
@@ -131,6 +156,28 @@ class RouterModel(CheckpointScorer):
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         z = self.slot_logits(texts, tasks)
         return scores_from_logits(z, self.manifest.calibration, tasks, offset=self.probe_logits(texts, tasks))
+
+
+    def choose(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None, lam: float | None = 0.0,
+               target: float | None = None, e_ref_j: float = DEFAULT_E_REF_J,
+               max_energy_j: float | None = None) -> np.ndarray:  # fmt: skip
+        """Chosen candidate index per query: the GRPO policy where its λ bucket passed the checkpoint's
+        never-worse check (:func:`.policy.served_bucket`), else the decision rule on the calibrated scores."""
+        tasks = list(tasks) if tasks is not None else [None] * len(texts)
+        b = served_bucket(self.manifest.knob, lam, target, e_ref_j, max_energy_j)
+        if b is None:
+            P, E = self.score(texts, tasks), self.energy(texts, tasks)
+            return decide(P, E, lam or 0.0, target, e_ref_j, max_energy_j)
+        with self._lock:
+            if getattr(self, "_policy", None) is None:
+                import copy
+
+                from safetensors.torch import load_model
+
+                self._policy = copy.deepcopy(self.model)
+                load_model(self._policy, str(self.path / self.manifest.knob["grpo"]["file"]))
+                self._policy.eval()
+            return compute_choice_logits(self._policy, self.layout, texts, tasks, b).argmax(axis=1)
 
 
 def lm_scorer(path: str | Path, manifest: Manifest) -> RouterModel:
