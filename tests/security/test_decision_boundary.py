@@ -44,6 +44,22 @@ def _deployment(group, model, api_base, dep_id):
             "model_info": {"id": dep_id}}  # fmt: skip
 
 
+def routed_pool(planted_ckpt, sqlite_url, tmp_path, backend):
+    """A real Router: group ``pool`` (the planted candidates, our strategy registered) and group ``other``
+    (one deployment the strategy passes through), with an EnergyLogger registered. Returns (router, logger)."""
+    s = Settings.model_validate({
+        "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
+        "table": {"url": sqlite_url}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
+    })  # fmt: skip
+    logger = EnergyLogger(s)
+    litellm.callbacks = [logger]
+    deps = [_deployment("pool", f"openai/{c}", backend.base(c), f"dep-{c}") for c in CANDS]
+    deps.append(_deployment("other", "openai/other", backend.base("other"), "dep-other"))
+    router = litellm.Router(model_list=deps)
+    register_strategy(router, EnergyRoutingStrategy(router, s))
+    return router, logger
+
+
 def _rows(url):
     store = open_store(url)
     try:
@@ -97,16 +113,7 @@ def test_the_row_carries_the_routers_own_decision(planted_ckpt, sqlite_url, tmp_
     caller sent; a request the strategy passes through (not its pool) records none."""
     backend = Backend().start()
     try:
-        s = Settings.model_validate({
-            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
-            "table": {"url": sqlite_url}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
-        })  # fmt: skip
-        logger = EnergyLogger(s)
-        litellm.callbacks = [logger]
-        deps = [_deployment("pool", f"openai/{c}", backend.base(c), f"dep-{c}") for c in CANDS]
-        deps.append(_deployment("other", "openai/other", backend.base("other"), "dep-other"))
-        router = litellm.Router(model_list=deps)
-        register_strategy(router, EnergyRoutingStrategy(router, s))
+        router, logger = routed_pool(planted_ckpt, sqlite_url, tmp_path, backend)
         forged = {**FORGED, "candidate": "large"}
         routed = _chat(router, logger, "pool", PROOF, metadata={"energy_router_decision": dict(forged)})
         forged_other = {**forged, "candidate": "medium"}
