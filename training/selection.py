@@ -280,7 +280,7 @@ def selection_line(sel: Selection | dict[str, Any]) -> str:
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """Markdown of a :meth:`Selection.summary`: per scorer AIQ ± fold sd, joules at the best single's
-    accuracy (J, and × its J ± fold sd), Brier and fit seconds; the one retrain promotes is marked."""
+    accuracy (J, and × its J ± fold sd), Brier and fit seconds; the one retrain (select: true) promotes is marked."""
     b = s["best_single"]
     lines = [f"| scorer | AIQ ± fold sd | J at {b['candidate']}'s accuracy ({b['accuracy']:.3f}) | × its J "
              f"({b['joules']:.1f} J) ± fold sd | Brier | fit s |", "|---|---|---|---|---|---|"]  # fmt: skip

@@ -37,7 +37,7 @@ def eval_cmd(
 ) -> None:
     """K-fold CV by query of the router and the learned baselines on the table: curves vs the zero router,
     random and the oracle; per scorer AIQ and joules at the best single candidate's accuracy with their
-    fold spread, the one model selection (retrain) would promote marked."""
+    fold spread, the one model selection (`retrain` with `select: true`) would promote marked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..energy.profile import ProfileError, load_profile
@@ -98,11 +98,11 @@ def eval_cmd(
             fail(str(e))
     table = selection_table(sel)
     paths = write_report(sel.ev, out, title=f"Router evaluation ({folds}-fold CV by query)",
-                         extra="## Model selection (what retrain would promote)\n\n" + table)  # fmt: skip
+                         extra="## Model selection (what retrain with select: true would promote)\n\n" + table)  # fmt: skip
     from ..training.report import summary_table
 
     console.print(summary_table(sel.ev), highlight=False, soft_wrap=True)
-    console.print("\nModel selection over the scorers (retrain promotes the marked one):\n" + table, highlight=False, soft_wrap=True)
+    console.print("\nModel selection over the scorers (retrain with select: true promotes the marked one):\n" + table, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
     if ckpts:
         _off_policy(url, ckpts, settings_or_fail(config), lam, out)
