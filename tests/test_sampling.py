@@ -113,3 +113,35 @@ def test_embedding_cache_survives_retrains_and_merges_shards(tmp_path):
         assert later.seen == ["new one"] and out[:, 0].tolist() == [2] * 6 + [6, 7]
     finally:
         CachedEmbedder.max_shards = 32
+
+
+def test_bound_pairs_keeps_trained_complete_queries_and_samples_partial_ones_unbiased(tmp_path):
+    """A bounded retrain's pairs: the complete queries it trains on, and a uniform sample of the queries only
+    production rows label with weights / π, so the weighted sum of production labels stays unbiased."""
+    from litellm_energy_router.table import make_query, open_store
+    from litellm_energy_router.training.pairs import load_pairs
+    from litellm_energy_router.training.sampling import bound_pairs
+
+    st = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    qs = [make_query(f"c{i}", "t", f"complete {i}", source="tournament") for i in range(6)]
+    qs += [make_query(f"p{i}", "t", f"production {i}", source="production") for i in range(400)]
+    runs = [{"query_id": f"c{i}", "candidate": c, "source": "tournament", "score": 1.0, "energy_j": 5.0}
+            for i in range(6) for c in ("a", "b")]  # fmt: skip
+    runs += [{"query_id": f"p{i}", "candidate": "a", "source": "production", "score": float(i % 4 == 0), "energy_j": 5.0,
+              "propensity": 0.5} for i in range(400)]  # fmt: skip
+    st.write(qs, runs, candidates=[{"name": "a"}, {"name": "b"}])
+    pairs = load_pairs(st)
+    st.close()
+    full, info = bound_pairs(pairs, ["c0", "c1", "c2"], None)
+    assert sorted(i for i in full.ids.tolist() if i.startswith("c")) == ["c0", "c1", "c2"]  # c3..c5: not trained on
+    assert info == {"partial_queries": 400, "partial_sampled": 400} and full.n == 6 + 400
+    isp = np.char.startswith(full.ids[full.q].astype(str), "p")
+    truth = float(np.sum(full.weight[isp] * full.y[isp]))
+    sums = []
+    for seed in range(200):
+        b, inf = bound_pairs(pairs, ["c0", "c1", "c2"], 50, seed)
+        assert inf["partial_sampled"] == 50 and len(b.ids) == 3 + 50
+        isp = np.char.startswith(b.ids[b.q].astype(str), "p")
+        sums.append(float(np.sum(b.weight[isp] * b.y[isp])))
+    se = np.std(sums, ddof=1) / np.sqrt(len(sums))
+    assert abs(np.mean(sums) - truth) < 4 * se + 1e-9  # unbiased: the mean over samples hits the full sum

@@ -323,9 +323,11 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
             pairs = None
             if tc.partial_feedback and transform_train is None:  # every labelled pair of the training queries (held-out excluded)
                 from .pairs import load_pairs
+                from .sampling import bound_pairs
 
                 with stages.stage("read labelled pairs"):
                     pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
+                    pairs, data["pairs"] = bound_pairs(pairs, train_m.ids, cfg.budget.query_cap(rdir), cfg.budget.seed)
             selection = None
             with stages.stage("train") as tick:
                 if cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)

@@ -272,3 +272,27 @@ def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequen
     log(f"sampling: {len(m)} of {info['table_queries']} queries (budget {cap} training queries; "
         f"effective sample size {info['sample']['effective_sample_size']})")  # fmt: skip
     return m, info
+
+
+def bound_pairs(pairs: Any, train_ids: Sequence[str], cap: int | None, seed: int = 0) -> tuple[Any, dict[str, Any]]:
+    """The labelled pairs (:class:`~.pairs.PairTable`) a bounded retrain trains on: every pair of the complete
+    queries it trains on (``train_ids``; the other complete queries were left out by the sample or held out)
+    and at most ``cap`` of the queries only partial feedback labels (production traffic: the part of the
+    table that grows), drawn uniformly without replacement with their pair weights divided by the inclusion
+    probability ``cap / N`` (Horvitz–Thompson: weighted sums stay unbiased). ``cap`` None: all of them."""
+    K = len(pairs.candidates)
+    labelled = np.bincount(pairs.q, minlength=len(pairs.ids))
+    ids = pairs.ids.astype(str)
+    complete = labelled >= K
+    drop = complete & ~np.isin(ids, np.asarray([str(i) for i in train_ids]))
+    partial = np.flatnonzero(~complete)
+    info: dict[str, Any] = {"partial_queries": int(len(partial)), "partial_sampled": int(len(partial))}
+    if cap is not None and len(partial) > cap:
+        keep = np.random.default_rng(seed).choice(partial, size=cap, replace=False)
+        drop[np.setdiff1d(partial, keep)] = True
+        info.update(partial_sampled=int(cap), partial_pi=round(cap / len(partial), 6))
+    out = pairs.exclude(ids[drop])
+    if "partial_pi" in info:
+        out_partial = np.bincount(out.q, minlength=len(out.ids)) < K
+        out.weight = np.where(out_partial[out.q], out.weight / info["partial_pi"], out.weight)
+    return out, info
