@@ -46,7 +46,7 @@ def test_builtins_are_entry_points_of_the_package():
     names = {n for n, _ in get_plugin_manager().list_name_plugin()}
     assert {"builtin_meters", "builtin_tasks"} <= names
     assert BUILTIN_METERS <= set(meter_factories()) and BUILTIN_TASKS <= set(task_factories())
-    assert {"student", "lm", "task_prior", "knn", "logreg"} <= set(scorer_factories())
+    assert {"student", "lm", "task_prior", "knn", "logreg", "mf", "stacked"} <= set(scorer_factories())
 
 
 LIST_IN_FRESH_PROCESS = """
@@ -73,7 +73,7 @@ def test_fresh_process_finds_the_installed_plugin_and_stays_lean(example_plugin_
     assert {"builtin_meters", "builtin_tasks", "example"} <= set(got["plugins"])
     assert set(got["meters"]) == BUILTIN_METERS | {"constant-power"}
     assert set(got["tasks"]) == BUILTIN_TASKS | {"echo"}
-    assert set(got["scorers"]) == {"student", "lm", "task_prior", "knn", "logreg", "slow-student"}
+    assert set(got["scorers"]) == {"student", "lm", "task_prior", "knn", "logreg", "mf", "stacked", "slow-student"}
     assert got["heavy"] == []  # listing every plugin imports no implementation (lazy factories)
 
 
