@@ -20,7 +20,7 @@ from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import Run, open_store, schema
 from litellm_energy_router.training.ope import estimate_policy, evaluate_checkpoint_on_log, logged_rows, version_counts
-from router_fixtures import CANDS, drain_litellm_logging, planted_rows
+from router_fixtures import CANDS, planted_rows
 
 pytestmark = pytest.mark.usefixtures("fresh_litellm_callbacks")
 
@@ -87,24 +87,29 @@ def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp
         router = litellm.Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
         logger = EnergyLogger(s)
+        litellm.callbacks = [logger]
         texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(30)]
 
         async def go():
-            await drain_litellm_logging()  # an earlier test's queued logging events must not reach this logger
-            litellm.callbacks = [logger]
-            await asyncio.gather(*(router.acompletion(model="pool", messages=[{"role": "user", "content": t}]) for t in texts))
-            while logger.writer.submitted < len(texts):
+            out = await asyncio.gather(*(router.acompletion(model="pool", messages=[{"role": "user", "content": t}]) for t in texts))
+            deadline = time.monotonic() + 60
+            while logger.writer.submitted < len(texts) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            return {r._hidden_params["litellm_call_id"] for r in out}
 
-        asyncio.run(go())
-        time.sleep(0.3)
-        assert logger.flush(30)
+        ours = asyncio.run(go())
+        store = open_store(sqlite_url)
+        deadline = time.monotonic() + 30
+        while True:  # this test's rows, by their call ids (an earlier test's queued logging may land here too)
+            assert logger.flush(30)
+            rows = [r for r in store.iter_runs() if r["call_id"] in ours]
+            if len(rows) >= len(texts) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        store.close()
         logger.close()
     finally:
         backend.stop()
-    store = open_store(sqlite_url)
-    rows = list(store.iter_runs())
-    store.close()
     assert len(rows) == len(texts)
     assert {r["router_version"] for r in rows} == {version}
     assert all(0 < r["propensity"] <= 1 for r in rows)
