@@ -326,6 +326,20 @@ def _fit_nonneg_2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float,
     return (c, 0.0) if j == 0 else (0.0, c)
 
 
+def profile_j_per_token(cand: str, profile: Any | None = None) -> tuple[float, float]:
+    """(J per prompt token, J per output token) of ``cand`` from ``profile`` (an
+    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None``: the bundled one), for a candidate
+    whose runs cannot determine them."""
+    if profile is None:
+        from litellm_energy_router.energy.profile import load_profile
+
+        profile = load_profile()
+    models = getattr(profile, "models", {}) or {}
+    if cand not in models:
+        raise MatrixError(f"candidate {cand!r}: its runs cannot determine J/token and the energy profile lacks it")
+    return float(models[cand].j_per_prompt_token), float(models[cand].j_per_output_token)
+
+
 def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any | None = None) -> EnergyEstimate:
     """Fit the routing-time energy estimate on the rows of ``m`` (training rows only).
 
@@ -344,7 +358,6 @@ def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any |
         from .pairs import fit_energy_from_pairs
 
         return fit_energy_from_pairs(pairs, profile)
-    models: dict[str, Any] | None = None
     jp: dict[str, float] = {}
     jo: dict[str, float] = {}
     for k, c in enumerate(m.candidates):
@@ -355,15 +368,7 @@ def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any |
             if b > 0:
                 jp[c], jo[c] = a, b
                 continue
-        if models is None:
-            if profile is None:
-                from litellm_energy_router.energy.profile import load_profile
-
-                profile = load_profile()
-            models = getattr(profile, "models", {}) or {}
-        if c not in models:
-            raise MatrixError(f"candidate {c!r}: its runs cannot determine J/token and the energy profile lacks it")
-        jp[c], jo[c] = float(models[c].j_per_prompt_token), float(models[c].j_per_output_token)
+        jp[c], jo[c] = profile_j_per_token(c, profile)
     jp_a = np.array([jp[c] for c in m.candidates])
     jo_a = np.array([jo[c] for c in m.candidates])
     T = m.T.copy()

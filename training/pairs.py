@@ -54,7 +54,7 @@ import numpy as np
 from litellm_energy_router.redact import redact_url
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 
-from .data import MatrixError, TableMatrix, _fit_nonneg_2
+from .data import MatrixError, TableMatrix, _fit_nonneg_2, profile_j_per_token
 
 UNBIASED_SOURCES = ("tournament", "shadow", "import")
 SOURCES = ("tournament", "shadow", "import", "production")
@@ -340,14 +340,7 @@ def fit_energy_from_pairs(pairs: PairTable, profile: Any | None = None) -> Energ
         if fit is None:
             fit, info["j_per_token_from"] = _jpt(runs, rows), "table"
         if fit is None:
-            if profile is None:
-                from litellm_energy_router.energy.profile import load_profile
-
-                profile = load_profile()
-            models = getattr(profile, "models", {}) or {}
-            if cand not in models:
-                raise MatrixError(f"candidate {cand!r}: its runs cannot determine J/token and the energy profile lacks it")
-            fit, info["j_per_token_from"] = (float(models[cand].j_per_prompt_token), float(models[cand].j_per_output_token)), "profile"
+            fit, info["j_per_token_from"] = profile_j_per_token(cand, profile), "profile"
         jp[cand], jo[cand] = fit
         fitted[cand] = info
     jp_a = np.array([jp[c] for c in cands])
