@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import textwrap
+from pathlib import Path
 
 from litellm_energy_router.table import make_query
 
@@ -46,3 +48,19 @@ async def drain_litellm_logging():
     except ImportError:  # a LiteLLM without the logging worker
         return
     await GLOBAL_LOGGING_WORKER.flush()
+
+
+def retrain_yaml(tmp_path: Path, url: str, min_new_rows: int, retrain_extra: str = "") -> Path:
+    """A settings file with a ``retrain:`` section (quick training, 30 % held out) over the table ``url``,
+    its pointer under ``tmp_path``; ``retrain_extra``: more YAML inside ``retrain:``."""
+    p = tmp_path / "retrain.yaml"
+    p.write_text(textwrap.dedent(f"""
+        energy_router:
+          table: {{url: "{url}"}}
+          router: {{checkpoint: "{tmp_path / 'current.json'}"}}
+        retrain:
+          quick: true
+          min_new_rows: {min_new_rows}
+          holdout_fraction: 0.3
+        """) + textwrap.indent(textwrap.dedent(retrain_extra), "  "))
+    return p

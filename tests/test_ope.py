@@ -68,6 +68,28 @@ def test_estimate_policy_on_table_like_rows():
     assert ips(r, p, p).value == pytest.approx(pe.logged_accuracy)
     assert snips(r, p, p).value == pytest.approx(pe.logged_accuracy)
 
+def test_a_capped_log_is_a_uniform_sample_whose_estimate_still_covers_the_truth():
+    """``logged_rows(cap=)`` keeps memory bounded (reservoir sampling): exactly ``cap`` usable rows, each
+    equally likely, and the SNIPS interval on them still covers the new policy's true value."""
+    t = _trial(11, n=6000)
+    cands = ["small", "mid", "large", "xl"]
+    rows = [{"source": "production", "status": "success", "candidate": cands[a], "propensity": p, "score": r, "energy_j": e, "i": i}
+            for i, (a, p, r, e) in enumerate(zip(t["a"], t["p"], t["r"], t["e"]))]  # fmt: skip
+    rows.insert(10, {"source": "import", "status": None, "candidate": "small", "propensity": 0.5, "score": 1.0, "energy_j": 1.0})
+    assert len(logged_rows(rows, cap=10_000)) == 6000  # under the cap: every usable row
+    hits = np.zeros(6000)
+    for seed in range(40):
+        kept = logged_rows(iter(rows), cap=1500, seed=seed)
+        assert len(kept) == 1500 and all(r["source"] == "production" for r in kept)
+        hits[[r["i"] for r in kept]] += 1
+    # each row kept with probability 1/4: first and second half of the stream alike (no order bias)
+    assert abs(hits[:3000].mean() - 10) < 0.5 and abs(hits[3000:].mean() - 10) < 0.5
+    kept = logged_rows(rows, cap=1500)
+    chosen = [cands[t["new"][t["x"][r["i"]]]] for r in kept]
+    pe = estimate_policy(kept, chosen, cands)
+    assert pe.n == 1500 and pe.accuracy_snips.covers(t["true_acc"]) and pe.joules_snips.covers(t["true_j"])
+
+
 def test_zero_or_missing_propensity_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="propensity 0.0 outside"):
         ips([1.0, 0.0], [0.5, 0.0], [1.0, 1.0])

@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from router_fixtures import planted_rows
+from router_fixtures import planted_rows, retrain_yaml
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.table import open_store
@@ -40,20 +39,6 @@ def _shuffled(m):
 def _cfg(tmp_path: Path, url: str, **kw) -> RetrainConfig:
     return RetrainConfig(table_url=url, pointer=tmp_path / "current.json", quick=True, min_new_rows=100,
                          holdout_fraction=0.3, lam=0.3, epsilon=0.0, **kw)  # fmt: skip
-
-
-def _config_file(tmp_path: Path, url: str) -> Path:
-    p = tmp_path / "retrain.yaml"
-    p.write_text(textwrap.dedent(f"""
-        energy_router:
-          table: {{url: "{url}"}}
-          router: {{checkpoint: "{tmp_path / 'current.json'}"}}
-        retrain:
-          quick: true
-          min_new_rows: 100
-          holdout_fraction: 0.3
-    """))
-    return p
 
 
 def _cli(*args: str) -> subprocess.Popen:
@@ -113,7 +98,7 @@ def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_
 
 def test_nothing_new_and_lock_exit_zero(tmp_path, sqlite_url):
     _add(sqlite_url, "a")
-    conf = _config_file(tmp_path, sqlite_url)
+    conf = retrain_yaml(tmp_path, sqlite_url, 100)
     p = _cli("retrain", "--config", str(conf))
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0 and "promoted" in out, out
@@ -132,7 +117,7 @@ def test_nothing_new_and_lock_exit_zero(tmp_path, sqlite_url):
 
 def test_two_concurrent_runs_train_once(tmp_path, sqlite_url):
     _add(sqlite_url, "a")
-    conf = _config_file(tmp_path, sqlite_url)
+    conf = retrain_yaml(tmp_path, sqlite_url, 100)
     procs = [_cli("retrain", "--config", str(conf)) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs

@@ -61,3 +61,32 @@ def test_retrain_over_budget_trains_on_a_stratified_sample_and_reports_it(tmp_pa
     # every new query; as many old ones replayed (more only by the per-task floor)
     assert new == 40 and 40 <= old <= 40 + 2 * budget.min_per_stratum
     assert rep3["train_queries"] < 80
+
+
+def test_retrain_reads_the_table_once(tmp_path: Path, sqlite_url: str, monkeypatch):
+    """The training matrix and the partial-feedback pairs come from one pass over the table; the only
+    other read is the off-policy estimate's, of production rows only (capped by ``ope_max_rows``)."""
+    from litellm_energy_router.table import store as store_mod
+
+    _add(sqlite_url, "a", 80, "t")
+    with open_store(sqlite_url) as st:  # a few production rows: one candidate each, with a propensity
+        cands, queries, runs = planted_rows(20, prefix="p")
+        prod = [{**r, "source": "production", "propensity": 0.5, "call_id": f"c{i}"}
+                for i, r in enumerate(runs) if r["candidate"] == cands[0]["name"]]  # fmt: skip
+        st.write([q.model_copy(update={"source": "production"}) for q in queries], prod)
+    reads: list[tuple[str, ...] | None] = []
+    real = store_mod.SQLStore.iter_runs
+
+    def counted(self, *a, **kw):
+        reads.append(tuple(kw["sources"]) if kw.get("sources") else None)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(store_mod.SQLStore, "iter_runs", counted)
+    cfg = RetrainConfig(table_url=sqlite_url, pointer=tmp_path / "current.json", quick=True, min_new_rows=10,
+                        holdout_fraction=0.25, lam=0.3, epsilon=0.0)  # fmt: skip
+    res = run_retrain(cfg, log=lambda s: None)
+    assert res.status == "promoted"
+    assert reads == [tuple(cfg.sources), ("production",)], reads
+    rep = json.loads(res.report_json.read_text())
+    assert rep["data"]["rows_read"] == 80 * 3 + len(prod)
+    assert rep["data"]["pairs"]["partial_queries"] == 20  # the production-only queries reached training

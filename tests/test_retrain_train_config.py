@@ -3,11 +3,9 @@ refuses a bad key with a one-line error naming it."""
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
 
 import pytest
-from router_fixtures import planted_rows
+from router_fixtures import planted_rows, retrain_yaml
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError
@@ -16,26 +14,12 @@ from litellm_energy_router.training.retrain import load_retrain_config, run_retr
 from litellm_energy_router.training.train_config import TrainSection
 
 
-def _config(tmp_path: Path, url: str, train: str) -> Path:
-    p = tmp_path / "retrain.yaml"
-    p.write_text(textwrap.dedent(f"""
-        energy_router:
-          table: {{url: "{url}"}}
-          router: {{checkpoint: "{tmp_path / 'current.json'}"}}
-        retrain:
-          quick: true
-          min_new_rows: 10
-          holdout_fraction: 0.3
-        """) + textwrap.indent(textwrap.dedent(train), "  "))
-    return p
-
-
 def test_retrain_builds_the_backbone_its_config_names(tmp_path, sqlite_url):
     store = open_store(sqlite_url)
     cands, queries, runs = planted_rows(60)
     store.write(queries, runs, candidates=cands)
     store.close()
-    conf = _config(tmp_path, sqlite_url, """
+    conf = retrain_yaml(tmp_path, sqlite_url, 10, """
         train:
           backbone: {name: tiny, hidden_size: 48, layers: 3, vocab_size: 384}
           sft: {epochs: 2, batch_size: 8}
@@ -68,7 +52,7 @@ def test_train_section_maps_stages_and_keeps_grpo_steps_working():
     ("train: {grpo: {steps: 5}}\ngrpo_steps: 3", "grpo_steps"),
 ])  # fmt: skip
 def test_a_bad_train_key_is_a_one_line_error_naming_it(tmp_path, sqlite_url, train, key):
-    conf = _config(tmp_path, sqlite_url, train)
+    conf = retrain_yaml(tmp_path, sqlite_url, 10, train)
     with pytest.raises(ConfigError) as e:
         load_retrain_config(conf)
     msg = str(e.value)

@@ -22,6 +22,7 @@ and :func:`evaluate_checkpoint_on_log` can keep only chosen versions (``logging_
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -145,17 +146,27 @@ class PolicyEstimate:
              for v, d in self.by_version.items()]
 
 
-def logged_rows(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def logged_rows(runs: Iterable[Mapping[str, Any]], cap: int | None = None, seed: int = 0) -> list[Mapping[str, Any]]:
     """Production rows usable for off-policy evaluation: served successfully, scored, with energy and a
-    propensity in (0, 1]."""
-    out = []
+    propensity in (0, 1]. ``cap``: at most this many, a uniform sample without replacement of the usable
+    rows (reservoir sampling over the stream: memory bounded however many the table holds; the IPS and
+    SNIPS means of a uniform sample estimate the same value, their intervals computed on the sample)."""
+    out: list[Mapping[str, Any]] = []
+    rng = random.Random(seed)
+    seen = 0
     for r in runs:
         p = r.get("propensity")
         if r.get("source") != "production" or r.get("status") == "failure" or p is None or not 0 < p <= 1:
             continue
         if r.get("score") is None or r.get("energy_j") is None:
             continue
-        out.append(r)
+        seen += 1
+        if cap is None or len(out) < cap:
+            out.append(r)
+        else:
+            j = rng.randrange(seen)
+            if j < cap:
+                out[j] = r
     return out
 
 

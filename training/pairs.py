@@ -177,8 +177,10 @@ class PairTable:
         )  # fmt: skip
 
 
-class _Acc:
-    """Streaming accumulator behind :func:`load_pairs`: compact arrays, no row dicts kept."""
+class PairReader:
+    """Streaming accumulator behind :func:`load_pairs`: ``add(row)`` per run read (compact arrays, no row
+    dicts kept), then :meth:`table`. Fed alongside the matrix read, it turns one pass over the table into
+    both (``progress.CountingStore(also=reader.add)``)."""
 
     def __init__(self, wanted: set[str] | None) -> None:
         self.wanted = wanted
@@ -197,6 +199,12 @@ class _Acc:
         self.run_cols: dict[str, array] = {k: array("d") for k in ("q", "c", "task", "pt", "ct", "e", "measured", "src", "prop")}
         self.run_ver: list[str | None] = []
         self.max_id, self.max_upd = 0, 0.0
+
+    def table(self, candidates: Sequence[str] | None = None, url: Any = "?",
+              weighting: PairWeighting | None = None) -> PairTable:  # fmt: skip
+        """The :class:`PairTable` of the pairs read, over ``candidates`` (default: every candidate with a
+        labelled run, cheapest mean energy first); ``url`` names the table in errors."""
+        return _table(self, candidates, url, weighting)
 
     def add(self, r: dict[str, Any]) -> None:
         self.max_id = max(self.max_id, int(r["id"]))
@@ -250,11 +258,16 @@ def load_pairs(store: Any, candidates: Sequence[str] | None = None, sources: Seq
                since_id: int | None = None, weighting: PairWeighting | None = None) -> PairTable:  # fmt: skip
     """Stream ``store.iter_runs`` into a :class:`PairTable` of every labelled (score and energy_j present)
     pair of ``candidates`` (default: every candidate with a labelled run, cheapest mean energy first)."""
-    acc = _Acc(set(candidates) if candidates is not None else None)
+    acc = PairReader(set(candidates) if candidates is not None else None)
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
         acc.add(r)
+    return acc.table(candidates, getattr(store, "url", "?"), weighting)
+
+
+def _table(acc: PairReader, candidates: Sequence[str] | None, url: Any, weighting: PairWeighting | None) -> PairTable:
+    """The :class:`PairTable` of what ``acc`` read (``url``: the table, named in errors)."""
     if not len(acc.pq):
-        raise MatrixError(f"table {redact_url(getattr(store, 'url', '?'))}: 0 labelled runs (score and energy_j)")
+        raise MatrixError(f"table {redact_url(url)}: 0 labelled runs (score and energy_j)")
     seen = sorted(acc.cix, key=acc.cix.get)
     pc, e = np.frombuffer(acc.pc, dtype=np.int64), np.frombuffer(acc.e, dtype=np.float64)
     if candidates is None:
@@ -264,7 +277,7 @@ def load_pairs(store: Any, candidates: Sequence[str] | None = None, sources: Seq
         cands = list(candidates)
         missing = [c for c in cands if c not in acc.cix or not (pc == acc.cix[c]).any()]
         if missing:
-            raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}")
+            raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {redact_url(url)}")
     remap = np.full(max(len(seen), 1), -1, dtype=np.int64)
     for c in seen:
         remap[acc.cix[c]] = cands.index(c) if c in cands else -1
@@ -289,6 +302,7 @@ def load_pairs(store: Any, candidates: Sequence[str] | None = None, sources: Seq
         weight=w, runs=runs, run_ids=np.array(list(acc.rq), dtype=object), run_tasks=sorted(acc.task_ix, key=acc.task_ix.get),
         stats=stats, max_run_id=acc.max_id, max_updated=acc.max_upd,
     )  # fmt: skip
+
 
 
 # -- partial rows in the correctness models --------------------------------------------------------

@@ -27,7 +27,8 @@ from .calibrate import fit_calibration, fit_probe
 from .embed import default_embedder, embed_queries
 from .data import TableMatrix as Matrix, concat_rows, fit_energy_estimate, load_matrix, near_duplicate_groups
 from .grpo import GRPOStageConfig, grpo_stage
-from .pairs import PairTable, load_pairs, partial_only
+from .pairs import PairReader, PairTable, partial_only
+from .progress import CountingStore
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
 
 
@@ -238,8 +239,9 @@ def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None
           log: Callable[[str], None] = print, on_step: Callable[[dict], None] | None = None) -> Path:  # fmt: skip
     """Read the table and train a router checkpoint into ``out_dir``."""
     cfg = cfg or TrainConfig()
-    m = load_matrix(store, cfg.candidates, cfg.sources)
-    pairs = load_pairs(store, m.candidates, cfg.sources) if cfg.partial_feedback else None
+    reader = PairReader(None) if cfg.partial_feedback else None  # fed by the matrix's pass over the table
+    m = load_matrix(CountingStore(store, lambda n: None, also=reader.add) if reader else store, cfg.candidates, cfg.sources)
+    pairs = reader.table(m.candidates, getattr(store, "url", "?")) if reader else None
     return train_matrix(m, out_dir, cfg, log, on_step, pairs=pairs)
 
 

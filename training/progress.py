@@ -69,15 +69,18 @@ class Stages:
 
 
 class CountingStore:
-    """A table store whose ``iter_runs`` calls ``tick()`` per row read (a progress bar over the read);
-    everything else is the wrapped store's."""
+    """A table store whose ``iter_runs`` calls ``tick()`` per row read (a progress bar over the read) and
+    ``also(row)`` for every row (a second reader fed by the same pass); everything else is the wrapped store's."""
 
-    def __init__(self, store: Any, tick: Callable[..., None], every: int = 1000) -> None:
-        self._store, self._tick, self._every = store, tick, every
+    def __init__(self, store: Any, tick: Callable[..., None], every: int = 1000,
+                 also: Callable[[dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+        self._store, self._tick, self._every, self._also = store, tick, every, also
         self.rows_read = 0
 
     def iter_runs(self, **kw: Any) -> Iterator[dict[str, Any]]:
         for r in self._store.iter_runs(**kw):
+            if self._also is not None:
+                self._also(r)
             self.rows_read += 1
             if self.rows_read % self._every == 0:
                 self._tick(self._every)

@@ -79,6 +79,8 @@ class RetrainConfig(BaseModel):
                                    "table larger than this is sampled (training/sampling.py)")  # fmt: skip
     embed_cache_dir: Path | None = Field(None, description="query-embedding cache kept across retrains; "
                                          "default: <versions_dir>/embed-cache")  # fmt: skip
+    ope_max_rows: int | None = Field(20000, ge=100, description="logged production rows the off-policy estimate "
+                                     "scores: a uniform sample of them when the table holds more (None: all)")  # fmt: skip
 
     @model_validator(mode="after")
     def _one_grpo_setting(self) -> "RetrainConfig":
@@ -194,7 +196,7 @@ def _ope(store: Any, predictors: dict[str, Any], cfg: RetrainConfig, log: Log) -
     """Off-policy estimates of each loaded checkpoint (``None`` entries skipped) on the logged production rows."""
     from .ope import evaluate_checkpoint_on_log, logged_rows
 
-    rows = logged_rows(store.iter_runs(sources=["production"]))
+    rows = logged_rows(store.iter_runs(sources=["production"]), cap=cfg.ope_max_rows)
     if not rows:
         return {}
     out = {}
@@ -276,7 +278,8 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
     from .embed import use_cache_dir
     from .pipeline import CheckpointPredictor, _version, train_matrix
     from .progress import Stages
-    from .sampling import bounded_matrix
+    from .pairs import PairReader
+    from .sampling import bound_pairs, bounded_matrix
 
     pointer = Path(cfg.pointer)  # type: ignore[arg-type]
     vdir = _versions_dir(cfg)
@@ -305,28 +308,27 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 return RetrainResult("nothing_new", msg, details={"new_rows": new})
             rdir = Path(cfg.report_dir) if cfg.report_dir else vdir / "reports"
             warm_since = wm.get("max_run_id") if cfg.warm_start and serving_dir is not None else None
+            tc = cfg.train.build(quick=cfg.quick, grpo_steps=cfg.grpo_steps)
+            # every labelled pair (production rows too) is read in the same pass as the matrix
+            reader = PairReader(None) if tc.partial_feedback and transform_train is None else None
             m, data = bounded_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources,
                                      cfg.budget, cfg.holdout_fraction, serving_dir, rdir, stages, log,
-                                     warm_since)  # fmt: skip
+                                     warm_since, reader)  # fmt: skip
             with stages.stage("held-out split"):
                 tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
                                        groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
             train_m, hold = m.take(tr), m.take(te)
             if transform_train is not None:
                 train_m = transform_train(train_m)
-            tc = cfg.train.build(quick=cfg.quick, grpo_steps=cfg.grpo_steps)
             if cfg.warm_start and serving_dir is not None:
                 tc.init_from = str(serving_dir)
             tmp = vdir / f".tmp-{_version()}"
             log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
             t0 = time.time()
             pairs = None
-            if tc.partial_feedback and transform_train is None:  # every labelled pair of the training queries (held-out excluded)
-                from .pairs import load_pairs
-                from .sampling import bound_pairs
-
-                with stages.stage("read labelled pairs"):
-                    pairs = load_pairs(store, m.candidates, cfg.sources).exclude(hold.ids)
+            if reader is not None:  # every labelled pair of the training queries (held-out excluded)
+                with stages.stage("labelled pairs"):
+                    pairs, reader = reader.table(m.candidates, cfg.table_url).exclude(hold.ids), None
                     pairs, data["pairs"] = bound_pairs(pairs, train_m.ids, cfg.budget.query_cap(rdir), cfg.budget.seed)
             selection = None
             with stages.stage("train") as tick:

@@ -237,17 +237,18 @@ def summary(s: Sample, table_rows: int) -> dict[str, Any]:
 
 def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequence[str], budget: TrainingBudget,
                    holdout_fraction: float, serving_dir: Path | None, report_dir: Path | None, stages: Any,
-                   log: Any = print, warm_since: int | None = None) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+                   log: Any = print, warm_since: int | None = None, pairs_reader: Any = None) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """Read the table in chunks (a bar over the rows) and, when it holds more queries than the budget
     allows (the training cap plus the held-out share), sample it (:func:`sample_matrix`, uncertainty
     from the serving checkpoint when one loads). ``warm_since`` (warm start: the serving checkpoint's
     largest run id): the queries with a newer run plus ``replay_ratio`` times as many old ones
-    (:func:`warm_sample_matrix`). Returns the matrix and what the report says about it."""
+    (:func:`warm_sample_matrix`). ``pairs_reader`` (a :class:`~.pairs.PairReader`) is fed every row of
+    the same pass. Returns the matrix and what the report says about it."""
     from .data import load_matrix
     from .progress import CountingStore
 
     with stages.stage("read table", total=store.count_runs()) as tick:
-        counting = CountingStore(store, tick)
+        counting = CountingStore(store, tick, also=None if pairs_reader is None else pairs_reader.add)
         m = load_matrix(counting, candidates, sources)
     info: dict[str, Any] = {"rows_read": counting.rows_read, "table_queries": len(m)}
     cap = budget.query_cap(report_dir)
