@@ -145,3 +145,22 @@ def test_bound_pairs_keeps_trained_complete_queries_and_samples_partial_ones_unb
         sums.append(float(np.sum(b.weight[isp] * b.y[isp])))
     se = np.std(sums, ddof=1) / np.sqrt(len(sums))
     assert abs(np.mean(sums) - truth) < 4 * se + 1e-9  # unbiased: the mean over samples hits the full sum
+    # the energy runs of the sampled production queries carry the same 1/π (the J/token fits read them)
+    rw = b.runs["w"][np.char.startswith(b.run_ids[b.runs["q"].astype(np.int64)].astype(str), "p")]
+    assert len(rw) == 50 and np.allclose(rw, 400 / 50)
+
+
+def test_scale_weights_multiplies_the_pairs_and_runs_of_the_named_queries_only():
+    """A sampled retrain's complete queries carry 1/π into their pairs (probe head) and runs (energy fit)."""
+    from litellm_energy_router.training.pairs import PairReader
+
+    reader = PairReader(None)
+    for i, (qid, cand) in enumerate([("x", "a"), ("x", "b"), ("y", "a"), ("y", "b")]):
+        reader.add({"id": i + 1, "query_id": qid, "candidate": cand, "task": "t", "text": qid, "source": "tournament",
+                    "score": 1.0, "energy_j": 2.0, "prompt_tokens": 5, "completion_tokens": 7})  # fmt: skip
+    p = reader.table(["a", "b"])
+    p.scale_weights(["x"], [2.5])
+    by_q = p.ids[p.q].astype(str)
+    assert np.allclose(p.weight[by_q == "x"], 2.5) and np.allclose(p.weight[by_q == "y"], 1.0)
+    run_q = p.run_ids[p.runs["q"].astype(np.int64)].astype(str)
+    assert np.allclose(p.runs["w"][run_q == "x"], 2.5) and np.allclose(p.runs["w"][run_q == "y"], 1.0)

@@ -158,6 +158,15 @@ class PairTable:
             max_run_id=self.max_run_id, max_updated=self.max_updated,
         )  # fmt: skip
 
+    def scale_weights(self, ids: Sequence[str], factor: Sequence[float]) -> None:
+        """Multiply the weight of every pair and energy run of query ``ids[i]`` by ``factor[i]`` (a sample's
+        1/π: weighted sums over the kept pairs then estimate the whole table's); other queries keep theirs."""
+        f = dict(zip((str(i) for i in ids), (float(x) for x in factor)))
+        self.weight = self.weight * np.array([f.get(str(i), 1.0) for i in self.ids])[self.q]
+        if len(self.runs.get("w", ())):
+            rf = np.array([f.get(str(i), 1.0) for i in self.run_ids])
+            self.runs["w"] = self.runs["w"] * rf[self.runs["q"].astype(np.int64)]
+
     def matrix(self, *, require_text: bool = True, unweighted: bool = False) -> TableMatrix:
         """A partial :class:`~.data.TableMatrix` of every query with a labelled pair: ``Y``/``E``/``T`` NaN
         where a candidate is unlabelled, ``W[n, K]`` the pair weights (0 where unlabelled; 1 for every

@@ -330,6 +330,8 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
                 with stages.stage("labelled pairs"):
                     pairs, reader = reader.table(m.candidates, cfg.table_url).exclude(hold.ids), None
                     pairs, data["pairs"] = bound_pairs(pairs, train_m.ids, cfg.budget.query_cap(rdir), cfg.budget.seed)
+                    if train_m.weight is not None:  # a sampled table: its queries' pairs carry 1/π too
+                        pairs.scale_weights(train_m.ids, train_m.weight)
             selection = None
             with stages.stage("train") as tick:
                 if cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)

@@ -294,6 +294,6 @@ def bound_pairs(pairs: Any, train_ids: Sequence[str], cap: int | None, seed: int
         info.update(partial_sampled=int(cap), partial_pi=round(cap / len(partial), 6))
     out = pairs.exclude(ids[drop])
     if "partial_pi" in info:
-        out_partial = np.bincount(out.q, minlength=len(out.ids)) < K
-        out.weight = np.where(out_partial[out.q], out.weight / info["partial_pi"], out.weight)
+        kept = out.ids[np.bincount(out.q, minlength=len(out.ids)) < K]
+        out.scale_weights(kept, np.full(len(kept), 1 / info["partial_pi"]))
     return out, info
