@@ -6,9 +6,10 @@ One run:
 2. counts labelled rows (score and energy) newer than the serving checkpoint's training watermark
    (run id, or updated later, e.g. labelled by feedback); below ``min_new_rows`` it stops: "nothing new";
 3. trains a candidate checkpoint on the table minus a **stable held-out set** (a hash of the query id,
-   so the held-out queries never enter any checkpoint's training data): with ``select`` (default), the
-   scorers of ``select_scorers`` are cross-validated on those rows and the best is exported
-   (:mod:`.selection`); otherwise the LM router, from scratch or warm-started from the serving checkpoint;
+   so the held-out queries never enter any checkpoint's training data), read in one bounded pass
+   (:mod:`.sampling`): the LM router, from scratch or warm-started from the serving checkpoint; with
+   ``select: true`` the scorers of ``select_scorers`` are cross-validated on those rows and the best is
+   exported (:mod:`.selection`);
 4. scores the candidate and the serving checkpoint on the same held-out queries (AIQ; joules to reach
    the target accuracy) and, when production rows with propensities exist, estimates both on logged
    traffic by IPS/SNIPS (:mod:`.ope`);
@@ -268,6 +269,22 @@ def _scale_lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
+@dataclass
+class _Run:
+    """What one retrain run has decided and read so far (shared by its stages)."""
+
+    cfg: RetrainConfig
+    log: Log
+    stages: Any
+    vdir: Path
+    rdir: Path
+    serving_dir: Path | None
+    manifest: Any
+    new: int = 0
+    since_id: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
 def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = print,
                 transform_train: Callable[[TableMatrix], TableMatrix] | None = None,
                 progress: Any | None = None) -> RetrainResult:  # fmt: skip
@@ -276,12 +293,8 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
     the run trains on (no partial-feedback pairs). ``progress``: a ``rich.progress.Progress`` showing each
     stage (:mod:`.progress`)."""
     from .embed import use_cache_dir
-    from .pipeline import CheckpointPredictor, _version, train_matrix
     from .progress import Stages
-    from .pairs import PairReader
-    from .sampling import bound_pairs, bounded_matrix
 
-    pointer = Path(cfg.pointer)  # type: ignore[arg-type]
     vdir = _versions_dir(cfg)
     vdir.mkdir(parents=True, exist_ok=True)
     lock = open(vdir / ".retrain.lock", "a+")
@@ -293,88 +306,124 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
         log(msg)
         return RetrainResult("locked", msg)
     try:
-        serving_dir, manifest = _serving(pointer)
-        stages = Stages(progress)
+        serving_dir, manifest = _serving(Path(cfg.pointer))  # type: ignore[arg-type]
         use_cache_dir(cfg.embed_cache_dir or vdir / "embed-cache")
+        run = _Run(cfg, log, Stages(progress), vdir, Path(cfg.report_dir) if cfg.report_dir else vdir / "reports",
+                   serving_dir, manifest)  # fmt: skip
         store = open_store(cfg.table_url)
         try:
-            wm = manifest.watermark if manifest is not None else {}
-            since_id = since if since is not None else wm.get("max_run_id")
-            since_upd = None if since is not None else wm.get("max_updated")
-            new = store.count_labelled(since_id=since_id, since_updated=since_upd, sources=cfg.sources)
-            if manifest is not None and new < cfg.min_new_rows:
-                msg = f"nothing new: {new} labelled rows since run id {since_id} (minimum {cfg.min_new_rows})"
+            if not _enough_new(run, store, since):
+                msg = f"nothing new: {run.new} labelled rows since run id {run.since_id} (minimum {cfg.min_new_rows})"
                 log(msg)
-                return RetrainResult("nothing_new", msg, details={"new_rows": new})
-            rdir = Path(cfg.report_dir) if cfg.report_dir else vdir / "reports"
-            warm_since = wm.get("max_run_id") if cfg.warm_start and serving_dir is not None else None
-            tc = cfg.train.build(quick=cfg.quick, grpo_steps=cfg.grpo_steps)
-            # every labelled pair (production rows too) is read in the same pass as the matrix
-            reader = PairReader(None) if tc.partial_feedback and transform_train is None else None
-            m, data = bounded_matrix(store, manifest.candidates if manifest is not None else None, cfg.sources,
-                                     cfg.budget, cfg.holdout_fraction, serving_dir, rdir, stages, log,
-                                     warm_since, reader)  # fmt: skip
-            with stages.stage("held-out split"):
-                tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
-                                       groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
-            train_m, hold = m.take(tr), m.take(te)
-            if transform_train is not None:
-                train_m = transform_train(train_m)
-            if cfg.warm_start and serving_dir is not None:
-                tc.init_from = str(serving_dir)
-            tmp = vdir / f".tmp-{_version()}"
-            log(f"retrain: {new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
-            t0 = time.time()
-            pairs = None
-            if reader is not None:  # every labelled pair of the training queries (held-out excluded)
-                with stages.stage("labelled pairs"):
-                    pairs, reader = reader.table(m.candidates, cfg.table_url).exclude(hold.ids), None
-                    pairs, data["pairs"] = bound_pairs(pairs, train_m.ids, cfg.budget.query_cap(rdir), cfg.budget.seed)
-                    if train_m.weight is not None:  # a sampled table: its queries' pairs carry 1/π too
-                        pairs.scale_weights(train_m.ids, train_m.weight)
-            selection = None
-            with stages.stage("train") as tick:
-                if cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)
-                    from .selection import select_and_export
-
-                    selection = select_and_export(train_m, tmp, cfg.select_scorers, folds=cfg.select_folds,
-                                                  train_config=tc, log=log, pairs=pairs).summary()  # fmt: skip
-                else:
-                    train_matrix(train_m, tmp, tc, log=log, pairs=pairs,
-                                 on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")))  # fmt: skip
-            version = read_manifest(tmp).version
-            shutil.rmtree(tmp / "_trainer", ignore_errors=True)
-            shutil.rmtree(tmp / "_grpo", ignore_errors=True)
-            t_train = time.time() - t0
-            loaded = {"candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
-                      "serving": CheckpointPredictor(serving_dir, hold.candidates) if serving_dir else None}  # fmt: skip
-            with stages.stage("compare"):
-                cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
-            log(f"retrain {version}: {cmp_['why']}")
-            final = vdir / f"v-{version}"
-            with stages.stage("off-policy"):
-                off_policy = _ope(store, loaded, cfg, log)
-            if cmp_["promote"]:
-                os.replace(tmp, final)
-                set_pointer(pointer, final)
-                removed = _prune(vdir, cfg.keep, {final.resolve()})
-                status, ck = "promoted", final
-                msg = f"promoted {final} (pointer {pointer} moved); removed old versions {removed or 'none'}"
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-                status, ck = "rejected", None
-                msg = f"not promoted: the serving checkpoint {serving_dir} stays ({cmp_['why']})"
-            log(msg)
-            report = {"version": version, "status": status, "message": msg, "new_rows": new, "since_id": since_id,
-                      "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
-                      "off_policy": off_policy, "selection": selection, "serving": str(serving_dir) if serving_dir else None,
-                      "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
-                      "train_config": dataclasses.asdict(tc),
-                      "created": time.time(), "data": data, "timings": stages.report()}  # fmt: skip
-            jp, mp = _write_reports(rdir, version, report)
-            return RetrainResult(status, msg, version, ck, jp, mp, report)
+                return RetrainResult("nothing_new", msg, details={"new_rows": run.new})
+            return _train_and_judge(run, store, transform_train)
         finally:
             store.close()
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
+
+
+def _enough_new(run: _Run, store: Any, since: int | None) -> bool:
+    """Count the labelled rows newer than the serving checkpoint's watermark (or ``since``)."""
+    wm = run.manifest.watermark if run.manifest is not None else {}
+    run.since_id = since if since is not None else wm.get("max_run_id")
+    since_upd = None if since is not None else wm.get("max_updated")
+    run.new = store.count_labelled(since_id=run.since_id, since_updated=since_upd, sources=run.cfg.sources)
+    return run.manifest is None or run.new >= run.cfg.min_new_rows
+
+
+def _read(run: _Run, store: Any, tc: Any, transform_train: Any) -> tuple[TableMatrix, TableMatrix, Any]:
+    """One pass over the table (bounded by the budget): the training rows, the held-out rows and the
+    partial-feedback pairs of the training queries (None when off)."""
+    from .pairs import PairReader
+    from .sampling import bound_pairs, bounded_matrix
+
+    cfg, stages = run.cfg, run.stages
+    wm = run.manifest.watermark if run.manifest is not None else {}
+    warm_since = wm.get("max_run_id") if cfg.warm_start and run.serving_dir is not None else None
+    reader = PairReader(None) if tc.partial_feedback and transform_train is None else None
+    m, run.data = bounded_matrix(store, run.manifest.candidates if run.manifest is not None else None, cfg.sources,
+                                 cfg.budget, cfg.holdout_fraction, run.serving_dir, run.rdir, stages, run.log,
+                                 warm_since, reader)  # fmt: skip
+    with stages.stage("held-out split"):
+        tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
+                               groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
+    train_m, hold = m.take(tr), m.take(te)
+    if transform_train is not None:
+        train_m = transform_train(train_m)
+    pairs = None
+    if reader is not None:  # every labelled pair of the training queries (held-out excluded)
+        with stages.stage("labelled pairs"):
+            pairs, reader = reader.table(m.candidates, cfg.table_url).exclude(hold.ids), None
+            pairs, run.data["pairs"] = bound_pairs(pairs, train_m.ids, cfg.budget.query_cap(run.rdir), cfg.budget.seed)
+            if train_m.weight is not None:  # a sampled table: its queries' pairs carry 1/π too
+                pairs.scale_weights(train_m.ids, train_m.weight)
+    return train_m, hold, pairs
+
+
+def _train(run: _Run, train_m: TableMatrix, pairs: Any, tc: Any, tmp: Path) -> dict[str, Any] | None:
+    """Train the candidate checkpoint into ``tmp``: model selection's winner, or the LM router. Returns
+    the selection summary (None without selection)."""
+    from .pipeline import train_matrix
+
+    selection = None
+    with run.stages.stage("train") as tick:
+        if run.cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)
+            from .selection import select_and_export
+
+            selection = select_and_export(train_m, tmp, run.cfg.select_scorers, folds=run.cfg.select_folds,
+                                          train_config=tc, log=run.log, pairs=pairs).summary()  # fmt: skip
+        else:
+            train_matrix(train_m, tmp, tc, log=run.log, pairs=pairs,
+                         on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")))  # fmt: skip
+    shutil.rmtree(tmp / "_trainer", ignore_errors=True)
+    shutil.rmtree(tmp / "_grpo", ignore_errors=True)
+    return selection
+
+
+def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResult:
+    """Read, train a candidate, compare it with the serving checkpoint on the held-out rows, estimate both
+    on logged traffic, promote or delete it, and write the report."""
+    from .pipeline import CheckpointPredictor, _version
+
+    cfg, log, stages = run.cfg, run.log, run.stages
+    tc = cfg.train.build(quick=cfg.quick, grpo_steps=cfg.grpo_steps)
+    train_m, hold, pairs = _read(run, store, tc, transform_train)
+    if cfg.warm_start and run.serving_dir is not None:
+        tc.init_from = str(run.serving_dir)
+    tmp = run.vdir / f".tmp-{_version()}"
+    log(f"retrain: {run.new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
+    t0 = time.time()
+    selection = _train(run, train_m, pairs, tc, tmp)
+    version, t_train = read_manifest(tmp).version, time.time() - t0
+    loaded = {"candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
+              "serving": CheckpointPredictor(run.serving_dir, hold.candidates) if run.serving_dir else None}  # fmt: skip
+    with stages.stage("compare"):
+        cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
+    log(f"retrain {version}: {cmp_['why']}")
+    with stages.stage("off-policy"):
+        off_policy = _ope(store, loaded, cfg, log)
+    status, ck, msg = _promote_or_delete(run, tmp, version, cmp_)
+    log(msg)
+    report = {"version": version, "status": status, "message": msg, "new_rows": run.new, "since_id": run.since_id,
+              "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
+              "off_policy": off_policy, "selection": selection,
+              "serving": str(run.serving_dir) if run.serving_dir else None,
+              "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
+              "train_config": dataclasses.asdict(tc),
+              "created": time.time(), "data": run.data, "timings": stages.report()}  # fmt: skip
+    jp, mp = _write_reports(run.rdir, version, report)
+    return RetrainResult(status, msg, version, ck, jp, mp, report)
+
+
+def _promote_or_delete(run: _Run, tmp: Path, version: str, cmp_: dict[str, Any]) -> tuple[str, Path | None, str]:
+    """Move the candidate into ``v-<version>`` and the pointer to it when the rule holds; else delete it."""
+    if not cmp_["promote"]:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return "rejected", None, f"not promoted: the serving checkpoint {run.serving_dir} stays ({cmp_['why']})"
+    final = run.vdir / f"v-{version}"
+    os.replace(tmp, final)
+    set_pointer(Path(run.cfg.pointer), final)  # type: ignore[arg-type]
+    removed = _prune(run.vdir, run.cfg.keep, {final.resolve()})
+    return "promoted", final, f"promoted {final} (pointer {run.cfg.pointer} moved); removed old versions {removed or 'none'}"
