@@ -3,7 +3,7 @@
     python benchmarks/token_errors.py --db sqlite:///rb.db
 
 Prints per candidate the MAE and RMSE (tokens) of both on all rows, then on each task whose output lengths
-vary (training.token_model.token_errors on training.crossval.cv_splits).
+vary (training.token_fit.token_errors on training.crossval.cv_splits).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from litellm_energy_router.table import open_store
 from litellm_energy_router.training.crossval import cv_splits
 from litellm_energy_router.training.data import load_matrix
-from litellm_energy_router.training.token_model import token_errors
+from litellm_energy_router.training.token_fit import token_errors
 
 
 def main() -> None:

@@ -122,7 +122,7 @@ def test_unknown_scorer_names_are_refused_in_one_line():
 def test_token_model_learns_per_query_output_length_and_serves_the_same_offsets(tmp_path):
     from litellm_energy_router.router.token_model import TokenModel
     from litellm_energy_router.training.data import TableMatrix
-    from litellm_energy_router.training.token_model import fit_token_model, token_errors
+    from litellm_energy_router.training.token_fit import fit_token_model, token_errors
 
     rng = np.random.default_rng(0)
     n = 240

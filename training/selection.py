@@ -247,7 +247,7 @@ def _per_query_energy(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndar
     every scorer's pooled AIQ / joules at the best single's accuracy with the per-query Ê, with the paired
     per-fold AIQ difference (mean, sd) against the per-task Ê (``ev0``)."""
     from .data import fit_energy_estimate
-    from .token_model import token_errors
+    from .token_fit import token_errors
 
     t0 = time.perf_counter()
     errors, offsets = token_errors(m, splits)
@@ -355,7 +355,7 @@ def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str
     if manifest.baseline is not None:
         manifest.baseline["unknown_task"] = UNKNOWN_TASK_FALLBACK
     if sel.tokens is not None:  # per-query Ê served only when it does not lower the chosen scorer's AIQ
-        from .token_model import attach_token_model
+        from .token_fit import attach_token_model
 
         helps = sel.tokens["scorers"][sel.chosen]["aiq"] >= next(r["aiq"] for r in sel.rows if r["scorer"] == sel.chosen)
         manifest.tokens = attach_token_model(m, out, sel.tokens["token_mae"]) if helps else None

@@ -7,7 +7,7 @@ per-task mean (training zeroes the pairs where the model did not lower the inner
 
 ``tokens.npz``: ``W[T, dim + 1, K]`` (last row: log1p(prompt tokens)), ``tasks[T]``, ``ngrams``,
 ``tail_chars``. The manifest's ``tokens`` entry names the file and the CV errors
-(``training/token_model.py``). numpy only.
+(``training/token_fit.py``). numpy only.
 """
 
 from __future__ import annotations
