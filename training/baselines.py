@@ -176,13 +176,7 @@ class KNN(Baseline):
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
         d = self._Xtr.shape[1]
         prior = task_prior(self._train, list(test.tasks))
-        if self._Wtr is None:
-            return knn_proba(X[:, :d], self._Xtr, self._Ytr, self.k, self.shrink, prior)
-        k = min(self.k, len(self._Ytr))  # partial rows: weighted votes of the neighbours labelled for each candidate
-        nn = np.argpartition(-(X[:, :d] @ self._Xtr.T), k - 1, axis=1)[:, :k]
-        W = self._Wtr[nn]
-        votes, mass = (W * np.nan_to_num(self._Ytr)[nn]).sum(axis=1), W.sum(axis=1)
-        return np.where(mass + self.shrink > 0, (votes + self.shrink * prior) / np.maximum(mass + self.shrink, 1e-12), prior)
+        return knn_proba(X[:, :d], self._Xtr, self._Ytr, self.k, self.shrink, prior, self._Wtr)
 
     def export_arrays(self) -> dict[str, np.ndarray]:
         keep = np.isfinite(self._Ytr).all(axis=1)  # serving's kNN votes over complete rows only

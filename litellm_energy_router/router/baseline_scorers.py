@@ -48,14 +48,20 @@ def prior_lookup(known: Sequence[str], prior: np.ndarray, prior_any: np.ndarray,
     return np.stack(rows) if rows else np.zeros((0, len(prior_any)))
 
 
-def knn_proba(Xq: np.ndarray, Xtr: np.ndarray, Ytr: np.ndarray, k: int, shrink: float, prior: np.ndarray) -> np.ndarray:
+def knn_proba(Xq: np.ndarray, Xtr: np.ndarray, Ytr: np.ndarray, k: int, shrink: float, prior: np.ndarray,
+              Wtr: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Mean score of the ``k`` most cosine-similar training rows (unit-norm ``X``), shrunk toward
-    ``prior[n, K]`` with ``shrink`` pseudo-neighbours."""
+    ``prior[n, K]`` with ``shrink`` pseudo-neighbours. ``Wtr[n, K]`` (training a partial matrix): pair
+    weights, 0 where a candidate is unlabelled (``Ytr`` NaN there): each candidate's weighted vote of the
+    neighbours labelled for it."""
     k = min(int(k), len(Ytr))
     S = Xq @ Xtr.T
     nn = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    votes = Ytr[nn].sum(axis=1)
-    return (votes + shrink * prior) / (k + shrink)
+    if Wtr is None:
+        return (Ytr[nn].sum(axis=1) + shrink * prior) / (k + shrink)
+    W = Wtr[nn]
+    votes, mass = (W * np.nan_to_num(Ytr)[nn]).sum(axis=1), W.sum(axis=1)
+    return np.where(mass + shrink > 0, (votes + shrink * prior) / np.maximum(mass + shrink, 1e-12), prior)
 
 
 def logreg_proba(X: np.ndarray, coef: np.ndarray, intercept: np.ndarray, const: np.ndarray) -> np.ndarray:
