@@ -107,6 +107,12 @@ def concat_rows(a: TableMatrix, b: TableMatrix | None) -> TableMatrix:
     )  # fmt: skip
 
 
+def query_prompt_tokens(tokens: Sequence[int] | None, text: str | None) -> float:
+    """A query's prompt tokens: the median over its runs that recorded them, else ~4 characters per token
+    (a rough stand-in)."""
+    return float(np.median(tokens)) if tokens else float(math.ceil(len(text or "") / 4))
+
+
 def load_matrix(
     store: Any,
     candidates: Sequence[str] | None = None,
@@ -180,11 +186,7 @@ def load_matrix(
         ids.append(qid)
         tasks.append(task)
         texts.append(text)
-        toks = ptoks.get(qid)
-        if toks:
-            pt.append(float(np.median(toks)))
-        else:  # unknown: ~4 characters per token, a rough stand-in
-            pt.append(float(math.ceil(len(text or "") / 4)))
+        pt.append(query_prompt_tokens(ptoks.get(qid), text))
         y = np.empty(K)
         e = np.empty(K)
         t = np.full(K, np.nan)

@@ -54,7 +54,7 @@ import numpy as np
 from litellm_energy_router.redact import redact_url
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 
-from .data import MatrixError, TableMatrix, _fit_nonneg_2, profile_j_per_token
+from .data import MatrixError, TableMatrix, _fit_nonneg_2, profile_j_per_token, query_prompt_tokens
 
 UNBIASED_SOURCES = ("tournament", "shadow", "import")
 SOURCES = ("tournament", "shadow", "import", "production")
@@ -303,7 +303,7 @@ def _table(acc: PairReader, candidates: Sequence[str] | None, url: Any, weightin
     runs["c"] = remap[runs["c"].astype(np.int64)]
     runs["w"], _ = ips_weights(runs["src"].astype(np.int64), runs["prop"], runs["c"], np.array(acc.run_ver, dtype=object)[rkeep], weighting)
     texts = acc.texts
-    pt = np.array([float(np.median(t)) if t else float(np.ceil(len(texts[i] or "") / 4)) for i, t in enumerate(acc.ptok)])
+    pt = np.array([query_prompt_tokens(t, texts[i]) for i, t in enumerate(acc.ptok)])
     return PairTable(
         candidates=cands, ids=np.array(list(acc.qix), dtype=object), tasks=np.array(acc.tasks, dtype=object), texts=texts,
         prompt_tokens=pt, q=q, c=c, y=np.frombuffer(acc.y, dtype=np.float64)[keep], energy_j=e[keep],
