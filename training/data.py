@@ -356,34 +356,18 @@ def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any |
     Expected output tokens are the mean per (task, candidate), with the per-candidate mean for unknown
     tasks; a run without completion tokens counts with the output tokens its energy implies.
     """
-    if pairs is not None:
-        from .pairs import fit_energy_from_pairs
+    from .pairs import fit_energy_from_pairs, fit_energy_from_runs
 
+    if pairs is not None:
         return fit_energy_from_pairs(pairs, profile)
-    jp: dict[str, float] = {}
-    jo: dict[str, float] = {}
-    for k, c in enumerate(m.candidates):
-        t = m.T[:, k]
-        known = ~np.isnan(t)
-        if known.sum() >= 2:
-            a, b = _fit_nonneg_2(m.prompt_tokens[known], t[known], m.E[known, k])
-            if b > 0:
-                jp[c], jo[c] = a, b
-                continue
-        jp[c], jo[c] = profile_j_per_token(c, profile)
-    jp_a = np.array([jp[c] for c in m.candidates])
-    jo_a = np.array([jo[c] for c in m.candidates])
-    T = m.T.copy()
-    miss = np.isnan(T)
-    if miss.any():
-        implied = np.maximum(m.E - m.prompt_tokens[:, None] * jp_a[None, :], 0.0) / jo_a[None, :]
-        T[miss] = implied[miss]
-    per_task = {}
-    for task in m.task_names():
-        rows = m.tasks == task
-        per_task[task] = {c: float(T[rows, k].mean()) for k, c in enumerate(m.candidates)}
-    any_ = {c: float(T[:, k].mean()) for k, c in enumerate(m.candidates)}
-    return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_)
+    n, K = m.Y.shape
+    tasks = m.task_names()
+    tix = {t: i for i, t in enumerate(tasks)}
+    zeros = np.zeros(n * K)
+    runs = {"c": np.tile(np.arange(K), n), "task": np.repeat([tix[t] for t in m.tasks], K).astype(np.float64),
+            "pt": np.repeat(m.prompt_tokens, K), "ct": m.T.ravel(), "e": m.E.ravel(), "measured": zeros,
+            "src": zeros, "w": np.ones(n * K)}  # fmt: skip
+    return fit_energy_from_runs(runs, m.candidates, tasks, profile).model_copy(update={"fitted_on": None})
 
 
 def estimate_energy(est: EnergyEstimate, m: TableMatrix) -> np.ndarray:

@@ -350,7 +350,16 @@ def _jpt(runs: dict[str, np.ndarray], rows: np.ndarray) -> tuple[float, float] |
 def fit_energy_from_pairs(pairs: PairTable, profile: Any | None = None) -> EnergyEstimate:
     """The routing-time energy estimate fitted on every run with joules (module docstring: measured runs
     win once a candidate has :data:`MIN_MEASURED_RUNS` of them)."""
-    runs, cands = pairs.runs, pairs.candidates
+    return fit_energy_from_runs(pairs.runs, pairs.candidates, pairs.run_tasks, profile)
+
+
+def fit_energy_from_runs(runs: dict[str, np.ndarray], cands: Sequence[str], run_tasks: Sequence[str],
+                         profile: Any | None = None) -> EnergyEstimate:  # fmt: skip
+    """The energy estimate of runs given as columns (:attr:`PairTable.runs`: ``c`` candidate index, ``task``
+    index into ``run_tasks``, ``pt``/``ct`` prompt/output tokens (NaN unknown), ``e`` J, ``measured``, ``src``,
+    ``w`` weight): J/token by non-negative least squares (measured runs first, then every run, then the
+    ``profile``), expected output tokens the weighted mean per (task, candidate) and per candidate, a run
+    without output tokens counted with those its joules imply."""
     jp, jo, fitted = {}, {}, {}
     for k, cand in enumerate(cands):
         rows = runs["c"] == k
@@ -380,7 +389,7 @@ def fit_energy_from_pairs(pairs: PairTable, profile: Any | None = None) -> Energ
     any_ = {c: wmean(ck == k) for k, c in enumerate(cands)}
     any_ = {c: (v if v is not None else 0.0) for c, v in any_.items()}
     per_task: dict[str, dict[str, float]] = {}
-    for ti, task in enumerate(pairs.run_tasks):
+    for ti, task in enumerate(run_tasks):
         vals = {c: wmean((ck == k) & (tix == ti)) for k, c in enumerate(cands)}
         per_task[task] = {c: v for c, v in vals.items() if v is not None}
     return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_,
