@@ -27,6 +27,20 @@ def _keeps_logits(forward: Any) -> bool:
     return "logits_to_keep" in inspect.signature(forward).parameters
 
 
+def left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)``, long tensors [len(rows), longest]: each row of token ids padded on
+    the LEFT with ``pad`` (so the last positions line up), mask 1 on the row's own tokens."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
 def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                         batch_size: int = 64, scorer: Any = None) -> np.ndarray:  # fmt: skip
     """One forward pass per batch; returns logit(yes) − logit(no) per slot, [n, K].
@@ -47,12 +61,7 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
     keep = scorer is None and _keeps_logits(type(model).forward)
     for s in range(0, len(enc), batch_size):
         chunk = enc[s : s + batch_size]
-        width = max(len(ids) for ids, _ in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, (row, _) in enumerate(chunk):
-            ids[i, width - len(row) :] = torch.tensor(row)
-            mask[i, width - len(row) :] = 1
+        ids, mask = left_padded([row for row, _ in chunk], pad)
         if scorer is not None:
             out[s : s + len(chunk)] = scorer.slot_logits(ids, mask, k)
             continue
@@ -67,20 +76,16 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
 
 def compute_choice_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None],
                           bucket: int, batch_size: int = 64) -> np.ndarray:  # fmt: skip
-    """The GRPO choice policy's logits over the K labels at ``<er:choose>`` for λ bucket ``bucket``, [n, K]
-    (one forward pass per batch, rows left-padded with explicit positions)."""
+    """The GRPO choice policy's logits over the K labels at the λ bucket token ``<er:lam{bucket}>`` (the last
+    position of :meth:`~.format.Layout.choice_ids`), [n, K] (one forward pass per batch, rows left-padded
+    with explicit positions)."""
     import torch
 
     out = np.zeros((len(texts), layout.n_candidates))
     pad = layout.tokenizer.pad_token_id or 0
     for s in range(0, len(texts), batch_size):
         rows = [layout.choice_ids(t, k, bucket) for t, k in zip(texts[s : s + batch_size], tasks[s : s + batch_size])]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
+        ids, mask = left_padded(rows, pad)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         with torch.inference_mode():
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1, :]
