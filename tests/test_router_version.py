@@ -90,22 +90,23 @@ def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp
         litellm.callbacks = [logger]
         texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(30)]
 
+        store = open_store(sqlite_url)
+
         async def go():
             out = await asyncio.gather(*(router.acompletion(model="pool", messages=[{"role": "user", "content": t}]) for t in texts))
+            ours = {r._hidden_params["litellm_call_id"] for r in out}
+            # wait for this test's rows by their call ids with the loop still running, so LiteLLM's logging
+            # tasks for the last requests run (a count of submitted events also counts an earlier test's
+            # queued logging, and the loop closed under them before)
             deadline = time.monotonic() + 60
-            while logger.writer.submitted < len(texts) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            return {r._hidden_params["litellm_call_id"] for r in out}
+            while True:
+                assert await asyncio.to_thread(logger.flush, 30)
+                rows = [r for r in await asyncio.to_thread(lambda: list(store.iter_runs())) if r["call_id"] in ours]
+                if len(rows) >= len(texts) or time.monotonic() > deadline:
+                    return rows
+                await asyncio.sleep(0.1)
 
-        ours = asyncio.run(go())
-        store = open_store(sqlite_url)
-        deadline = time.monotonic() + 30
-        while True:  # this test's rows, by their call ids (an earlier test's queued logging may land here too)
-            assert logger.flush(30)
-            rows = [r for r in store.iter_runs() if r["call_id"] in ours]
-            if len(rows) >= len(texts) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        rows = asyncio.run(go())
         store.close()
         logger.close()
     finally:
