@@ -51,6 +51,7 @@ from litellm_energy_router.demo.serve import serve
 from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench, iter_records, parse_files
 from litellm_energy_router.router.checkpoint import point_to, read_manifest, resolve
+from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide
 from litellm_energy_router.router.scoring import load_scorer
 from litellm_energy_router.settings import Settings
@@ -248,7 +249,7 @@ def score_checkpoint(pointer: Path, m: TableMatrix, new_mask: np.ndarray, lam: f
     texts, none = list(m.texts), [None] * len(m)
     P = model.score(texts, none)
     Eh = model.energy(texts, none, prompt_tokens=list(m.prompt_tokens))
-    ch = decide(P, Eh, lam, None, DEFAULT_E_REF_J)
+    ch = decide(P, Eh, Knob.point(lambda_=lam, e_ref_j=DEFAULT_E_REF_J))
     idx = np.arange(len(m))
 
     def aiq(k: np.ndarray) -> float:

@@ -1,4 +1,19 @@
-"""The knob of one request (λ, target accuracy, energy budget) and the policy on what a caller may change.
+"""The knob: one frozen, validated type (:class:`Knob`), and everything derived from it.
+
+:class:`Knob` is the only place the knob's fields are written (name, alias, bounds, default, meaning,
+and where it may be set). From it are derived:
+
+* the settings sections :data:`KnobSettings` (``knob``: every field, ``policy``, ``per_key``),
+  :data:`KnobOverride` (``knob.per_key.<key>``: the fields a key may set), :data:`KnobPolicy` and
+  :data:`KnobPolicyOverride` (a ``<field>_range`` per field a request may set);
+* the request parser (:func:`resolve_knob`) and the policy's limits (:data:`RANGES`, :data:`RANGE_LIMITS`);
+* the docs table (:func:`knob_table`, pasted into ``docs/serving.md`` and checked by a test).
+
+The decision rule reads a :class:`Knob` (:func:`litellm_energy_router.router.decide.decide`).
+
+**Adding a knob field** touches three files: a ``Field`` on :class:`Knob` here (with ``scope``: where it
+may be set; a request-scoped number also names its policy range), its use in ``router/decide.py``, and
+the table in ``docs/serving.md`` (``python -m litellm_energy_router.knob`` prints it).
 
 Precedence: the request's metadata ``energy_router`` (``{"lambda": 0.3}``, ``{"target_accuracy": 0.9}``,
 ``{"max_energy_j": 50}``) beats its key's default (``knob.per_key``), which beats the global ``knob``.
@@ -15,15 +30,192 @@ the key may not override, or an unknown field.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
+
+import annotated_types as at
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic.fields import FieldInfo
 
 from .decision import KNOB_KEY
-from .settings import KnobOverride, KnobPolicy, KnobSettings
+from .router.decide import DEFAULT_E_REF_J
 
 KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
-RANGES = {"lambda": "lambda_range", "target_accuracy": "target_range", "max_energy_j": "max_energy_j_range"}
+SCOPES = ("request", "key", "global")  # where a field may be set: per request (and below), per key (and global), global only
+
+
+def _field(default: Any, *, scope: str, description: str, policy: str | None = None,
+           request_range: tuple[float, float] | None = None, **bounds: Any) -> Any:  # fmt: skip
+    """A knob field: ``scope`` (see :data:`SCOPES`); a request-scoped number names its policy range
+    setting ``policy`` and that range's default ``request_range``."""
+    extra: dict[str, Any] = {"scope": scope}
+    if policy is not None:
+        extra.update(policy=policy, request_range=list(request_range or ()))
+    return Field(default, description=description, json_schema_extra=extra, **bounds)
+
+
+class Knob(BaseModel):
+    """The accuracy/energy trade-off of one request, applied after prediction (``router/decide.py``).
+
+    Attributes:
+        lambda_: predicted accuracy (a fraction, 0-1) worth giving up to save ``e_ref_j`` joules per request.
+        target_accuracy: when set, the cheapest candidate whose predicted success reaches it (wins over λ).
+        max_energy_j: energy budget per request, J (estimated): costlier candidates are not considered.
+        e_ref_j: the energy unit of λ, J (a setting, never taken from a checkpoint).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    lambda_: float = _field(
+        0.0, alias="lambda", ge=0, le=1000, scope="request", policy="lambda_range", request_range=(0.0, 1000.0),
+        description="accuracy (a fraction, 0-1) given up to save e_ref_j joules; the router picks argmax P_j - λ·Ê_j/e_ref_j",
+    )  # fmt: skip
+    target_accuracy: Optional[float] = _field(
+        None, ge=0, le=1, scope="request", policy="target_range", request_range=(0.0, 1.0),
+        description="the cheapest candidate whose predicted success reaches it (wins over lambda)",
+    )  # fmt: skip
+    max_energy_j: Optional[float] = _field(
+        None, gt=0, le=1e12, scope="request", policy="max_energy_j_range", request_range=(1e-9, 1e9),
+        description="energy budget per request, J (estimated): costlier candidates are not considered (none fits: the cheapest)",
+    )  # fmt: skip
+    e_ref_j: float = _field(DEFAULT_E_REF_J, gt=0, le=1e12, scope="global",
+                            description="the energy unit of lambda, J; fixed in the settings, so λ means the same after every retrain")  # fmt: skip
+
+    @classmethod
+    def point(cls, **values: Any) -> "Knob":
+        """An operating point of a sweep (evaluation, ``route --sweep``), not checked: a λ grid may go past
+        the bounds a caller may send. Field names (``lambda_``), the rest defaults."""
+        return cls.model_construct(**values)
+
+
+FIELDS: dict[str, FieldInfo] = dict(Knob.model_fields)
+
+
+def _extra(name: str) -> dict[str, Any]:
+    return FIELDS[name].json_schema_extra  # type: ignore[return-value]
+
+
+def _alias(name: str) -> str:
+    return FIELDS[name].alias or name
+
+
+KEY_SCOPED = tuple(n for n in FIELDS if _extra(n)["scope"] in ("request", "key"))
+REQUEST_FIELDS = {_alias(n): n for n in FIELDS if _extra(n)["scope"] == "request"}  # request field -> Knob field
+RANGES = {a: _extra(n)["policy"] for a, n in REQUEST_FIELDS.items() if "policy" in _extra(n)}  # request field -> policy range
+
+
+def _limits(fi: FieldInfo) -> tuple[float, float, bool]:
+    """(lowest lo, highest hi, lo must be > 0) of a field, from its bounds."""
+    lo, hi, positive = -math.inf, math.inf, False
+    for m in fi.metadata:
+        if isinstance(m, at.Ge):
+            lo = float(m.ge)
+        elif isinstance(m, at.Gt):
+            lo, positive = float(m.gt), True
+        elif isinstance(m, at.Le):
+            hi = float(m.le)
+    return lo, hi, positive
+
+
+# the widest bounds a policy range may set: (lowest lo, highest hi, lo must be > 0), from the field's own bounds
+RANGE_LIMITS: dict[str, tuple[float, float, bool]] = {RANGES[a]: _limits(FIELDS[n]) for a, n in REQUEST_FIELDS.items() if a in RANGES}
+Range = tuple[float, float]
+
+
+def _check_range(name: str, v: Range | None) -> Range | None:
+    if v is None:
+        return v
+    lo, hi = v
+    floor, ceil, positive = RANGE_LIMITS[name]
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi or lo < floor or hi > ceil or (positive and lo <= 0):
+        raise ValueError(f"must be [lo, hi] with {floor:g} {'<' if positive else '<='} lo <= hi <= {ceil:g}")
+    return (float(lo), float(hi))
+
+
+# -- the settings sections, derived from Knob -----------------------------------------------------------
+
+_SECTION = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class _PolicyBase(BaseModel):
+    model_config = _SECTION
+
+    @field_validator(*RANGE_LIMITS, check_fields=False)
+    @classmethod
+    def _range(cls, v: Range | None, info: Any) -> Range | None:
+        return _check_range(info.field_name, v)
+
+    def merged(self, over: "_PolicyBase | None") -> Any:
+        """This policy with the fields ``over`` sets replaced."""
+        if over is None:
+            return self
+        return self.model_copy(update={k: v for k, v in over if v is not None})
+
+
+KnobPolicyOverride: type[_PolicyBase] = create_model(  # type: ignore[call-overload]
+    "KnobPolicyOverride", __base__=_PolicyBase, __module__=__name__,
+    __doc__="One key's policy (``knob.per_key.<key>.policy``): the fields it sets replace the default's.",
+    allow_override=(Optional[bool], None), **{r: (Optional[Range], None) for r in RANGE_LIMITS},
+)  # fmt: skip
+
+KnobPolicy: type[_PolicyBase] = create_model(  # type: ignore[call-overload]
+    "KnobPolicy", __base__=KnobPolicyOverride, __module__=__name__,
+    __doc__="What a request may change of the knob through its metadata ``energy_router`` (``knob.policy``, the "
+    "default; ``knob.per_key.<key>.policy`` per LiteLLM key alias / team). A request that sends a field its key may "
+    "not override, or a value outside the key's range (closed interval), is refused (HTTP 400).",
+    allow_override=(bool, Field(True, description=f"may requests override {' / '.join(REQUEST_FIELDS)}")),
+    **{RANGES[a]: (Range, Field(tuple(_extra(n)["request_range"]), description=f"[lo, hi] of a request's {a}"))
+       for a, n in REQUEST_FIELDS.items() if a in RANGES},
+)  # fmt: skip
+
+
+def _optional(fi: FieldInfo) -> tuple[Any, FieldInfo]:
+    """The field with the same bounds and alias, defaulting to ``None`` (not set)."""
+    return Optional[fi.annotation], FieldInfo.merge_field_infos(copy.copy(fi), default=None)  # type: ignore[valid-type]
+
+
+KnobOverride: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "KnobOverride", __config__=_SECTION, __module__=__name__,
+    __doc__="One key's knob defaults (``knob.per_key.<key>``) and, optionally, its policy.",
+    **{n: _optional(FIELDS[n]) for n in KEY_SCOPED},
+    policy=(Optional[KnobPolicyOverride], Field(None, description="replaces fields of knob.policy for this key")),
+)  # fmt: skip
+
+
+class _KnobSettingsBase(BaseModel):
+    model_config = _SECTION
+
+    def base(self) -> Knob:
+        """The global knob (what a request with no key entry and no override gets)."""
+        return Knob.model_construct(**{n: getattr(self, n) for n in FIELDS})
+
+
+KnobSettings: type[_KnobSettingsBase] = create_model(  # type: ignore[call-overload]
+    "KnobSettings", __base__=_KnobSettingsBase, __module__=__name__,
+    __doc__="The accuracy/energy trade-off (:class:`Knob`'s fields, global defaults), what requests may override "
+    "(``policy``) and per-key defaults (``per_key``); see :mod:`litellm_energy_router.knob`.",
+    **{n: (fi.annotation, copy.copy(fi)) for n, fi in FIELDS.items()},
+    policy=(KnobPolicy, Field(default_factory=KnobPolicy, description="what requests may override, within which bounds")),
+    per_key=(dict[str, KnobOverride], Field(default_factory=dict, description="LiteLLM key alias/team -> knob")),
+)  # fmt: skip
+
+
+def knob_table() -> str:
+    """The knob's fields as the Markdown table of ``docs/serving.md``."""
+    where = {"request": "request, key, global", "key": "key, global", "global": "global (`knob`)"}
+    rows = ["| field | default | bounds | set per | request range (default policy) | meaning |", "|---|---|---|---|---|---|"]
+    for n, fi in FIELDS.items():
+        lo, hi, positive = _limits(fi)
+        bounds = f"{'(' if positive else '['}{lo:g}, {hi:g}]"
+        rng = _extra(n).get("request_range")
+        rng_s = f"`knob.policy.{_extra(n)['policy']}` = [{rng[0]:g}, {rng[1]:g}]" if rng else "–"
+        rows.append(f"| `{_alias(n)}` | {fi.default!r} | {bounds} | {where[_extra(n)['scope']]} | {rng_s} | {fi.description} |")
+    return "\n".join(rows)
+
+
+# -- the request parser -----------------------------------------------------------------------------------
 
 
 class KnobError(ValueError):
@@ -47,8 +239,8 @@ def metadata_dicts(request_kwargs: Mapping[str, Any] | None) -> list[dict[str, A
     return [v for k in ("metadata", "litellm_metadata") if isinstance(v := request_kwargs.get(k), dict)]
 
 
-def key_entries(knob: KnobSettings, mds: list[dict[str, Any]]) -> list[tuple[str, KnobOverride]]:
-    """The ``per_key`` entries matching the request's key, most specific first."""
+def key_entries(knob: Any, mds: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The ``per_key`` entries (:data:`KnobOverride`) matching the request's key, most specific first."""
     out = []
     for md in mds:
         for f in KEY_FIELDS:
@@ -58,8 +250,8 @@ def key_entries(knob: KnobSettings, mds: list[dict[str, Any]]) -> list[tuple[str
     return out
 
 
-def policy_for(knob: KnobSettings, entries: list[tuple[str, KnobOverride]]) -> tuple[KnobPolicy, str | None]:
-    """(the policy of the request's key, that key's name or ``None`` for the default)."""
+def policy_for(knob: Any, entries: list[tuple[str, Any]]) -> tuple[Any, str | None]:
+    """(the :data:`KnobPolicy` of the request's key, that key's name or ``None`` for the default)."""
     for name, entry in entries:
         if entry.policy is not None:
             return knob.policy.merged(entry.policy), name
@@ -71,7 +263,15 @@ def _shown(v: Any) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-def _checked(value: Any, field: str, policy: KnobPolicy, who: str | None) -> float:
+def _checked(value: Any, field: str, policy: Any, who: str | None) -> Any:
+    if field not in RANGES:  # a request-scoped field that is not a bounded number: the field's own type
+        from pydantic import TypeAdapter, ValidationError
+
+        fi = FIELDS[REQUEST_FIELDS[field]]
+        try:
+            return TypeAdapter(fi.annotation).validate_python(value)
+        except ValidationError as e:
+            raise KnobError(field, f"= {_shown(value)}: {e.errors()[0]['msg']}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise KnobError(field, f"= {_shown(value)} is not a number")
     v = float(value)
@@ -84,39 +284,42 @@ def _checked(value: Any, field: str, policy: KnobPolicy, who: str | None) -> flo
     return v
 
 
-def request_values(md: dict[str, Any], policy: KnobPolicy, who: str | None) -> dict[str, float]:
-    """The validated knob fields of one metadata dict (``{}`` when it has none); raises :class:`KnobError`."""
+def request_values(md: dict[str, Any], policy: Any, who: str | None) -> dict[str, Any]:
+    """The validated knob fields of one metadata dict, by :class:`Knob` field name (``{}`` when it has
+    none); raises :class:`KnobError`."""
     req = md.get(KNOB_KEY)
     if req is None:
         return {}
     if not isinstance(req, Mapping):
         raise KnobError(KNOB_KEY, 'must be an object such as {"lambda": 0.3}')
     for k in req:
-        if k not in RANGES:
-            raise KnobError(re.sub(r"[^\w.-]", "?", str(k))[:64], f"is not a knob field (known: {', '.join(RANGES)})")
+        if k not in REQUEST_FIELDS:
+            raise KnobError(re.sub(r"[^\w.-]", "?", str(k))[:64], f"is not a knob field (known: {', '.join(REQUEST_FIELDS)})")
     given = {k: v for k, v in req.items() if v is not None}
     if given and not policy.allow_override:
         field = next(iter(given))
         raise KnobError(field, f"may not be overridden by key {who!r}" if who else "may not be overridden (knob.policy)")
-    return {k: _checked(v, k, policy, who) for k, v in given.items()}
+    return {REQUEST_FIELDS[k]: _checked(v, k, policy, who) for k, v in given.items()}
 
 
-def resolve_knob(knob: KnobSettings,
-                 request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None, float | None]:  # fmt: skip
-    """(λ, target accuracy or None, energy budget J or None) of a request; raises :class:`KnobError`."""
-    lam, target, budget = knob.lambda_, knob.target_accuracy, knob.max_energy_j
+def resolve_knob(knob: Any, request_kwargs: Mapping[str, Any] | None) -> Knob:
+    """The :class:`Knob` of a request under the settings' ``knob`` (:data:`KnobSettings`); raises
+    :class:`KnobError`. An explicit λ in a request replaces a target it would otherwise inherit."""
     mds = metadata_dicts(request_kwargs)
     entries = key_entries(knob, mds)
+    if not entries and not any(md.get(KNOB_KEY) is not None for md in mds):
+        return knob.base()
+    values = {n: getattr(knob, n) for n in FIELDS}
     if entries:
-        ov = entries[0][1]
-        lam = ov.lambda_ if ov.lambda_ is not None else lam
-        target = ov.target_accuracy if ov.target_accuracy is not None else target
-        budget = ov.max_energy_j if ov.max_energy_j is not None else budget
+        values.update({n: v for n in KEY_SCOPED if (v := getattr(entries[0][1], n)) is not None})
     policy, who = policy_for(knob, entries)
     for md in mds:
         req = request_values(md, policy, who)
-        if "lambda" in req:
-            lam, target = req["lambda"], None  # an explicit λ replaces an inherited target
-        target = req.get("target_accuracy", target)
-        budget = req.get("max_energy_j", budget)
-    return lam, target, budget
+        if "lambda_" in req:
+            values["target_accuracy"] = None  # an explicit λ replaces an inherited target
+        values.update(req)
+    return Knob.model_construct(**values)
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the docs table
+    print(knob_table())

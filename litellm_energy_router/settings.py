@@ -16,7 +16,6 @@ the bad value.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -27,7 +26,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from .errors import one_line
-from .router.decide import DEFAULT_E_REF_J
+from .knob import KnobSettings
 
 ENV_PREFIX = "ENERGY_ROUTER_"
 DEFAULT_TABLE_URL = "sqlite:///energy_router.db"
@@ -63,82 +62,6 @@ class CandidateSettings(_Section):
     active_params_b: float | None = Field(None, ge=0, description="parameters active per token, billions")
     hardware: str | None = Field(None, description="e.g. '1x H100 80GB'")
     deployment_id: str | None = Field(None, description="LiteLLM model_info.id, when matching by id")
-
-
-Range = tuple[float, float]
-# the widest bounds a policy may set: (lowest lo, highest hi, lo must be > 0)
-_RANGE_LIMITS: dict[str, tuple[float, float, bool]] = {
-    "lambda_range": (0.0, 1000.0, False), "target_range": (0.0, 1.0, False), "max_energy_j_range": (0.0, 1e12, True),
-}
-
-
-def _check_range(name: str, v: Range | None) -> Range | None:
-    if v is None:
-        return v
-    lo, hi = v
-    floor, ceil, positive = _RANGE_LIMITS[name]
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi or lo < floor or hi > ceil or (positive and lo <= 0):
-        raise ValueError(f"must be [lo, hi] with {floor:g} {'<' if positive else '<='} lo <= hi <= {ceil:g}")
-    return (float(lo), float(hi))
-
-
-class KnobPolicyOverride(_Section):
-    """One key's policy (``knob.per_key.<key>.policy``): the fields it sets replace the default's."""
-
-    allow_override: bool | None = None
-    lambda_range: Range | None = None
-    target_range: Range | None = None
-    max_energy_j_range: Range | None = None
-
-    @field_validator("lambda_range", "target_range", "max_energy_j_range")
-    @classmethod
-    def _range(cls, v: Range | None, info: Any) -> Range | None:
-        return _check_range(info.field_name, v)
-
-
-class KnobPolicy(KnobPolicyOverride):
-    """What a request may change of the knob through its metadata ``energy_router`` (``knob.policy``, the
-    default; ``knob.per_key.<key>.policy`` per LiteLLM key alias / team). A request that sends a field its
-    key may not override, or a value outside the key's range (closed interval), is refused (HTTP 400)."""
-
-    allow_override: bool = Field(True, description="may requests override lambda / target_accuracy / max_energy_j")
-    lambda_range: Range = Field((0.0, 1000.0), description="[lo, hi] of a request's lambda")
-    target_range: Range = Field((0.0, 1.0), description="[lo, hi] of a request's target_accuracy")
-    max_energy_j_range: Range = Field((1e-9, 1e9), description="[lo, hi] of a request's max_energy_j, J")
-
-    def merged(self, over: KnobPolicyOverride | None) -> "KnobPolicy":
-        """This policy with the fields ``over`` sets replaced."""
-        if over is None:
-            return self
-        return self.model_copy(update={k: v for k, v in over if v is not None})
-
-
-class KnobSettings(_Section):
-    """The accuracy/energy trade-off, applied after prediction (router/decide.py).
-
-    ``lambda_`` is the predicted accuracy (a fraction, 0-1) worth giving up to save ``e_ref_j`` joules per
-    request: the router picks ``argmax P_j - lambda * E_j / e_ref_j``. ``e_ref_j`` is fixed here, never
-    taken from a checkpoint, so a lambda keeps its meaning across retrains. A target accuracy, when set,
-    wins over lambda: the cheapest candidate whose predicted success >= target. ``max_energy_j`` (J per
-    request) removes costlier candidates first (when none fits: the cheapest). ``policy`` bounds what a
-    request may override (see :mod:`litellm_energy_router.knob`).
-    """
-
-    lambda_: float = Field(0.0, alias="lambda", ge=0, le=1000, description="accuracy given up per e_ref_j joules")
-    target_accuracy: float | None = Field(None, ge=0, le=1)
-    max_energy_j: float | None = Field(None, gt=0, description="energy budget per request, J (estimated)")
-    e_ref_j: float = Field(DEFAULT_E_REF_J, gt=0, description="the energy unit of lambda, J (default 100)")
-    policy: KnobPolicy = Field(default_factory=KnobPolicy, description="what requests may override, within which bounds")
-    per_key: dict[str, "KnobOverride"] = Field(default_factory=dict, description="LiteLLM key alias/team -> knob")
-
-
-class KnobOverride(_Section):
-    """One key's knob defaults (``knob.per_key.<key>``) and, optionally, its policy."""
-
-    lambda_: float | None = Field(None, alias="lambda", ge=0, le=1000)
-    target_accuracy: float | None = Field(None, ge=0, le=1)
-    max_energy_j: float | None = Field(None, gt=0)
-    policy: KnobPolicyOverride | None = Field(None, description="replaces fields of knob.policy for this key")
 
 
 class RouterSettings(_Section):
@@ -276,8 +199,6 @@ class Settings(BaseSettings):
     writer: WriterSettings = Field(default_factory=WriterSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
 
-
-KnobSettings.model_rebuild()
 
 
 def resolve_env_refs(value: Any, environ: Mapping[str, str] | None = None, path: str = "") -> Any:

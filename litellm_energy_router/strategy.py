@@ -44,7 +44,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from . import litellm_compat
 from .decision import DECISION_BOOK, DECISION_KEY, Decision
 from .deployments import CandidateMap, deployment_keys
-from .knob import KnobError, metadata_dicts, resolve_knob
+from .knob import Knob, KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
 from .router.request_text import query_text
@@ -68,8 +68,8 @@ class EnergyRouterCore:
         self._rng = random.Random()
 
     # -- request → knob, text ---------------------------------------------------------------------
-    def knob(self, request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None, float | None]:
-        """(λ, target accuracy, energy budget J): request metadata beats the per-key default, which beats
+    def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
+        """The request's :class:`~.knob.Knob`: request metadata beats the per-key default, which beats
         the global one. Raises :class:`~.knob.KnobError` for a request value ``knob.policy`` refuses."""
         return resolve_knob(self.settings.knob, request_kwargs)
 
@@ -99,8 +99,10 @@ class EnergyRouterCore:
                                 deployment_id=_dep_id(chosen), fallback=reason,
                                 router_version=self.runtime.version)  # fmt: skip
 
-    def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], lam: float, target: float | None,
-               t0: float, max_energy_j: float | None = None) -> tuple[Any, Decision]:  # fmt: skip
+    def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob,
+               t0: float) -> tuple[Any, Decision]:  # fmt: skip
+        """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool, then
+        ε-exploration (``router.epsilon``) and a deployment of the chosen candidate."""
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
         for d in deployments:
             c = self.candidate_of(d)
@@ -110,7 +112,7 @@ class EnergyRouterCore:
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
         P, E = scored.P[avail][None, :], scored.E[avail][None, :]
-        j_best = int(decide(P, E, lam, target, self.settings.knob.e_ref_j, max_energy_j)[0])
+        j_best = int(decide(P, E, knob)[0])
         eps = self.settings.router.epsilon
         j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
         propensity = (1 - eps) * (j == j_best) + eps / len(avail)
@@ -123,7 +125,8 @@ class EnergyRouterCore:
             candidate=cand, deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
             energy_j={scored.candidates[i]: round(float(scored.E[i]), 3) for i in range(len(scored.candidates))},
-            lambda_=None if target is not None else lam, target_accuracy=target, max_energy_j=max_energy_j,
+            lambda_=None if knob.target_accuracy is not None else knob.lambda_, target_accuracy=knob.target_accuracy,
+            max_energy_j=knob.max_energy_j,
             propensity=round(propensity, 6),
             router_version=scored.version, latency_ms=round(dt * 1000, 3),
         )  # fmt: skip
@@ -138,14 +141,14 @@ class EnergyRouterCore:
         return text, None if text is not None else "passthrough"
 
     def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
-              request_kwargs: Mapping[str, Any] | None) -> tuple[str, float, float | None, float | None] | None:  # fmt: skip
-        """(text, λ, target, energy budget) to route on, or ``None`` to pass the request through unrouted.
+              request_kwargs: Mapping[str, Any] | None) -> tuple[str, Knob] | None:  # fmt: skip
+        """(text, knob) to route on, or ``None`` to pass the request through unrouted.
         The knob is checked first: an invalid one is refused whichever model group the request is for."""
         knob = self.knob(request_kwargs)
         text, skip = self._prepare(deployments, messages, input, request_kwargs)
         if skip is not None:
             return None
-        return (text or "", *knob)
+        return text or "", knob
 
     def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
         if isinstance(e, asyncio.TimeoutError):
@@ -164,7 +167,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
+            return self.decide(scored, deployments, plan[1], t0)
         except KnobError:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -181,7 +184,7 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
+            return self.decide(scored, deployments, plan[1], t0)
         except KnobError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from litellm_energy_router.router.checkpoint import read_manifest, write_manifest
+from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.decide import decide, lambda_breakpoints
 from litellm_energy_router.router.model import RouterModel
-from litellm_energy_router.router.policy import POLICY_FILE, served_bucket
+from litellm_energy_router.router.policy import POLICY_FILE
 from litellm_energy_router.table import open_store
 
 from router_fixtures import planted_rows
@@ -54,7 +55,7 @@ def test_buckets_sit_where_the_calibrated_decision_switches():
     C = choice_targets(P, E, b, 100.0)
     # every step between neighbouring buckets changes some decisions; the last bucket is all-cheapest
     assert all((C[i] != C[i + 1]).any() for i in range(len(b) - 1)) and np.all(C[-1] == 0)
-    assert np.array_equal(C[2], decide(P, E, b[2], None, 100.0))
+    assert np.array_equal(C[2], decide(P, E, Knob(**{"lambda": b[2]}, e_ref_j=100.0)))
 
 
 def test_sft_start_reproduces_the_decision_rule_on_its_training_queries(planted_ckpt, tmp_path):
@@ -94,21 +95,10 @@ def test_never_worse_check_serves_only_a_policy_that_beats_the_scorer():
     assert [c["served"] for c in same] == [False, False]
 
 
-def test_served_bucket_only_for_a_checked_bucket_lambda():
-    knob = {"grpo": {"file": POLICY_FILE, "e_ref_j": 100.0,
-                     "buckets": [{"lambda": 0.0, "served": False}, {"lambda": 0.05, "served": True}]}}  # fmt: skip
-    assert served_bucket(knob, 0.05) == 1
-    assert served_bucket(knob, 0.0) is None  # its check failed
-    assert served_bucket(knob, 0.06) is None  # between buckets: nothing was checked there
-    assert served_bucket(knob, 0.05, target=0.8) is None and served_bucket(knob, 0.05, max_energy_j=50.0) is None
-    assert served_bucket(knob, 0.05, e_ref_j=50.0) is None  # λ in another energy unit
-    assert served_bucket({"grpo": None}, 0.05) is None and served_bucket({}, 0.0) is None
-
-
 def test_a_bad_policy_is_not_served(grpo_ckpt, tmp_path):
     """A deliberately bad policy (trained to pick the opposite of the decision rule) fails the check on
-    held-out planted queries, and `choose` then keeps the scorer's decision; marking its bucket served
-    by hand would let it decide (so the gate is what keeps it out)."""
+    held-out planted queries; and even marked served by hand it decides nothing: the checkpoint served
+    (and routed, and judged off-policy) decides by the one rule on its scorer's P and Ê."""
     from safetensors.torch import save_model
 
     from litellm_energy_router.training.grpo import (GRPOStageConfig, choice_targets, never_worse_check,
@@ -134,14 +124,15 @@ def test_a_bad_policy_is_not_served(grpo_ckpt, tmp_path):
     m = read_manifest(ck)
     m.knob["grpo"]["buckets"] = check
     write_manifest(ck, m)
-    lam = lams[3]
-    served = RouterModel(ck, scorer="lm")
-    expect = decide(served.score(texts_h, tasks_h), served.energy(texts_h, tasks_h), lam)
-    assert np.array_equal(served.choose(texts_h, tasks_h, lam=lam), expect)
-    m.knob["grpo"]["buckets"][3]["served"] = True  # forced: now the bad policy would decide
+    from litellm_energy_router.router.scoring import load_scorer
+
+    knob = Knob(**{"lambda": lams[3]})
+    m.knob["grpo"]["buckets"][3]["served"] = True  # forced: the policy would beat the rule at this λ
     write_manifest(ck, m)
-    forced = RouterModel(ck, scorer="lm").choose(texts_h, tasks_h, lam=lam)
-    assert np.array_equal(forced, C_bad[3]) and not np.array_equal(forced, expect)
+    served = load_scorer(ck, "lm")
+    assert not hasattr(served, "choose")  # no entry point can run the policy
+    got = decide(served.score(texts_h, tasks_h), served.energy(texts_h, tasks_h), knob)
+    assert not np.array_equal(got, C_bad[3])
 
 
 def test_grpo_checkpoint_records_policy_and_check(grpo_ckpt):

@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.checkpoint import CheckpointError, point_to, read_manifest
+from litellm_energy_router.router.decide import decide
 from litellm_energy_router.router.model import RouterModel
 from litellm_energy_router.table import open_store
 
@@ -23,9 +25,9 @@ def test_quick_train_learns_planted_rule(planted_ckpt):
     assert P[0, 2] > P[0, 0] + 0.3 and P[2, 2] > P[2, 0] + 0.3  # large beats small on proofs
     assert P[1, 0] > 0.7 and P[3, 0] > 0.7  # small is fine elsewhere
     E = r.energy(texts)
-    choice = r.decide(P, E, lam=0.05)
+    choice = decide(P, E, Knob(**{"lambda": 0.05}))
     assert [CANDS[i] for i in choice] == ["large", "small", "large", "small"]
-    assert [CANDS[i] for i in r.decide(P, E, target=0.8)] == ["large", "small", "large", "small"]
+    assert [CANDS[i] for i in decide(P, E, Knob(target_accuracy=0.8))] == ["large", "small", "large", "small"]
 
 
 def test_manifest_contents_and_mismatch(planted_ckpt, tmp_path):

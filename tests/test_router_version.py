@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from backend import Backend
 from litellm_energy_router.callback import EnergyLogger
+from litellm_energy_router.knob import Knob
 from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import Settings
@@ -141,8 +142,8 @@ def test_ope_on_a_checkpoint_keeps_only_the_chosen_logging_versions(planted_ckpt
     rows = [{**_logged("v1" if i % 2 else "v2", "small", 1.0, 0.5), "text": f"Tell me about rivers {i}", "prompt_tokens": 5}
             for i in range(10)]  # fmt: skip
     assert logged_rows(rows) == rows
-    both = evaluate_checkpoint_on_log(None, planted_ckpt, lam=0.05, rows=rows)
-    only = evaluate_checkpoint_on_log(None, planted_ckpt, lam=0.05, rows=rows, logging_versions=["v1"])
+    both = evaluate_checkpoint_on_log(None, planted_ckpt, knob=Knob(**{"lambda": 0.05}), rows=rows)
+    only = evaluate_checkpoint_on_log(None, planted_ckpt, knob=Knob(**{"lambda": 0.05}), rows=rows, logging_versions=["v1"])
     assert both.n == 10 and both.logging_versions == {"v1": 5, "v2": 5}
     assert only.n == 5 and only.logging_versions == {"v1": 5}
 

@@ -13,7 +13,7 @@ from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_energy_router.decision import decision_from_kwargs
-from litellm_energy_router.knob import KnobError
+from litellm_energy_router.knob import Knob, KnobError
 from litellm_energy_router.litellm_compat import cooldowns, register_strategy
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.router.runtime import RouterRuntime
@@ -205,21 +205,25 @@ def test_hot_reload_and_broken_checkpoint(ckpt, tmp_path):
     assert rt.score_sync("Give a proof about x").P.shape == (3,)
 
 
+def knob(lam: float, target: float | None, budget: float | None) -> Knob:
+    return Knob(**{"lambda": lam}, target_accuracy=target, max_energy_j=budget)
+
+
 def test_knob_precedence_request_over_key_over_default(ckpt):
     s = settings(ckpt)
-    from litellm_energy_router.settings import KnobOverride
+    from litellm_energy_router.knob import KnobOverride
 
     s.knob.per_key = {"team-eco": KnobOverride(**{"lambda": 7.0}), "gold-key": KnobOverride(target_accuracy=0.95)}
     s.knob.per_key["budget-key"] = KnobOverride(max_energy_j=25.0)
     core = EnergyRouterCore(s)
-    assert core.knob({}) == (0.05, None, None)  # global default
-    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco"}}) == (7.0, None, None)
-    assert core.knob({"litellm_metadata": {"user_api_key_alias": "gold-key"}}) == (0.05, 0.95, None)
-    assert core.knob({"metadata": {"user_api_key_alias": "budget-key"}}) == (0.05, None, 25.0)
+    assert core.knob({}) == knob(0.05, None, None)  # global default
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco"}}) == knob(7.0, None, None)
+    assert core.knob({"litellm_metadata": {"user_api_key_alias": "gold-key"}}) == knob(0.05, 0.95, None)
+    assert core.knob({"metadata": {"user_api_key_alias": "budget-key"}}) == knob(0.05, None, 25.0)
     # the request's own knob wins over its key's default
-    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == (0.2, None, None)
-    assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == (0.05, 0.7, None)
-    assert core.knob({"metadata": {"energy_router": {"max_energy_j": 40}}}) == (0.05, None, 40.0)
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == knob(0.2, None, None)
+    assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == knob(0.05, 0.7, None)
+    assert core.knob({"metadata": {"energy_router": {"max_energy_j": 40}}}) == knob(0.05, None, 40.0)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e12, "lots", True, [1]])
@@ -230,7 +234,7 @@ def test_request_knob_values_out_of_range_are_refused(ckpt, bad, field):
     with pytest.raises(KnobError) as e:
         core.knob({"metadata": {"energy_router": {field: bad}}})
     assert e.value.field == field and e.value.status_code == 400 and field in str(e.value) and "\n" not in str(e.value)
-    assert core.knob({"metadata": {"energy_router": {field: None}}}) == (0.05, None, None)
+    assert core.knob({"metadata": {"energy_router": {field: None}}}) == knob(0.05, None, None)
 
 
 def test_energy_budget_excludes_costlier_candidates(ckpt, backend):
@@ -272,7 +276,7 @@ def test_lambda_means_the_same_for_checkpoints_trained_on_different_tables(ckpt,
     for _ in range(50):
         P, E = rng.uniform(size=3), rng.uniform(1, 200, size=3)
         lam = float(rng.uniform(0, 2))
-        picks = {core.candidate_of(core.decide(Scored(tuple(CANDS), P, E, "v"), deps, lam, None, time.perf_counter())[0])
+        picks = {core.candidate_of(core.decide(Scored(tuple(CANDS), P, E, "v"), deps, core.knob({"metadata": {"energy_router": {"lambda": lam}}}), time.perf_counter())[0])
                  for core in cores}  # fmt: skip
         assert len(picks) == 1
 

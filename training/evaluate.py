@@ -29,7 +29,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.decide import decide_lambda, decide_target, lambda_grid
+from litellm_energy_router.knob import Knob
+from litellm_energy_router.router.decide import decide, lambda_grid
 
 # -- hull and area ------------------------------------------------------------------------------------
 
@@ -123,11 +124,16 @@ class Curve:
         return pareto_hull(self.energy_j, self.accuracy)
 
 
+def choices(P: np.ndarray, Ehat: np.ndarray, knobs: Sequence[Knob]) -> np.ndarray:
+    """``choices[L, n]``: the decision rule (:func:`~litellm_energy_router.router.decide.decide`) at each knob."""
+    return np.stack([decide(P, Ehat, k) for k in knobs])
+
+
 def sweep_lambda(P: np.ndarray, Ehat: np.ndarray, Y: np.ndarray, E: np.ndarray, e_ref: float, n_points: int = 41,
                  name: str = "router") -> tuple[Curve, np.ndarray]:  # fmt: skip
     """λ sweep over :func:`lambda_grid` (most accurate → cheapest). Returns the curve and ``choices[L, n]``."""
     lams = lambda_grid(P, Ehat, e_ref, n_points)
-    C = np.stack([decide_lambda(P, Ehat, lam, e_ref) for lam in lams])
+    C = choices(P, Ehat, [Knob.point(lambda_=float(lam), e_ref_j=e_ref) for lam in lams])
     return Curve.from_choices(name, "lambda", lams, C, Y, E), C
 
 
@@ -135,7 +141,7 @@ def sweep_target(P: np.ndarray, Ehat: np.ndarray, Y: np.ndarray, E: np.ndarray, 
     """Accuracy-target sweep: targets spread over the quantiles of ``P`` (plus 0 and above 1)."""
     qs = np.quantile(P, np.linspace(0, 1, max(n_points - 2, 1)))
     targets = np.unique(np.concatenate([[0.0], qs, [1.0 + 1e-9]]))
-    C = np.stack([decide_target(P, Ehat, t) for t in targets])
+    C = choices(P, Ehat, [Knob.point(target_accuracy=float(t)) for t in targets])
     return Curve.from_choices(name, "target", targets, C, Y, E)
 
 

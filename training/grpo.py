@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda, lambda_grid
+from litellm_energy_router.knob import Knob
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide, lambda_grid
 from litellm_energy_router.router.format import N_LAMBDA_BUCKETS, Q, Layout, lambda_token
 from litellm_energy_router.router.model import compute_choice_logits as choice_logits
 from litellm_energy_router.router.policy import POLICY_FILE, START_FILE
@@ -80,7 +81,7 @@ def decision_buckets(P: np.ndarray, E_hat: np.ndarray, e_ref: float = DEFAULT_E_
 
 def choice_targets(P: np.ndarray, E_hat: np.ndarray, buckets: Sequence[float], e_ref: float = DEFAULT_E_REF_J) -> np.ndarray:
     """The decision rule's choice per bucket and query, [B, n]."""
-    return np.stack([decide_lambda(P, E_hat, float(lam), e_ref) for lam in buckets])
+    return np.stack([decide(P, E_hat, Knob.point(lambda_=float(lam), e_ref_j=e_ref)) for lam in buckets])
 
 
 def choice_prompt(layout: Layout, text: str, task: str | None, bucket: int) -> str:

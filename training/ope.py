@@ -224,15 +224,28 @@ def estimate_policy(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str], ca
     )  # fmt: skip
 
 
-def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, lam: float | None = None, target: float | None = None,
-                               epsilon: float = 0.0, rows: Sequence[Mapping[str, Any]] | None = None,
-                               level: float = 0.95,
+def policy_choices(model: Any, rows: Sequence[Mapping[str, Any]], knob: Any) -> list[str]:
+    """The candidate ``model`` (any :class:`~litellm_energy_router.router.scoring.Scorer`) chooses for each
+    logged row under ``knob`` (:class:`~litellm_energy_router.knob.Knob`), as serving would: the query text
+    without a task tag, the row's prompt tokens, the one decision rule."""
+    from litellm_energy_router.router.decide import decide
+
+    texts = [r["text"] for r in rows]
+    tasks = [None] * len(rows)
+    P = model.score(texts, tasks)
+    E = model.energy(texts, tasks, prompt_tokens=[int(r.get("prompt_tokens") or 0) for r in rows])
+    return [model.candidates[j] for j in decide(P, E, knob)]
+
+
+def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, knob: Any = None, epsilon: float = 0.0,
+                               rows: Sequence[Mapping[str, Any]] | None = None, level: float = 0.95,
                                logging_versions: Sequence[str] | None = None) -> PolicyEstimate | None:  # fmt: skip
-    """Off-policy estimate of the router in ``checkpoint`` at knob ``lam`` (or accuracy ``target``) on the
-    logged production rows of ``store`` (or ``rows``); ``logging_versions`` keeps only rows logged by
-    those router versions (``unknown``: rows that do not say). Production queries are scored without a
-    task tag, as serving scores them. ``None`` when no usable logged row names one of the router's
-    candidates."""
+    """Off-policy estimate of the router in ``checkpoint`` (a path or a loaded scorer) at ``knob``
+    (:class:`~litellm_energy_router.knob.Knob`; default: the default settings' knob) on the logged
+    production rows of ``store`` (or ``rows``); ``logging_versions`` keeps only rows logged by those
+    router versions (``unknown``: rows that do not say). Production queries are scored without a task
+    tag, as serving scores them. ``None`` when no usable logged row names one of the router's candidates."""
+    from litellm_energy_router.knob import Knob
     from litellm_energy_router.router.scoring import load_scorer
 
     model = load_scorer(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
@@ -243,11 +256,5 @@ def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, lam: float | None
         rows = [r for r in rows if logging_version(r) in keep]
     if not rows:
         return None
-    texts = [r["text"] for r in rows]
-    tasks = [None] * len(rows)
-    P = model.score(texts, tasks)
-    E = model.energy(texts, tasks, prompt_tokens=[int(r.get("prompt_tokens") or 0) for r in rows])
-    if lam is None and target is None:
-        lam = 0.0
-    chosen = [model.candidates[j] for j in model.decide(P, E, lam, target)]
+    chosen = policy_choices(model, rows, knob if knob is not None else Knob())
     return estimate_policy(rows, chosen, model.candidates, epsilon, level)

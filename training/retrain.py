@@ -80,6 +80,8 @@ class RetrainConfig(BaseModel):
                                    "table larger than this is sampled (training/sampling.py)")  # fmt: skip
     embed_cache_dir: Path | None = Field(None, description="query-embedding cache kept across retrains; "
                                          "default: <versions_dir>/embed-cache")  # fmt: skip
+    knob: Any = Field(None, exclude=True, description="set from energy_router.knob by load_retrain_config: the knob the "
+                      "off-policy estimate decides with (its λ replaced by lam when lam is set)")  # fmt: skip
     ope_max_rows: int | None = Field(20000, ge=100, description="logged production rows the off-policy estimate "
                                      "scores: a uniform sample of them when the table holds more (None: all)")  # fmt: skip
 
@@ -117,6 +119,8 @@ def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainCon
         if settings.router.checkpoint is None:
             raise ConfigError(f"{path}: set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)")
         cfg.pointer = Path(settings.router.checkpoint)
+    base = settings.knob.base()
+    cfg.knob = base if cfg.lam is None else base.model_copy(update={"lambda_": cfg.lam, "target_accuracy": None})
     cfg.lam = settings.knob.lambda_ if cfg.lam is None else cfg.lam
     cfg.epsilon = settings.router.epsilon if cfg.epsilon is None else cfg.epsilon
     return cfg
@@ -193,6 +197,12 @@ def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig)
     return out
 
 
+def _ope_knob(cfg: RetrainConfig) -> Any:
+    from litellm_energy_router.knob import Knob
+
+    return cfg.knob if cfg.knob is not None else Knob(**{"lambda": cfg.lam or 0.0})
+
+
 def _ope(store: Any, predictors: dict[str, Any], cfg: RetrainConfig, log: Log) -> dict[str, Any]:
     """Off-policy estimates of each loaded checkpoint (``None`` entries skipped) on the logged production rows."""
     from .ope import evaluate_checkpoint_on_log, logged_rows
@@ -205,7 +215,7 @@ def _ope(store: Any, predictors: dict[str, Any], cfg: RetrainConfig, log: Log) -
         if p is None:
             continue
         try:
-            est = evaluate_checkpoint_on_log(store, p.model, lam=cfg.lam, epsilon=cfg.epsilon or 0.0, rows=rows)
+            est = evaluate_checkpoint_on_log(store, p.model, knob=_ope_knob(cfg), epsilon=cfg.epsilon or 0.0, rows=rows)
         except ValueError as e:
             out[name] = {"error": str(e)}
             continue

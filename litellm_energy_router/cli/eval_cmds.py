@@ -159,7 +159,9 @@ def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path
 
     from ..training.ope import evaluate_checkpoint_on_log, logged_rows
 
-    lam = settings.knob.lambda_ if lam is None else lam
+    base = settings.knob.base()
+    knob = base if lam is None else base.model_copy(update={"lambda_": lam, "target_accuracy": None})
+    lam = knob.lambda_
     with _store(url) as store:
         rows = logged_rows(store.iter_runs(sources=["production"]))
     if not rows:
@@ -167,7 +169,7 @@ def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path
         return
     report = {}
     for name, pred in ckpts.items():
-        est = evaluate_checkpoint_on_log(None, pred.model, lam=lam, epsilon=settings.router.epsilon, rows=rows)
+        est = evaluate_checkpoint_on_log(None, pred.model, knob=knob, epsilon=settings.router.epsilon, rows=rows)
         if est is None:
             console.print(f"off-policy: {name}: no logged row with query text names one of its candidates", highlight=False)
             continue

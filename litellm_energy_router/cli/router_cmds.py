@@ -7,11 +7,11 @@ import csv
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import typer
 
-from . import ConfigOpt, DbOpt, console, db_url, fail
+from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
 from .table_cmds import _store, progress_bar
 
 ROUTE_COLUMNS = ("Unnamed: 0", "sample_id", "prompt", "eval_name")
@@ -112,37 +112,52 @@ def _read_route_input(path: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
+def route_points(base: Any, P: Any, E: Any, lambdas: Sequence[float] = (), sweep: int | None = None,
+                 target_accuracy: float | None = None) -> list[tuple[str, float, Any]]:
+    """(kind, value, :class:`~litellm_energy_router.knob.Knob`) per operating point: ``base`` (the settings'
+    knob: ``e_ref_j``, ``max_energy_j``) with λ (``--lambda``, ``--sweep`` points spread over where the
+    decisions on ``P``/``E`` switch) or a target accuracy; the settings' own knob when none is asked for."""
+    from ..router.decide import lambda_grid
+
+    lams = [float(x) for x in lambdas]
+    if sweep:
+        lams += [float(x) for x in lambda_grid(P, E, base.e_ref_j, sweep)]
+    points = [("lambda", lam, base.model_copy(update={"lambda_": lam, "target_accuracy": None})) for lam in lams]
+    if target_accuracy is not None:
+        points.append(("target_accuracy", target_accuracy, base.model_copy(update={"target_accuracy": target_accuracy})))
+    if not points:
+        kind, val = ("target_accuracy", base.target_accuracy) if base.target_accuracy is not None else ("lambda", base.lambda_)
+        points = [(kind, val, base)]
+    return points
+
+
 def route_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="checkpoint directory or pointer file"),
     input: Path = typer.Option(..., "--input", help="RouterBench-format CSV (Unnamed: 0, sample_id, prompt, eval_name)"),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
-    sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points over the checkpoint's knob range"),
-    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="cheapest candidate predicted >= X"),
+    sweep: Optional[int] = typer.Option(None, "--sweep", min=1, help="N λ values spread over where the decisions switch"),
+    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0, max=1, help="cheapest candidate predicted >= X"),
     scorer: str = typer.Option("auto", "--scorer", help="auto (the checkpoint's own, as serving), student, lm, or another registered kind"),
+    config: Optional[Path] = ConfigOpt,
 ) -> None:
-    """Batch routing: one JSON line per (row, operating point). λ in accuracy per 100 J (knob.e_ref_j)."""
+    """Batch routing: one JSON line per (row, operating point), decided as serving decides (the settings'
+    knob: λ in accuracy per ``knob.e_ref_j`` J, ``knob.max_energy_j``; ``--lambda``/``--target-accuracy``
+    replace its λ / target)."""
     from ..router.checkpoint import CheckpointError
-    from ..router.decide import knob_sweep
+    from ..router.decide import decide
     from ..router.scoring import load_scorer
 
+    base = settings_or_fail(config).knob.base()
     try:
         router = load_scorer(checkpoint, scorer)
     except CheckpointError as e:
         fail(str(e))
     rows = _read_route_input(input)
-    points: list[tuple[str, float | None]] = []
-    if lambdas:
-        try:
-            points += [("lambda", float(x)) for x in lambdas.split(",") if x.strip()]
-        except ValueError:
-            fail(f"--lambda {lambdas!r}: not a comma-separated list of numbers")
-    if sweep:
-        points += [("lambda", float(x)) for x in knob_sweep(router.manifest.knob, sweep)]
-    if target_accuracy is not None:
-        points.append(("target", target_accuracy))
-    if not points:
-        points = [("lambda", 0.0)]
+    try:
+        lams = [float(x) for x in lambdas.split(",") if x.strip()] if lambdas else []
+    except ValueError:
+        fail(f"--lambda {lambdas!r}: not a comma-separated list of numbers")
     t0 = time.time()
     texts = [r[2] for r in rows]
     tasks = [r[1] for r in rows]
@@ -150,11 +165,12 @@ def route_cmd(
     E = router.energy(texts, tasks)
     cands = router.candidates
     with open(output, "w", encoding="utf-8") as fh:
-        for kind, val in points:
-            choice = router.decide(P, E, lam=val) if kind == "lambda" else router.decide(P, E, target=val)
+        points = route_points(base, P, E, lams, sweep, target_accuracy)
+        for kind, val, knob in points:
+            choice = decide(P, E, knob)
             for i, (key, task, _) in enumerate(rows):
                 rec = {"row": int(key) if key.isdigit() else key, "eval_name": task, "model": cands[int(choice[i])],
-                       kind if kind == "lambda" else "target_accuracy": val,
+                       kind: val, **({} if knob.max_energy_j is None else {"max_energy_j": knob.max_energy_j}),
                        "scores": {c: round(float(p), 6) for c, p in zip(cands, P[i])},
                        "energy_j": {c: round(float(e), 4) for c, e in zip(cands, E[i])}}  # fmt: skip
                 fh.write(json.dumps(rec) + "\n")

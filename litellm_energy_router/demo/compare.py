@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..router.decide import DEFAULT_E_REF_J, decide_lambda
+from ..knob import Knob
+from ..router.decide import DEFAULT_E_REF_J, decide
 
 
 @dataclass
@@ -75,7 +76,7 @@ def router_sweep(checkpoint: Path, texts: Sequence[str], prompt_tokens: Sequence
     Ehat = model.energy(list(texts), None, prompt_tokens=list(prompt_tokens))
     e_ref = DEFAULT_E_REF_J
     ev = evaluate(Y, E, {"router": (P, Ehat)}, model.candidates, e_ref=e_ref, n_points=n_points)
-    c = decide_lambda(P, Ehat, lam, e_ref)
+    c = decide(P, Ehat, Knob.point(lambda_=lam, e_ref_j=e_ref))
     rows = np.arange(len(Y))
     at = Point(f"router at λ={lam:g}, no exploration", float(Y[rows, c].mean()), float(E[rows, c].mean()))
     return Sweep(ev, at, e_ref, model.version)

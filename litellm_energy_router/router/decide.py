@@ -1,4 +1,5 @@
-"""The decision rule, shared by serving, `energy-router route` and evaluation (numpy only).
+"""The decision rule (:func:`decide`), the one every entry point calls: serving, `energy-router route`,
+off-policy evaluation, evaluation and the demo (numpy only).
 
 Given per-candidate predicted success ``P[n, K]`` in [0, 1] and estimated energy ``E[n, K]`` (J):
 
@@ -12,29 +13,38 @@ Given per-candidate predicted success ``P[n, K]`` in [0, 1] and estimated energy
 * **energy budget** — with ``max_energy_j``, candidates whose ``E_j`` exceeds it are not considered
   (when none fits, the cheapest one is chosen); λ or the target then decides among the rest.
 
-The knob is applied after prediction, so one set of predictions serves every trade-off.
+The knob (:class:`~litellm_energy_router.knob.Knob`) is applied after prediction, so one set of
+predictions serves every trade-off.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..knob import Knob
 
 DEFAULT_E_REF_J = 100.0  # J: the energy unit of λ (accuracy given up per 100 J), fixed across checkpoints
 
 
-def decide(P: np.ndarray, E: np.ndarray, lam: float = 0.0, target: float | None = None,
-           e_ref_j: float = DEFAULT_E_REF_J, max_energy_j: float | None = None) -> np.ndarray:  # fmt: skip
-    """Index of the chosen candidate per row: λ (accuracy per ``e_ref_j`` J) or an accuracy ``target``
-    (wins over λ), among the candidates within ``max_energy_j`` (J; None: all)."""
+def decide(P: np.ndarray, E: np.ndarray, knob: "Knob") -> np.ndarray:
+    """Index of the chosen candidate per row of ``P[n, K]`` (in [0, 1]) and ``E[n, K]`` (J) under ``knob``
+    (:class:`~litellm_energy_router.knob.Knob`): among the candidates within ``knob.max_energy_j`` (J;
+    None: all), the cheapest reaching ``knob.target_accuracy`` when it is set, else
+    ``argmax P − knob.lambda_ · E / knob.e_ref_j``. The one decision rule: serving, ``energy-router route``,
+    off-policy evaluation and evaluation all call it."""
     P = np.asarray(P, dtype=np.float64)
     E = np.asarray(E, dtype=np.float64)
-    none_fit = np.zeros(len(P), dtype=bool)
-    if max_energy_j is not None:
-        over = E > max_energy_j
+    budget, target = knob.max_energy_j, knob.target_accuracy
+    none_fit = None
+    if budget is not None:
+        over = E > budget
         none_fit = over.all(axis=1)
         P = np.where(over, -np.inf, P)  # an over-budget candidate never wins while another fits
-    choice = decide_target(P, E, target) if target is not None else decide_lambda(P, E, lam, e_ref_j)
-    return np.where(none_fit, np.argmin(E, axis=1), choice)
+    choice = decide_target(P, E, target) if target is not None else decide_lambda(P, E, knob.lambda_, knob.e_ref_j)
+    return choice if none_fit is None or not none_fit.any() else np.where(none_fit, np.argmin(E, axis=1), choice)
 
 
 def decide_lambda(P: np.ndarray, E: np.ndarray, lam: float, e_ref: float) -> np.ndarray:

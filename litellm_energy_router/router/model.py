@@ -14,9 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .checkpoint import CheckpointError, Manifest
-from .decide import DEFAULT_E_REF_J, decide
 from .format import Layout
-from .policy import served_bucket
 from .scoring import CheckpointScorer, StudentScorer, scores_from_logits
 
 
@@ -161,28 +159,6 @@ class RouterModel(CheckpointScorer):
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         z = self.slot_logits(texts, tasks)
         return scores_from_logits(z, self.manifest.calibration, tasks, offset=self.probe_logits(texts, tasks))
-
-
-    def choose(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None, lam: float | None = 0.0,
-               target: float | None = None, e_ref_j: float = DEFAULT_E_REF_J,
-               max_energy_j: float | None = None) -> np.ndarray:  # fmt: skip
-        """Chosen candidate index per query: the GRPO policy where its λ bucket passed the checkpoint's
-        never-worse check (:func:`.policy.served_bucket`), else the decision rule on the calibrated scores."""
-        tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        b = served_bucket(self.manifest.knob, lam, target, e_ref_j, max_energy_j)
-        if b is None:
-            P, E = self.score(texts, tasks), self.energy(texts, tasks)
-            return decide(P, E, lam or 0.0, target, e_ref_j, max_energy_j)
-        with self._lock:
-            if getattr(self, "_policy", None) is None:
-                import copy
-
-                from safetensors.torch import load_model
-
-                self._policy = copy.deepcopy(self.model)
-                load_model(self._policy, str(self.path / self.manifest.knob["grpo"]["file"]))
-                self._policy.eval()
-            return compute_choice_logits(self._policy, self.layout, texts, tasks, b).argmax(axis=1)
 
 
 def lm_scorer(path: str | Path, manifest: Manifest) -> RouterModel:

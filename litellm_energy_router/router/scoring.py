@@ -28,7 +28,6 @@ import numpy as np
 
 from ..tokens import count_prompt_tokens
 from .checkpoint import CheckpointError, Manifest, read_manifest, resolve, verify_files
-from .decide import DEFAULT_E_REF_J, decide_lambda, decide_target
 
 
 @runtime_checkable
@@ -115,13 +114,6 @@ class CheckpointScorer:
         n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
         offset = self.tokens.offset(texts, n_tok, tasks) if self.tokens is not None else None
         return self.manifest.energy.estimate(self.manifest.candidates, n_tok, tasks, offset_tokens=offset)
-
-    def decide(self, P: np.ndarray, E: np.ndarray, lam: float | None = None, target: float | None = None,
-               e_ref_j: float = DEFAULT_E_REF_J) -> np.ndarray:  # fmt: skip
-        """Chosen candidate index per row (a target accuracy wins over λ); λ in accuracy per ``e_ref_j`` J."""
-        if target is not None:
-            return decide_target(P, E, target)
-        return decide_lambda(P, E, lam or 0.0, e_ref_j)
 
     def load_part(self, entry: dict | None, default_file: str, load: Callable[[Path], Any], what: str) -> Any:
         """A numpy part of the checkpoint named by its manifest ``entry`` (None when absent); refuses a

@@ -149,8 +149,8 @@ def test_a_keys_own_defaults_do_not_lift_its_teams_policy():
     team = {"user_api_key_team_alias": "restricted-team", "energy_router": {"lambda": 1}}
     with pytest.raises(KnobError, match="restricted-team"):
         resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **team}})
-    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **{**team, "energy_router": {}}}})[0] == 0.5
-    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **team}})[0] == 1.0
+    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **{**team, "energy_router": {}}}}).lambda_ == 0.5
+    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **team}}).lambda_ == 1.0
     with pytest.raises(KnobError, match=r"out of range \[0, 2\] \(key 'bob'\)"):
         resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **{**team, "energy_router": {"lambda": 3}}}})
 
