@@ -25,6 +25,7 @@ See ``docs/plugins.md``.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 import importlib
 import importlib.metadata
 from collections.abc import Mapping
@@ -65,9 +66,10 @@ class Hookspecs:
         (loader + prompt format + grader) whose ``name`` is the registered name."""
 
     @hookspec
-    def energy_router_scorers(self) -> "Mapping[str, Callable[[Path, Manifest], Any]]":
+    def energy_router_scorers(self) -> "Mapping[str, Callable[[Path, Manifest], Any] | ScorerSpec]":
         """Router scorers: ``factory(checkpoint_dir, manifest)`` returns an object with ``candidates``,
-        ``version``, ``score(texts, tasks) -> P[n, K]`` and ``energy(texts, tasks) -> E[n, K]``."""
+        ``version``, ``score(texts, tasks) -> P[n, K]`` and ``energy(texts, tasks) -> E[n, K]`` (serving
+        only), or a :class:`ScorerSpec` (serving, and training, cross-validation, selection, ``eval``)."""
 
 
 @functools.cache
@@ -136,6 +138,71 @@ def _merged(hook: str, what: str) -> dict[str, Callable[..., Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class ScorerSpec:
+    """A registered scorer kind: how it is served and, with ``fit``, how it is trained. The one registry of
+    scorer names for serving, ``train --scorer``, cross-validation, model selection (``retrain`` with
+    ``select: true``) and ``eval``. Calling it is calling ``load``.
+
+    Attributes:
+        load: ``load(checkpoint_dir, manifest)`` → a :class:`~litellm_energy_router.router.scoring.Scorer`.
+        fit: ``fit(**context)`` → an unfitted predictor: ``fit(train) -> self`` and ``predict_proba(test)
+            -> P[n, K]`` on a :class:`~litellm_energy_router.training.data.TableMatrix`; for the generic
+            checkpoint also ``export_arrays() -> {name: ndarray}``, ``params`` (JSON-able) and
+            ``uses_embeddings``. ``context``: ``embedder``, ``seed``, ``train_config``, ``log``, ``share``
+            (take what you need, ignore the rest). None: served only.
+        export: ``export(kind, matrix, out_dir, **context)`` writes a checkpoint ``load`` serves (context
+            also ``selection``, ``pairs``, ``partial``); None: the generic one
+            (:func:`litellm_energy_router.training.baselines.export_baseline`: ``baseline.npz`` holding
+            ``export_arrays()`` and the task prior, the manifest's ``scorer`` = the kind).
+        default: judged by model selection and ``eval`` when the scorers are not named.
+        rank: simplicity; an exact tie in selection goes to the lower rank (cheaper to serve).
+        baseline: one of the baselines the LM router is compared with (``best_baseline``).
+        stack_base: a base of a ``combines`` scorer.
+        combines: cross-fitted on the ``stack_base`` scorers' out-of-fold P (the stack), not fitted alone.
+        select_as: the name selection, ``eval`` and retrain use for it (default: the kind).
+    """
+
+    load: Callable[..., Any]
+    fit: Callable[..., Any] | None = None
+    export: Callable[..., Any] | None = None
+    default: bool = False
+    rank: int = 100
+    baseline: bool = True
+    stack_base: bool = False
+    combines: bool = False
+    select_as: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class MeterSpec:
+    """A registered energy meter: how to build it and what it measures. Calling it is calling ``load``.
+
+    Attributes:
+        load: ``load(**options)`` → an :class:`~litellm_energy_router.energy.meter.EnergyMeter`.
+        methods: the ``energy_method`` values its readings carry (the table's column).
+        measured: True when its joules are measured on the device (a counter or power readings), so rows
+            and the energy fit treat them as measured; False for estimates and simulations.
+        options: the ``energy`` settings it takes (e.g. ``gpus``): each one set is passed to ``load``.
+    """
+
+    load: Callable[..., Any]
+    methods: tuple[str, ...] = ()
+    measured: bool = False
+    options: tuple[str, ...] = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load(*args, **kwargs)
+
+
+def meter_specs() -> dict[str, MeterSpec]:
+    """Energy meter name -> :class:`MeterSpec` (a plain factory: methods unknown, not measured, no options)."""
+    return {n: f if isinstance(f, MeterSpec) else MeterSpec(load=f) for n, f in meter_factories().items()}
+
+
 def meter_factories() -> dict[str, Callable[..., "EnergyMeter"]]:
     """Energy meter name -> factory, over all plugins."""
     return _merged("energy_router_meters", "energy meter")
@@ -149,6 +216,17 @@ def task_factories() -> dict[str, Callable[[], "Task"]]:
 def scorer_factories() -> dict[str, Callable[["Path", "Manifest"], Any]]:
     """Router scorer name -> factory ``(checkpoint_dir, manifest) -> scorer``, over all plugins."""
     return _merged("energy_router_scorers", "scorer")
+
+
+def scorer_specs() -> dict[str, ScorerSpec]:
+    """Router scorer name -> :class:`ScorerSpec` (a plain factory: served only), over all plugins."""
+    return {n: f if isinstance(f, ScorerSpec) else ScorerSpec(load=f) for n, f in scorer_factories().items()}
+
+
+def trainable_scorers() -> dict[str, tuple[str, ScorerSpec]]:
+    """The scorers that can be trained, by the name selection and ``eval`` use: ``{name: (kind, spec)}``,
+    in registration order."""
+    return {s.select_as or n: (n, s) for n, s in scorer_specs().items() if s.fit is not None}
 
 
 def lazy(target: str) -> Callable[..., Any]:

@@ -71,9 +71,10 @@ def test_fresh_process_finds_the_installed_plugin_and_stays_lean(example_plugin_
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout)
     assert {"builtin_meters", "builtin_tasks", "example"} <= set(got["plugins"])
-    assert set(got["meters"]) == BUILTIN_METERS | {"constant-power"}
+    assert set(got["meters"]) == BUILTIN_METERS | {"constant-power", "fake-rocm"}
     assert set(got["tasks"]) == BUILTIN_TASKS | {"echo"}
-    assert set(got["scorers"]) == {"student", "lm", "task_prior", "knn", "logreg", "mf", "stacked", "slow-student"}
+    assert set(got["scorers"]) == {"student", "lm", "task_prior", "knn", "logreg", "mf", "stacked", "slow-student",
+                                   "keyword-prior"}
     assert got["heavy"] == []  # listing every plugin imports no implementation (lazy factories)
 
 
@@ -141,6 +142,75 @@ def test_plugin_task_and_meter_run_a_tiny_tournament(example_plugin, tmp_path):
         assert r["task"] == "echo" and r["status"] == "success" and r["score"] == (1.0 if ok else 0.0), r
         assert r["energy_method"] == "simulated" and r["gpu"] == "plugin GPU" and r["energy_j"] > 0
         assert r["avg_power_w"] <= 80.0 + 1e-6
+
+
+def test_plugin_scorer_is_trained_selected_by_retrain_and_served(example_plugin, tmp_path, sqlite_url):
+    """`keyword-prior` is written only in the plugin: retrain (select: true) cross-validates it beside a
+    built-in, promotes it, and the strategy, `route` and the runtime serve its checkpoint."""
+    from router_fixtures import CANDS, planted_rows
+
+    from litellm_energy_router.cli.router_cmds import route_cmd
+    from litellm_energy_router.router.checkpoint import read_manifest, resolve
+    from litellm_energy_router.router.runtime import RouterRuntime
+    from litellm_energy_router.settings import CandidateSettings, Settings
+    from litellm_energy_router.strategy import EnergyRouterCore
+    from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
+    from litellm_energy_router.training.selection import selectable
+
+    assert "keyword-prior" in selectable()
+    store = open_store(sqlite_url)
+    cands, queries, runs = planted_rows(60)
+    store.write(queries, runs, candidates=cands)
+    store.close()
+    cfg = RetrainConfig(table_url=sqlite_url, pointer=tmp_path / "current.json", quick=True, min_new_rows=10,
+                        holdout_fraction=0.2, lam=0.3, epsilon=0.0, select=True, select_folds=3,
+                        select_scorers=["task_prior", "keyword-prior"])  # fmt: skip
+    res = run_retrain(cfg, log=lambda s: None)
+    assert res.status == "promoted", res.message
+    sel = json.loads(res.report_json.read_text())["selection"]
+    assert sel["chosen"] == "keyword-prior" and set(sel["scorers"]) == {"task_prior", "keyword-prior"}
+    assert sel["scorers"]["keyword-prior"]["aiq"] > sel["scorers"]["task_prior"]["aiq"]
+    ck = resolve(cfg.pointer)
+    assert read_manifest(ck).scorer == "keyword-prior"
+
+    settings = Settings(candidates=[CandidateSettings(name=c) for c in CANDS])
+    settings.router.checkpoint = cfg.pointer
+    core = EnergyRouterCore(settings, runtime=RouterRuntime(cfg.pointer, background=False))
+    assert core.runtime.model.name == "keyword-prior"
+    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}} for c in CANDS]
+    for text, want in (("Give a proof about rivers number 999", "large"), ("Tell me about rivers number 999", "small")):
+        dep, d = core.choose_sync(deps, [{"role": "user", "content": text}],
+                                  request_kwargs={"metadata": {"energy_router": {"lambda": 0.3}}})  # fmt: skip
+        assert d.fallback is None and d.candidate == want and d.router_version == read_manifest(ck).version
+
+    inp, out = tmp_path / "in.csv", tmp_path / "d.jsonl"
+    inp.write_text(',sample_id,prompt,eval_name\n1,a,"[\'Give a proof about glass number 5\']",synthetic\n')
+    route_cmd(checkpoint=cfg.pointer, input=inp, output=out, lambdas="0.3", sweep=None, target_accuracy=None, scorer="auto", config=None)
+    assert json.loads(out.read_text())["model"] == "large"
+
+
+def test_plugin_meter_declares_measured_joules_and_gets_the_device_options(example_plugin, tmp_path):
+    """A plugin meter that says its joules are measured: its rows are valid and count as measured in the
+    energy fit; `energy.gpus` reaches it (not only nvml); a meter that declares nothing is not measured."""
+    from litellm_energy_router.energy.meter import is_measured, measured_methods
+    from litellm_energy_router.table.rows import Run
+    from litellm_energy_router.training.pairs import PairReader
+
+    assert {"nvml_counter", "power_sampling", "agent", "rocm_smi"} <= measured_methods()
+    assert not is_measured("simulated") and not is_measured("estimate") and not is_measured(None)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("energy_router:\n  energy: {meter: fake-rocm, gpus: [1, 3], options: {power_w: 40.0}}\n")
+    meter = open_request_meter(load_settings(cfg, environ={}).energy)
+    try:
+        assert type(meter.primary.meter).__name__ == "FakeRocmMeter" and meter.primary.meter.devices == [1, 3]
+    finally:
+        meter.close()
+    Run(query_id="q", candidate="c", source="production", energy_j=5.0, energy_method="rocm_smi")  # a valid row
+    reader = PairReader(None)
+    for i, method in enumerate(("rocm_smi", "simulated")):
+        reader.add({"id": i + 1, "candidate": "c", "source": "tournament", "task": "t", "query_id": f"q{i}", "text": "x",
+                    "energy_j": 5.0, "energy_method": method, "score": 1.0})  # fmt: skip
+    assert list(reader.run_cols["measured"]) == [1.0, 0.0]
 
 
 class _Clash:

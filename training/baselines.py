@@ -2,8 +2,8 @@
 query correctly. The decision (λ or accuracy target) is applied afterwards by the shared rule, exactly
 as for the LM router, so baselines and router are compared on equal terms.
 
-One interface (:class:`Predictor`: ``fit(train) -> self``, ``predict_proba(test) -> P``), one registry
-(:data:`BASELINES`, :func:`register_baseline`, :func:`make_baseline`):
+One interface (:class:`Predictor`: ``fit(train) -> self``, ``predict_proba(test) -> P``); the names are the
+scorer registry's (:mod:`litellm_energy_router.router.builtin_scorers`, :func:`make_baseline`):
 
 * ``task_prior`` — per-task mean accuracy of each candidate (smoothed toward its overall mean).
 * ``knn`` — cosine k-nearest neighbours on query embeddings, shrunk toward the task prior.
@@ -45,23 +45,37 @@ class Predictor(Protocol):
     def predict_proba(self, test: TableMatrix) -> np.ndarray: ...
 
 
-BASELINES: dict[str, type["Baseline"]] = {}
+def baseline_trainer(cls_name: str, kind: str, *, embedder: Embedder | None = None, seed: int = 0, inner_folds: int = 3,
+                     train_config: Any = None, log: Any = None, share: Any = None, **params: Any) -> "Baseline":  # fmt: skip
+    """The ``fit`` of a built-in baseline's registry entry (:mod:`litellm_energy_router.router.builtin_scorers`):
+    an unfitted :class:`Baseline` of class ``cls_name`` serving as scorer ``kind``; the selection's context
+    beyond ``embedder``/``seed`` (``train_config``, ``log``, ``share``) is not a baseline's; ``params`` are
+    hyperparameters (fixed, not tuned)."""
+    return globals()[cls_name](name=kind, embedder=embedder, inner_folds=inner_folds, seed=seed, **params)
 
 
-def register_baseline(name: str) -> Callable[[type["Baseline"]], type["Baseline"]]:
-    def deco(cls: type[Baseline]) -> type[Baseline]:
-        cls.name = name
-        BASELINES[name] = cls
-        return cls
+def trainable(name: str) -> Any:
+    """The registry entry (:class:`~litellm_energy_router.plugins.ScorerSpec`) of a trainable scorer kind;
+    :class:`ValueError` naming the known ones otherwise."""
+    from litellm_energy_router.plugins import scorer_specs
 
-    return deco
+    specs = {n: s for n, s in scorer_specs().items() if s.fit is not None and not s.combines}
+    if name not in specs:
+        raise ValueError(f"baseline {name!r}: unknown (have: {', '.join(n for n, s in specs.items() if s.baseline)})")
+    return specs[name]
 
 
-def make_baseline(name: str, **kw: Any) -> "Baseline":
-    try:
-        return BASELINES[name](**kw)
-    except KeyError:
-        raise ValueError(f"baseline {name!r}: unknown (have: {', '.join(BASELINES)})") from None
+def baseline_names() -> list[str]:
+    """The registered baselines (scorer kinds with a ``fit`` that the LM router is compared with), in
+    registration order."""
+    from litellm_energy_router.plugins import scorer_specs
+
+    return [n for n, s in scorer_specs().items() if s.fit is not None and s.baseline and not s.combines]
+
+
+def make_baseline(name: str, **kw: Any) -> Any:
+    """An unfitted predictor of the registered scorer kind ``name`` (``kw``: ``embedder``, ``seed``, hyperparameters)."""
+    return trainable(name).fit(**kw)
 
 
 def brier(P: np.ndarray, Y: np.ndarray) -> float:
@@ -93,7 +107,10 @@ class Baseline(ABC):
     uses_embeddings: ClassVar[bool] = False
     accepts_partial: ClassVar[bool] = True  # fits a partial matrix (NaN = unlabelled, ``W`` pair weights)
 
-    def __init__(self, *, embedder: Embedder | None = None, inner_folds: int = 3, seed: int = 0, **params: Any) -> None:
+    def __init__(self, *, name: str | None = None, embedder: Embedder | None = None, inner_folds: int = 3, seed: int = 0,
+                 **params: Any) -> None:  # fmt: skip
+        if name is not None:
+            self.name = name  # type: ignore[misc]
         unknown = set(params) - set(self.grid)
         if unknown:
             raise ValueError(f"baseline {self.name!r}: unknown hyperparameter {sorted(unknown)[0]!r} (has: {', '.join(self.grid) or 'none'})")
@@ -148,7 +165,6 @@ class Baseline(ABC):
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray: ...
 
 
-@register_baseline("task_prior")
 class TaskPrior(Baseline):
     """Per-task mean accuracy of each candidate: what knowing only the task buys."""
 
@@ -159,7 +175,6 @@ class TaskPrior(Baseline):
         return task_prior(self._train, list(test.tasks))
 
 
-@register_baseline("knn")
 class KNN(Baseline):
     """Mean correctness of the ``k`` most cosine-similar training queries, shrunk toward the task prior
     with ``shrink`` pseudo-neighbours."""
@@ -183,7 +198,6 @@ class KNN(Baseline):
         return {"X": self._Xtr[keep].astype(np.float32), "Y": self._Ytr[keep], "k": np.array(self.k), "shrink": np.array(self.shrink)}
 
 
-@register_baseline("logreg")
 class LogReg(Baseline):
     """One L2-regularised logistic regression per candidate on [embedding, task one-hot]; ``C`` is
     scikit-learn's inverse regularisation strength."""
@@ -217,7 +231,6 @@ class LogReg(Baseline):
         return {"coef": coef, "intercept": intercept, "const": const}
 
 
-@register_baseline("mf")
 class MatrixFactorization(Baseline):
     """RouteLLM's matrix-factorisation router, pointwise and with task offsets:
     ``logit_k(x) = b[task, k] + w·(v_k/|v_k| ⊙ W e)`` — candidate vectors ``v_k`` (``dim``), a linear
@@ -284,21 +297,23 @@ class MatrixFactorization(Baseline):
 
 
 def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedder | None = None, seed: int = 0,
-                    partial: TableMatrix | None = None) -> Any:  # fmt: skip
-    """Fit baseline ``name`` (``task_prior``, ``knn``, ``logreg`` or ``mf``; hyperparameters by inner CV) on ``m``
-    (plus ``partial``: queries only partial feedback labels, weighted) and write it as a servable checkpoint
-    (:mod:`litellm_energy_router.router.baseline_scorers`). Returns the directory."""
-    from litellm_energy_router.router.baseline_scorers import BASELINE_KINDS
-
+                    partial: TableMatrix | None = None, **_context: Any) -> Any:  # fmt: skip
+    """Fit the registered scorer kind ``name`` (a built-in baseline: hyperparameters by inner CV; or a
+    plugin's) on ``m`` (plus ``partial``: queries only partial feedback labels, weighted, for a predictor
+    that ``accepts_partial``) and write it as a checkpoint: ``baseline.npz`` with its ``export_arrays()``
+    and the task prior, the manifest's ``scorer`` = ``name`` (served by the kind's ``load``, e.g.
+    :mod:`litellm_energy_router.router.baseline_scorers`). Returns the directory. The generic ``export``
+    of the registry (:class:`~litellm_energy_router.plugins.ScorerSpec`)."""
     from .embed import default_embedder
 
-    if name not in BASELINE_KINDS or name not in BASELINES:
-        raise ValueError(f"baseline {name!r}: not servable (servable: {', '.join(BASELINE_KINDS)})")
+    trainable(name)
     if len(m) < 2:
         raise ValueError(f"only {len(m)} fully labelled queries for candidates {m.candidates}; need >= 2")
     emb = embedder or default_embedder()
-    b = make_baseline(name, embedder=emb, seed=seed).fit(concat_rows(m, partial))
-    return write_baseline_checkpoint(name, m, out_dir, b.export_arrays(), b.params, emb.name if b.uses_embeddings else None,
+    b = make_baseline(name, embedder=emb, seed=seed)
+    b = b.fit(concat_rows(m, partial) if getattr(b, "accepts_partial", False) else m)
+    uses = getattr(b, "uses_embeddings", False)
+    return write_baseline_checkpoint(name, m, out_dir, b.export_arrays(), dict(getattr(b, "params", {})), emb.name if uses else None,
                                      b.predict_proba(m))  # fmt: skip
 
 

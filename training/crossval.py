@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .baselines import BASELINES, Predictor, make_baseline
+from .baselines import Predictor, baseline_names, make_baseline
 from .data import TableMatrix, concat_rows, estimate_energy, fit_energy_estimate, kfold, load_matrix, near_duplicate_groups
 from .evaluate import Evaluation, evaluate
 
@@ -30,7 +30,7 @@ Factory = Callable[[], Predictor]
 
 def baseline_factories(names: list[str] | None = None, **kw: Any) -> dict[str, Factory]:
     """Factories for the registered baselines (default: all), sharing keyword arguments ``kw``."""
-    return {n: (lambda n=n: make_baseline(n, **kw)) for n in (names or list(BASELINES))}
+    return {n: (lambda n=n: make_baseline(n, **kw)) for n in (names or baseline_names())}
 
 
 def cross_validate(

@@ -34,8 +34,9 @@ A production row without a propensity (no logged decision, e.g. a fallback deplo
 ``1/p = 1`` (as a deterministic choice) and counted in ``stats["production_no_propensity"]``.
 
 **Energy** (:func:`fit_energy_from_pairs`): J per prompt / output token per candidate are fitted on the
-runs whose joules were *measured* (``energy_method`` in :data:`MEASURED_METHODS`: NVML counter, power
-sampling, the GPU-node agent) once a candidate has :data:`MIN_MEASURED_RUNS` of them; before that on
+runs whose joules were *measured* (an ``energy_method`` of a meter registered as ``measured``,
+:func:`~litellm_energy_router.energy.meter.measured_methods`: NVML counter, power sampling, the GPU-node
+agent, a plugin meter that says so) once a candidate has :data:`MIN_MEASURED_RUNS` of them; before that on
 every run with joules (profile-derived ``estimate``/``simulated`` ones included), then on the bundled
 energy profile. Expected output tokens per (task, candidate) are the weighted mean over every run with
 joules. The estimate records per candidate what it was fitted on (``EnergyEstimate.fitted_on``).
@@ -51,6 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from litellm_energy_router.energy.meter import measured_methods
 from litellm_energy_router.redact import redact_url
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 
@@ -58,7 +60,6 @@ from .data import MatrixError, TableMatrix, _fit_nonneg_2, profile_j_per_token, 
 
 UNBIASED_SOURCES = ("tournament", "shadow", "import")
 SOURCES = ("tournament", "shadow", "import", "production")
-MEASURED_METHODS = ("nvml_counter", "power_sampling", "agent")
 MIN_MEASURED_RUNS = 20
 
 
@@ -215,6 +216,12 @@ class PairReader:
         labelled run, cheapest mean energy first); ``url`` names the table in errors."""
         return _table(self, candidates, url, weighting)
 
+    def _measured_methods(self) -> frozenset[str]:
+        """The meter registry's measured ``energy_method`` values, asked once per reader."""
+        if getattr(self, "_measured", None) is None:
+            self._measured = measured_methods()
+        return self._measured
+
     def add(self, r: dict[str, Any]) -> None:
         self.max_id = max(self.max_id, int(r["id"]))
         self.max_upd = max(self.max_upd, float(r.get("updated") or 0.0))
@@ -229,7 +236,7 @@ class PairReader:
         rc = self.run_cols
         ti = self.task_ix.setdefault(r["task"], len(self.task_ix))
         for k, v in (("q", self.rq.setdefault(r["query_id"], len(self.rq))), ("c", ci), ("task", ti), ("pt", pt), ("ct", ct),
-                     ("e", float(r["energy_j"])), ("measured", float(r.get("energy_method") in MEASURED_METHODS)),
+                     ("e", float(r["energy_j"])), ("measured", float(r.get("energy_method") in self._measured_methods())),
                      ("src", src), ("prop", prop)):  # fmt: skip
             rc[k].append(v)
         self.run_ver.append(r.get("router_version"))

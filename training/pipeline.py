@@ -303,3 +303,24 @@ class CheckpointPredictor(_RouterModelPredictor):
 
     def fit(self, train) -> "CheckpointPredictor":
         return self
+
+
+def lm_trainer(kind: str, *, train_config: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None,
+               share: dict | None = None, **_context: Any) -> LMRouterPredictor:  # fmt: skip
+    """The ``fit`` of the ``student`` and ``lm`` registry entries: the LM router, judged with scorer ``kind``."""
+    return LMRouterPredictor(train_config, log=log, scorer=kind, share=share)
+
+
+def export_lm(kind: str, m: Any, out_dir: str | Path, *, train_config: TrainConfig | None = None,
+              log: Callable[[str], None] = print, pairs: Any = None, **_context: Any) -> Path:  # fmt: skip
+    """The ``export`` of the ``student`` and ``lm`` registry entries: train the LM router on ``m`` into
+    ``out_dir``, its manifest serving scorer ``kind``."""
+    from litellm_energy_router.router.checkpoint import read_manifest, write_manifest
+
+    out = Path(out_dir)
+    train_matrix(m, out, train_config or TrainConfig(), log=log, pairs=pairs)
+    if kind == "lm":
+        manifest = read_manifest(out)
+        manifest.scorer = kind
+        write_manifest(out, manifest)
+    return out

@@ -93,8 +93,9 @@ class RetrainConfig(BaseModel):
     select: bool = Field(False, description="model selection: cross-validate select_scorers on the training rows and "
                          "export the best as the candidate (training/selection.py); false (default): train the LM "
                          "router (its winner, kNN, ties the router on the development rows)")  # fmt: skip
-    select_scorers: list[str] = Field(default_factory=lambda: ["task_prior", "knn", "logreg", "mf", "stacked"],
-                                      description="scorers model selection judges (router, lm, task_prior, knn, logreg, mf, stacked)")  # fmt: skip
+    select_scorers: list[str] = Field(default_factory=lambda: _default_scorers(),
+                                      description="scorers model selection judges: trainable kinds of the scorer registry "
+                                      "(router, lm, task_prior, knn, logreg, mf, stacked or a plugin's); default: its default ones")  # fmt: skip
     select_folds: int = Field(5, ge=2, le=20, description="CV folds of model selection")
 
     @field_validator("select_scorers")
@@ -103,6 +104,12 @@ class RetrainConfig(BaseModel):
         from .selection import check_scorers
 
         return check_scorers(v)
+
+
+def _default_scorers() -> list[str]:
+    from .selection import default_scorers
+
+    return default_scorers()
 
 
 def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:

@@ -8,12 +8,14 @@ paired per-fold AIQ differences (a margin inside that spread is a tie, and is wr
 exports the chosen one as its candidate checkpoint (:func:`select_and_export`); ``energy-router eval``
 prints the same table (:func:`selection_table`).
 
-Scorers (:data:`SELECTABLE`):
+Scorers: every trainable kind of the scorer registry (:func:`selectable`; a plugin's kind with a ``fit``
+is selectable, exported and served like the built-ins, see :class:`~litellm_energy_router.plugins.ScorerSpec`).
+The built-ins:
 
 * ``router`` — the LM router as served (its distilled student); ``lm`` — the same training scored with
   the LM forward (slow on CPU: only when asked);
 * ``task_prior``, ``knn``, ``logreg``, ``mf`` — :mod:`.baselines` (hyperparameters by inner CV);
-* ``stacked`` — per candidate, a logistic regression on the logits of the baselines' out-of-fold ``P``
+* ``stacked`` (the registry's ``combines`` kind) — per candidate, a logistic regression on the logits of the baselines' out-of-fold ``P``
   (:func:`fit_stack`). In the CV it is *cross-fitted*: the stack judged on fold f is fitted on the other
   folds' out-of-fold predictions, so no row's label enters its own prediction. Exported, its bases are
   refitted on every training row and its weights are the ones fitted on all out-of-fold predictions;
@@ -31,16 +33,29 @@ import numpy as np
 
 from litellm_energy_router.router.baseline_scorers import stack_features, stack_proba
 
+from litellm_energy_router.plugins import ScorerSpec, trainable_scorers
+
 from .baselines import make_baseline
 from .crossval import Factory, OutOfFold, cv_splits, out_of_fold
 from .data import TableMatrix
 from .evaluate import Evaluation, evaluate
 
-SELECTABLE = ("router", "lm", "task_prior", "knn", "logreg", "mf", "stacked")
-BASELINE_NAMES = ("task_prior", "knn", "logreg", "mf")
-STACK_BASES = ("task_prior", "knn", "logreg", "mf")
-SIMPLEST_FIRST = ("task_prior", "logreg", "knn", "mf", "stacked", "router", "lm")
-DEFAULT_SCORERS = ("router", "task_prior", "knn", "logreg", "mf", "stacked")
+
+
+def selectable() -> dict[str, tuple[str, ScorerSpec]]:
+    """Selectable scorer name -> (registry kind, :class:`~litellm_energy_router.plugins.ScorerSpec`): the
+    registry's trainable kinds (the student is selected as ``router``)."""
+    return trainable_scorers()
+
+
+def default_scorers() -> list[str]:
+    """The scorers judged when none are named (the registry's ``default`` ones)."""
+    return [n for n, (_, s) in selectable().items() if s.default]
+
+
+def stack_bases(names: Sequence[str] | None = None) -> list[str]:
+    """The registry's ``stack_base`` scorers (among ``names`` when given), in registration order."""
+    return [n for n, (_, s) in selectable().items() if s.stack_base and (names is None or n in names)]
 
 Log = Callable[[str], None]
 # what an exported baseline answers for a task it never saw: "model" (its text features, task one-hot all
@@ -51,9 +66,10 @@ UNKNOWN_TASK_FALLBACK = "prior"
 def check_scorers(names: Sequence[str]) -> list[str]:
     """The names, checked: each selectable, no duplicate, at least one."""
     out = [str(n).strip() for n in names if str(n).strip()]
-    bad = [n for n in out if n not in SELECTABLE]
+    known = selectable()
+    bad = [n for n in out if n not in known]
     if bad:
-        raise ValueError(f"scorer {bad[0]!r}: not selectable (have: {', '.join(SELECTABLE)})")
+        raise ValueError(f"scorer {bad[0]!r}: not selectable (have: {', '.join(known)})")
     if not out or len(set(out)) != len(out):
         raise ValueError(f"scorers {out}: need at least one, each once")
     return out
@@ -101,12 +117,12 @@ class Stacked:
     out-of-fold predictions of the bases on the training rows (unless ``stack_w`` is given), then refits
     every base on all training rows."""
 
-    name = "stacked"
     uses_embeddings = True
 
-    def __init__(self, bases: Sequence[str] = STACK_BASES, *, embedder: Any = None, inner_folds: int = 3, seed: int = 0,
+    def __init__(self, bases: Sequence[str] | None = None, *, embedder: Any = None, inner_folds: int = 3, seed: int = 0,
                  stack_w: np.ndarray | None = None) -> None:  # fmt: skip
-        self.bases, self.embedder, self.inner_folds, self.seed = list(bases), embedder, inner_folds, seed
+        self.bases = list(stack_bases() if bases is None else bases)
+        self.embedder, self.inner_folds, self.seed = embedder, inner_folds, seed
         self.stack_w = stack_w
         self.params: dict[str, Any] = {}
 
@@ -169,19 +185,18 @@ class Selection:
                 "per_query_energy": self.tokens}  # fmt: skip
 
 
+def stack_trainer(*, embedder: Any = None, seed: int = 0, **_context: Any) -> Stacked:
+    """The ``fit`` of the ``stacked`` registry entry: the stack over every registered ``stack_base`` scorer."""
+    return Stacked(stack_bases(), embedder=embedder, seed=seed)
+
+
 def scorer_factories(names: Sequence[str], *, train_config: Any = None, embedder: Any = None, seed: int = 0,
                      log: Log = lambda s: None) -> dict[str, Factory]:  # fmt: skip
-    """Factories for the selectable scorers in ``names`` (``stacked`` is cross-fitted, not fitted here)."""
-    out: dict[str, Factory] = {}
+    """Factories for the selectable scorers in ``names`` (a ``combines`` scorer is cross-fitted, not fitted here)."""
+    known = selectable()
     share: dict = {}  # router and lm: one training per fold, judged with both scorers
-    for n in names:
-        if n in ("router", "lm"):
-            from .pipeline import LMRouterPredictor
-
-            out[n] = lambda n=n: LMRouterPredictor(train_config, log=log, scorer="student" if n == "router" else "lm", share=share)
-        elif n in BASELINE_NAMES:
-            out[n] = lambda n=n: make_baseline(n, embedder=embedder, seed=seed)
-    return out
+    ctx = {"train_config": train_config, "embedder": embedder, "seed": seed, "log": log, "share": share}
+    return {n: (lambda f=known[n][1].fit: f(**ctx)) for n in names if not known[n][1].combines}
 
 
 def _fold_sd(v: Sequence[float]) -> float | None:
@@ -202,38 +217,40 @@ def _rows(ev: Evaluation, names: Sequence[str], secs: Mapping[str, float]) -> li
     return rows
 
 
-def select(m: TableMatrix, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: int = 5, seed: int = 0,
+def select(m: TableMatrix, scorers: Sequence[str] | None = None, *, folds: int = 5, seed: int = 0,
            train_config: Any = None, profile: Any = None, embedder: Any = None, n_points: int = 41,
            extra: Mapping[str, Factory] | None = None, progress: Callable[[int, int, str], None] | None = None,
            per_query_energy: bool = True, log: Log = lambda s: None, partial: TableMatrix | None = None) -> Selection:  # fmt: skip
     """Cross-validate ``scorers`` (plus ``extra`` methods, judged but never chosen) on ``m`` and choose.
     ``partial``: queries only partial feedback labels, added to the training rows of every fold for the
     scorers that fit them (the baselines; the router's probe and student see them when it is exported)."""
-    names = check_scorers(scorers)
-    bases = [b for b in STACK_BASES if b in names]
-    if "stacked" in names and len(bases) < 2:
-        raise ValueError(f"scorer 'stacked' needs at least two of {', '.join(STACK_BASES)} among the scorers")
+    names = check_scorers(default_scorers() if scorers is None else scorers)
+    known = selectable()
+    bases = stack_bases(names)
+    stack = next((n for n in names if known[n][1].combines), None)  # the stack, cross-fitted on the bases
+    if stack is not None and len(bases) < 2:
+        raise ValueError(f"scorer {stack!r} needs at least two of {', '.join(stack_bases())} among the scorers")
     splits = cv_splits(m, folds, seed)
     methods = {**(extra or {}), **scorer_factories(names, train_config=train_config, embedder=embedder, seed=seed, log=log)}
     oof: OutOfFold = out_of_fold(methods, m, splits, profile=profile, progress=progress, partial=partial)
     stack_w = None
-    if "stacked" in names:
+    if stack is not None:
         t0 = time.perf_counter()
-        oof.P["stacked"] = cross_fit_stack(oof.P, m.Y, splits, bases)
-        oof.Eh["stacked"] = oof.Eh[bases[0]]
+        oof.P[stack] = cross_fit_stack(oof.P, m.Y, splits, bases)
+        oof.Eh[stack] = oof.Eh[bases[0]]
         stack_w = fit_stack([oof.P[b] for b in bases], m.Y)
-        oof.seconds["stacked"] = sum(oof.seconds[b] for b in bases) + time.perf_counter() - t0
+        oof.seconds[stack] = sum(oof.seconds[b] for b in bases) + time.perf_counter() - t0
     order = list(extra or {}) + names
     ev = evaluate(m.Y, m.E, {n: (oof.P[n], oof.Eh[n]) for n in order}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
                   n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
     rows = _rows(ev, names, oof.seconds)
     tokens = _per_query_energy(m, splits, oof, ev, names, n_points, profile) if per_query_energy else None
-    simple = {n: i for i, n in enumerate(SIMPLEST_FIRST)}  # exact ties go to the cheaper scorer to serve
+    simple = {n: known[n][1].rank for n in names}  # exact ties go to the cheaper scorer to serve
     ranked = sorted(rows, key=lambda r: (-r["aiq"], r["joules_at_best"] if r["joules_at_best"] is not None else np.inf,
                                          simple[r["scorer"]]))  # fmt: skip
     chosen = ranked[0]["scorer"]
     runner = ranked[1]["scorer"] if len(ranked) > 1 else None
-    base_rows = [r for r in ranked if r["scorer"] in BASELINE_NAMES]
+    base_rows = [r for r in ranked if known[r["scorer"]][1].baseline]
     sel = Selection(ev, rows, chosen, runner, ranked[0]["aiq"] - (ranked[1]["aiq"] if runner else ranked[0]["aiq"]),
                     ev.paired_fold_delta(chosen, runner) if runner else None, base_rows[0]["scorer"] if base_rows else None,
                     folds, stack_w, bases, dict(oof.seconds), tokens)  # fmt: skip
@@ -310,19 +327,27 @@ def selection_table(sel: Selection) -> str:
 # -- export ------------------------------------------------------------------------------------------
 
 
-def export_stacked(m: TableMatrix, out_dir: str | Path, *, bases: Sequence[str] = STACK_BASES, stack_w: np.ndarray | None = None,
-                   embedder: Any = None, seed: int = 0) -> Path:  # fmt: skip
+def export_stacked(m: TableMatrix, out_dir: str | Path, *, bases: Sequence[str] | None = None, stack_w: np.ndarray | None = None,
+                   embedder: Any = None, seed: int = 0, kind: str = "stacked") -> Path:  # fmt: skip
     """Fit the stack on ``m`` (weights ``stack_w`` when given, else fitted by inner CV) and write it as a
     ``stacked`` checkpoint. Returns the directory."""
     from .baselines import write_baseline_checkpoint
     from .embed import default_embedder
 
     emb = embedder or default_embedder()
-    st = Stacked(bases, embedder=emb, seed=seed, stack_w=stack_w).fit(m)
-    return write_baseline_checkpoint("stacked", m, out_dir, st.export_arrays(), st.params, emb.name, st.predict_proba(m))
+    st = Stacked(stack_bases() if bases is None else bases, embedder=emb, seed=seed, stack_w=stack_w).fit(m)
+    return write_baseline_checkpoint(kind, m, out_dir, st.export_arrays(), st.params, emb.name, st.predict_proba(m))
 
 
-def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str] = DEFAULT_SCORERS, *, folds: int = 5,
+def export_stack(kind: str, m: TableMatrix, out_dir: str | Path, *, selection: "Selection | None" = None, seed: int = 0,
+                 **_context: Any) -> Path:  # fmt: skip
+    """The ``export`` of the ``stacked`` registry entry: the selection's bases and weights when given."""
+    if selection is None:
+        return export_stacked(m, out_dir, seed=seed, kind=kind)
+    return export_stacked(m, out_dir, bases=selection.bases, stack_w=selection.stack_w, seed=seed, kind=kind)
+
+
+def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str] | None = None, *, folds: int = 5,
                       seed: int = 0, train_config: Any = None, log: Log = print, pairs: Any = None) -> Selection:  # fmt: skip
     """:func:`select` on ``m``, then write the chosen scorer, fitted on all of ``m``, into ``out_dir``
     with the selection in its manifest (``selection``). ``pairs`` (:class:`~.pairs.PairTable`): every labelled
@@ -341,17 +366,10 @@ def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str
     sel = select(m, scorers, folds=folds, seed=seed, train_config=train_config, log=log, partial=partial)
     log(f"selection: {len(sel.rows)} scorers on {folds} folds of {m.n} queries in {time.time() - t0:.0f} s")
     out = Path(out_dir)
-    if sel.chosen in ("router", "lm"):
-        from .pipeline import TrainConfig, train_matrix
-
-        train_matrix(m, out, train_config or TrainConfig(), log=log, pairs=pairs)
-    elif sel.chosen == "stacked":
-        export_stacked(m, out, bases=sel.bases, stack_w=sel.stack_w, seed=seed)
-    else:
-        export_baseline(sel.chosen, m, out, seed=seed, partial=partial)
+    kind, spec = selectable()[sel.chosen]
+    (spec.export or export_baseline)(kind, m, out, selection=sel, seed=seed, train_config=train_config, log=log, pairs=pairs,
+                                     partial=partial)  # fmt: skip
     manifest = read_manifest(out)
-    if sel.chosen == "lm":
-        manifest.scorer = "lm"
     if manifest.baseline is not None:
         manifest.baseline["unknown_task"] = UNKNOWN_TASK_FALLBACK
     if sel.tokens is not None:  # per-query Ê served only when it does not lower the chosen scorer's AIQ

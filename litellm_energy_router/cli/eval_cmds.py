@@ -17,8 +17,8 @@ def eval_cmd(
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
     folds: int = typer.Option(5, "--folds", min=2, help="cross-validation folds (split by query, stratified by task)"),
-    baselines: str = typer.Option("task_prior,knn,logreg,mf,stacked", "--baselines",
-                                  help="comma-separated baselines (task_prior, knn, logreg, mf, stacked), or 'none'"),
+    baselines: Optional[str] = typer.Option(None, "--baselines", help="comma-separated trainable scorers of the registry "
+                                            "(default: its default ones; a plugin's included), or 'none'"),
     seed: int = typer.Option(0, "--seed", help="fold assignment seed"),
     source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
     energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", help="J/token profile YAML (default: settings energy.profile, else bundled)"),
@@ -42,13 +42,18 @@ def eval_cmd(
 
     from ..energy.profile import ProfileError, load_profile
     from ..training.data import MatrixError, load_matrix
-    from ..training.selection import SELECTABLE
     from ..training.evaluate import write_report
+    from ..training.selection import default_scorers, selectable
 
-    names = [] if baselines.strip().lower() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
-    unknown = [b for b in names if b not in SELECTABLE or b in ("router", "lm")]
+    lm = [n for n, (_, s) in selectable().items() if not s.baseline and not s.combines]  # what --router adds
+    have = [n for n in selectable() if n not in lm]
+    if baselines is None:
+        names = [n for n in default_scorers() if n not in lm]
+    else:
+        names = [] if baselines.strip().lower() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
+    unknown = [b for b in names if b not in have]
     if unknown:
-        fail(f"--baselines: unknown baseline {unknown[0]!r} (have: task_prior, knn, logreg, mf, stacked)")
+        fail(f"--baselines: unknown baseline {unknown[0]!r} (have: {', '.join(have)})")
     if not names and not router and not checkpoint:
         fail("--baselines none with --no-router: nothing to evaluate")
     ckpts = {}
@@ -78,7 +83,7 @@ def eval_cmd(
     console.print(m.summary(), highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:  # fmt: skip
-        scorers = (["router", "lm"] if router else []) + names
+        scorers = (lm if router else []) + names
         extra = {name: (lambda pred=pred: pred) for name, pred in ckpts.items()}
         for name, pred in ckpts.items():
             if pred.model.candidates != m.candidates:
@@ -90,7 +95,7 @@ def eval_cmd(
             return _off_policy(url, ckpts, settings_or_fail(config), lam, out)
         from ..training.selection import select, selection_table
 
-        task = bar.add_task("cross-validating", total=folds * (len(extra) + len([s for s in scorers if s != "stacked"])))
+        task = bar.add_task("cross-validating", total=folds * (len(extra) + len([s for s in scorers if not selectable()[s][1].combines])))
         try:
             sel = select(m, scorers, folds=folds, seed=seed, profile=profile, n_points=points, extra=extra,
                          progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
@@ -128,12 +133,12 @@ def _leave_task_out(scorers: list, extra: dict, m, profile, points: int, out: Pa
     ``out/leave_task_out.md`` and printed."""
     from ..training.crossval import leave_task_out, lto_table
     from ..training.report import summary_table
-    from ..training.selection import Stacked, scorer_factories
+    from ..training.selection import Stacked, scorer_factories, selectable, stack_bases
 
     methods = {**extra, **scorer_factories(scorers)}
-    if "stacked" in scorers:
-        bases = [b for b in ("task_prior", "knn", "logreg", "mf") if b in scorers] or ["task_prior", "knn", "logreg", "mf"]
-        methods["stacked"] = lambda: Stacked(bases)
+    for n in scorers:
+        if selectable()[n][1].combines:  # the stack: fitted per held-out task on the bases judged (else all bases)
+            methods[n] = lambda b=stack_bases(scorers) or stack_bases(): Stacked(b)
     task = bar.add_task("leave-task-out", total=len(m.task_names()) * len(methods))
     try:
         evs = leave_task_out(methods, m, profile=profile, n_points=points,

@@ -28,10 +28,11 @@ def train_cmd(
     grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
     probe_c: Optional[float] = typer.Option(None, "--probe-c", min=0,
                                             help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone"),  # fmt: skip
-    scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or a baseline to serve: task_prior, knn, logreg"),
+    scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or another trainable scorer kind of the registry "
+                               "(task_prior, knn, logreg, mf, stacked or a plugin's)"),
 ) -> None:
     """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
-    with ``--scorer task_prior|knn|logreg``, fit that baseline instead and write it as a servable checkpoint."""
+    with ``--scorer KIND``, fit that registered scorer instead and write it as a servable checkpoint."""
     from ..training.backbones import BackboneSpec
     from ..training.pipeline import TrainConfig, TrainingDataError, train
 
@@ -67,17 +68,18 @@ def train_cmd(
 
 
 def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None) -> None:
-    from ..router.baseline_scorers import BASELINE_KINDS
+    from ..plugins import scorer_specs
     from ..training.baselines import export_baseline
     from ..training.data import load_matrix
 
-    if kind not in BASELINE_KINDS:
-        fail(f"--scorer {kind!r}: use lm or one of {', '.join(BASELINE_KINDS)}")
+    specs = {n: s for n, s in scorer_specs().items() if s.fit is not None and n != "lm"}
+    if kind not in specs:
+        fail(f"--scorer {kind!r}: use lm or one of {', '.join(specs)}")
     t0 = time.time()
     with _store(url) as store:
         cands = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
         try:
-            ck = export_baseline(kind, load_matrix(store, cands), out)
+            ck = (specs[kind].export or export_baseline)(kind, load_matrix(store, cands), out)
         except ValueError as e:
             fail(str(e))
     console.print(f"{kind} checkpoint {ck} in {time.time() - t0:.0f}s", highlight=False)

@@ -22,11 +22,12 @@ requests in flight by tokens processed (:mod:`.attribution`). Build it with
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from ..plugins import meter_factories
-from ..table.rows import ENERGY_METHODS, EnergyMethod
+from ..table.rows import ENERGY_METHOD_PATTERN, EnergyMethod
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,9 @@ MeterFactory = Callable[..., EnergyMeter]
 def make_meter(name: str, **kwargs: Any) -> EnergyMeter:
     """Build the meter registered as ``name`` (built-in or plugin, see :mod:`litellm_energy_router.plugins`).
 
-    An unknown name raises ``ValueError`` listing the known ones; a meter whose ``method`` is not one of
-    the table's ``energy_method`` values raises :class:`MeterError`.
+    An unknown name raises ``ValueError`` listing the known ones; a meter whose ``method`` is not a valid
+    ``energy_method`` (lower-case word, at most 16 characters) or not one its registration declares raises
+    :class:`MeterError`.
     """
     factories = meter_factories()
     try:
@@ -78,10 +80,36 @@ def make_meter(name: str, **kwargs: Any) -> EnergyMeter:
     except KeyError:
         raise ValueError(f"energy meter {name!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})") from None
     meter = factory(**kwargs)
-    if getattr(meter, "method", None) not in ENERGY_METHODS:
+    method = getattr(meter, "method", None)
+    declared = getattr(factory, "methods", ())
+    if not isinstance(method, str) or not re.match(ENERGY_METHOD_PATTERN, method) or (declared and method not in declared):
         meter.close()
-        raise MeterError(f"energy meter {name!r}: method {getattr(meter, 'method', None)!r} is not one of {', '.join(ENERGY_METHODS)}")
+        want = f"one of {', '.join(declared)}" if declared else "a lower-case word of at most 16 characters"
+        raise MeterError(f"energy meter {name!r}: method {method!r} is not {want}")
     return meter
+
+
+def measured_methods() -> frozenset[str]:
+    """The ``energy_method`` values whose joules are measured: those of every registered meter that
+    declares ``measured`` (:class:`~litellm_energy_router.plugins.MeterSpec`), plugins' included."""
+    from ..plugins import meter_specs
+
+    return frozenset(m for s in meter_specs().values() if s.measured for m in s.methods)
+
+
+def is_measured(method: str | None) -> bool:
+    """Whether a row's ``energy_method`` names measured joules (the meter registry's answer)."""
+    return method is not None and method in measured_methods()
+
+
+def meter_options(name: str, energy: Any) -> dict[str, Any]:
+    """The device options (e.g. ``gpus``) of ``energy`` (an ``EnergySettings``) that meter ``name`` asks
+    for in its registration, those that are set."""
+    from ..plugins import meter_specs
+
+    spec = meter_specs().get(name)
+    opts = spec.options if spec is not None else ()
+    return {o: v for o in opts if (v := getattr(energy, o, None)) is not None}
 
 
 def registered_meters() -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .attribution import Attributor
 from .estimate import EstimateMeter
-from .meter import EnergyMeter, RequestEnergy, RequestEnergyMeter, RequestUsage, make_meter
+from .meter import EnergyMeter, RequestEnergy, RequestEnergyMeter, RequestUsage, make_meter, meter_options
 
 log = logging.getLogger("litellm_energy_router.energy")
 
@@ -126,8 +126,8 @@ def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, *
             ca_bundle=str(energy.agent_ca_bundle) if energy.agent_ca_bundle else None, **meter_kwargs,
         )  # fmt: skip
     else:
-        if energy.meter == "nvml" and energy.gpus is not None:
-            meter_kwargs.setdefault("gpus", energy.gpus)
+        for k, v in meter_options(energy.meter, energy).items():  # device options the meter asks for (e.g. gpus)
+            meter_kwargs.setdefault(k, v)
         if energy.meter == "simulated":
             meter_kwargs.setdefault("clock", clock)
         counter = make_meter(energy.meter, **meter_kwargs)

@@ -34,8 +34,8 @@ from .checkpoint import CheckpointError, Manifest
 from .scoring import CheckpointScorer
 
 BASELINE_FILE = "baseline.npz"
-BASELINE_KINDS = ("task_prior", "knn", "logreg", "mf", "stacked")
 EMBEDDING_KINDS = ("knn", "logreg", "mf")
+# the array formats this module serves (kind -> arrays beyond the prior); the scorer names are the registry's
 NEED = {"task_prior": (), "knn": ("X", "Y", "k", "shrink"), "logreg": ("coef", "intercept", "const"),
         "mf": ("V", "W", "w", "B"), "stacked": ("bases", "stack_w")}  # fmt: skip
 STACK_CLIP = 1e-3  # P of a base is clipped to [STACK_CLIP, 1 - STACK_CLIP] before its logit
@@ -127,8 +127,8 @@ class BaselineScorer(CheckpointScorer):
         super().__init__(path, manifest, expect_candidates)
         entry = self.manifest.baseline or {}
         self.name = str(entry.get("kind", self.manifest.scorer))
-        if self.name not in BASELINE_KINDS:
-            raise CheckpointError(f"{self.path}: baseline kind {self.name!r} is not one of {', '.join(BASELINE_KINDS)}")
+        if self.name not in NEED:
+            raise CheckpointError(f"{self.path}: baseline kind {self.name!r} is not one of {', '.join(NEED)}")
         f = self.path / str(entry.get("file", BASELINE_FILE))
         try:
             with np.load(f, allow_pickle=False) as z:

@@ -4,7 +4,7 @@ This package knows nothing above it (no profiling, training, router or LiteLLM i
 """
 
 from .rows import (
-    ENERGY_METHODS,
+    ENERGY_METHOD_PATTERN,
     SOURCES,
     BadRowError,
     Candidate,
@@ -16,6 +16,6 @@ from .rows import (
 from .store import CandidateStats, SQLStore, TableError, TableStore, WriteResult, open_store
 
 __all__ = [
-    "ENERGY_METHODS", "SOURCES", "BadRowError", "Candidate", "CandidateStats", "Query", "Run",
+    "ENERGY_METHOD_PATTERN", "SOURCES", "BadRowError", "Candidate", "CandidateStats", "Query", "Run",
     "SQLStore", "TableError", "TableStore", "WriteResult", "make_query", "open_store", "text_hash",
 ]

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Iterable, Literal, Sequence, TypeVar
+from typing import Annotated, Any, Iterable, Literal, Sequence, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from ..errors import one_line
 
-EnergyMethod = Literal["nvml_counter", "power_sampling", "estimate", "agent", "simulated"]
+# how a row's joules were obtained: a meter's ``method`` (``estimate``, ``nvml_counter``, ``power_sampling``,
+# ``agent``, ``simulated`` or a plugin meter's own); whether it is measured is the meter registry's answer
+# (:func:`litellm_energy_router.energy.meter.is_measured`), not a list here
+ENERGY_METHOD_PATTERN = r"^[a-z][a-z0-9_]{0,15}$"
+EnergyMethod = Annotated[str, StringConstraints(pattern=ENERGY_METHOD_PATTERN)]
 Source = Literal["tournament", "production", "shadow", "import"]
-ENERGY_METHODS: tuple[str, ...] = EnergyMethod.__args__  # type: ignore[attr-defined]
 SOURCES: tuple[str, ...] = Source.__args__  # type: ignore[attr-defined]
 
 
