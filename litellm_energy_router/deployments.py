@@ -18,9 +18,9 @@ def deployment_keys(deployment: Mapping[str, Any] | None) -> tuple[str | None, s
     if not deployment:
         return None, None, None
     info = deployment.get("model_info") or {}
-    info = info if isinstance(info, Mapping) else {}
+    info = info if type(info) is dict or isinstance(info, Mapping) else {}  # dict first: typing's Mapping check is slow
     params = deployment.get("litellm_params") or {}
-    model = params.get("model") if isinstance(params, Mapping) else None
+    model = params.get("model") if type(params) is dict or isinstance(params, Mapping) else None
     dep_id, tag = info.get("id"), info.get(CANDIDATE_KEY)
     return (str(dep_id) if dep_id is not None else None, str(model) if model else None, str(tag) if tag else None)
 

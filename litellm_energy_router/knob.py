@@ -188,8 +188,18 @@ class _KnobSettingsBase(BaseModel):
     model_config = _SECTION
 
     def base(self) -> Knob:
-        """The global knob (what a request with no key entry and no override gets)."""
-        return Knob.model_construct(**{n: getattr(self, n) for n in FIELDS})
+        """The global knob (what a request with no key entry and no override gets); one object per set of
+        values (a knob is frozen), so the request path does not build it again."""
+        vals = tuple(getattr(self, n) for n in FIELDS)
+        k = _BASES.get(vals)
+        if k is None:
+            if len(_BASES) >= 64:
+                _BASES.clear()
+            k = _BASES[vals] = Knob.model_construct(**dict(zip(FIELDS, vals)))
+        return k
+
+
+_BASES: dict[tuple, Knob] = {}
 
 
 KnobSettings: type[_KnobSettingsBase] = create_model(  # type: ignore[call-overload]

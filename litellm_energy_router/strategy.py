@@ -99,15 +99,22 @@ class EnergyRouterCore:
                                 deployment_id=_dep_id(chosen), fallback=reason,
                                 router_version=self.runtime.version)  # fmt: skip
 
-    def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob,
-               t0: float) -> tuple[Any, Decision]:  # fmt: skip
-        """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool, then
-        ε-exploration (``router.epsilon``) and a deployment of the chosen candidate."""
+    def pool(self, deployments: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+        """The request's deployments by the candidate they serve (those serving none left out); mapped
+        once per request."""
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
         for d in deployments:
             c = self.candidate_of(d)
             if c is not None:
                 by_cand.setdefault(c, []).append(d)
+        return by_cand
+
+    def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob, t0: float,
+               by_cand: dict[str, list[Mapping[str, Any]]] | None = None) -> tuple[Any, Decision]:  # fmt: skip
+        """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
+        (``by_cand``: :meth:`pool`, when the caller mapped it already), then ε-exploration
+        (``router.epsilon``) and a deployment of the chosen candidate."""
+        by_cand = self.pool(deployments) if by_cand is None else by_cand
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
@@ -131,24 +138,17 @@ class EnergyRouterCore:
             router_version=scored.version, latency_ms=round(dt * 1000, 3),
         )  # fmt: skip
 
-    def _prepare(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
-                 request_kwargs: Mapping[str, Any] | None) -> tuple[str | None, str | None]:  # fmt: skip
-        """(text, reason to pass through) for a request."""
-        if not any(self.candidate_of(d) is not None for d in deployments):
-            return None, "passthrough"  # a model group that is not the router's pool
-        prompt = (request_kwargs or {}).get("prompt")
-        text = query_text(messages, prompt=prompt, input=input)
-        return text, None if text is not None else "passthrough"
-
     def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
-              request_kwargs: Mapping[str, Any] | None) -> tuple[str, Knob] | None:  # fmt: skip
-        """(text, knob) to route on, or ``None`` to pass the request through unrouted.
-        The knob is checked first: an invalid one is refused whichever model group the request is for."""
+              request_kwargs: Mapping[str, Any] | None) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]]] | None:  # fmt: skip
+        """(text, knob, deployments by candidate) to route on, or ``None`` to pass the request through
+        unrouted (a model group that is not the router's pool, or no text). The knob is checked first: an
+        invalid one is refused whichever model group the request is for."""
         knob = self.knob(request_kwargs)
-        text, skip = self._prepare(deployments, messages, input, request_kwargs)
-        if skip is not None:
+        by_cand = self.pool(deployments)
+        if not by_cand:
             return None
-        return text or "", knob
+        text = query_text(messages, prompt=(request_kwargs or {}).get("prompt"), input=input)
+        return None if text is None else (text, knob, by_cand)
 
     def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
         if isinstance(e, asyncio.TimeoutError):
@@ -167,7 +167,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], t0)
+            return self.decide(scored, deployments, plan[1], t0, plan[2])
         except KnobError:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -184,7 +184,7 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], t0)
+            return self.decide(scored, deployments, plan[1], t0, plan[2])
         except KnobError:
             raise
         except Exception as e:  # noqa: BLE001
