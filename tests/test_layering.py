@@ -28,7 +28,7 @@ print(",".join(bad))
          ["litellm_energy_router.strategy", "litellm_energy_router.proxy_router", "litellm_energy_router.callback"]),
         # the demo sits above serving and training: it imports training only inside functions
         ("litellm_energy_router.demo.loop, litellm_energy_router.demo.serve, litellm_energy_router.demo.compare, "
-         "litellm_energy_router.demo.replay, litellm_energy_router.cli",
+         "litellm_energy_router.demo.backend, litellm_energy_router.demo.task_answers, litellm_energy_router.cli",
          ["trl", "litellm_energy_router.training"]),
         ("litellm_energy_router.table",
          ["litellm", "litellm_energy_router.router", "litellm_energy_router.training", "litellm_energy_router.profiling"]),
