@@ -58,6 +58,10 @@ from . import router_cmds  # noqa: E402
 app.command("train")(router_cmds.train_cmd)
 app.command("route")(router_cmds.route_cmd)
 
+from . import backend_cmds  # noqa: E402
+
+app.command("replay-backend")(backend_cmds.replay_backend)
+
 from . import eval_cmds  # noqa: E402
 
 app.command("eval")(eval_cmds.eval_cmd)
