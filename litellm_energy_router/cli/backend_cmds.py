@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from . import err_console, fail
+from .common import err_console, fail
 
 GROUP = "chat"
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from . import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail
+from .common import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail
 
 feedback_app = typer.Typer(help="Quality labels for production rows, keyed by LiteLLM call id.", no_args_is_help=True)
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from . import ConfigOpt, DbOpt, console, db_url, fail
+from .common import ConfigOpt, DbOpt, console, db_url, fail
 from .table_cmds import _store, progress_bar
 
 ROUTE_COLUMNS = ("Unnamed: 0", "sample_id", "prompt", "eval_name")
