@@ -109,7 +109,7 @@ def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):
     # a process spooled rows (one line torn by the crash) and died before replaying them
     writer_cfg = WriterSettings(spool_dir=spool_dir, flush_interval_s=0.05)
     tw = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings(), start=False)
-    recs = [tw._record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
+    recs = [tw.builder.record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
     recs.append({"k": "pending", **_row(50).to_json()})
     tw.spool.close()
     lines = "".join(json.dumps(r) + "\n" for r in recs) + '{"k": "row", "q": {"id": "tor'  # torn write
