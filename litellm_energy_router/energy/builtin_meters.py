@@ -11,6 +11,6 @@ def energy_router_meters() -> dict:
     return {
         "estimate": lazy("litellm_energy_router.energy.estimate:EstimateMeter"),
         "nvml": lazy("litellm_energy_router.energy.nvml:NvmlMeter"),
-        "agent": lazy("litellm_energy_router.energy.agent_client:AgentMeter"),
+        "agent": lazy("litellm_energy_router.agent.client:AgentMeter"),
         "simulated": lazy("litellm_energy_router.energy.simulated:SimulatedMeter"),
     }
