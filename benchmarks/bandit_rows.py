@@ -42,7 +42,8 @@ import numpy as np  # noqa: E402
 
 from litellm_energy_router.training.baselines import make_baseline  # noqa: E402
 from litellm_energy_router.training.crossval import baseline_factories, routerbench_matrix  # noqa: E402
-from litellm_energy_router.training.data import TableMatrix, estimate_energy, fit_energy_estimate, kfold, near_duplicate_groups  # noqa: E402
+from litellm_energy_router.training.data import TableMatrix, kfold, near_duplicate_groups  # noqa: E402
+from litellm_energy_router.training.energy_fit import estimate_energy, fit_energy_estimate  # noqa: E402
 from litellm_energy_router.training.evaluate import evaluate  # noqa: E402
 from litellm_energy_router.training.pairs import SOURCES, ips_weights  # noqa: E402
 

@@ -23,7 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from litellm_energy_router.training.crossval import baseline_factories, cross_validate, routerbench_matrix  # noqa: E402
-from litellm_energy_router.training.evaluate import Evaluation, write_report  # noqa: E402
+from litellm_energy_router.training.evaluate import Evaluation  # noqa: E402
+from litellm_energy_router.training.report import write_report  # noqa: E402
 from litellm_energy_router.training.report import paired_lines  # noqa: E402
 
 

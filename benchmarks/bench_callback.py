@@ -42,7 +42,8 @@ from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter  # noqa: E402
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
-from chat_backend import OpenAIBackend, model_list  # noqa: E402
+from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
+from router_fixtures import small_big_pool  # noqa: E402
 
 CANDIDATES = [{"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
               {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"}]  # fmt: skip
@@ -65,7 +66,7 @@ def pct(xs: list[float], q: float) -> float:
 async def capture_events(api_base: str, n: int) -> list[tuple]:
     cap = _Capture()
     litellm.callbacks = [cap]
-    router = litellm.Router(model_list=model_list(api_base))
+    router = litellm.Router(model_list=small_big_pool(api_base))
     for i in range(n):
         await router.acompletion(model="pool", messages=[{"role": "user", "content": f"capture {i} " + "w " * (i % 30)}])
     for _ in range(100):
@@ -103,7 +104,7 @@ async def router_burst(api_base: str, n: int, logger: EnergyLogger | None) -> fl
     litellm.logging_callback_manager._reset_all_callbacks()
     if logger is not None:
         litellm.callbacks = [logger]
-    router = litellm.Router(model_list=model_list(api_base))
+    router = litellm.Router(model_list=small_big_pool(api_base))
     sem = asyncio.Semaphore(64)
 
     async def one(i: int) -> None:
@@ -149,12 +150,12 @@ def main() -> None:
     ap.add_argument("--meter", default="simulated", help="energy meter of the callback (simulated: the attributing path)")
     ap.add_argument("--pg", default=os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d, OpenAIBackend(delay_s=0.005) as be:
+    with tempfile.TemporaryDirectory() as d, LocalBackend(delay_s=0.005) as be:
         d = Path(d)
         url = f"sqlite:///{d / 'cb.db'}"
         settings = Settings.model_validate({"table": {"url": url}, "candidates": CANDIDATES, "energy": {"meter": args.meter},
                                             "writer": {"spool_dir": str(d / "spool")}})  # fmt: skip
-        templates = asyncio.run(capture_events(be.api_base, 50))
+        templates = asyncio.run(capture_events(be.base_url, 50))
         logger = EnergyLogger(settings)
         costs = asyncio.run(hook_cost(logger, templates, args.events))
         assert logger.flush(120)
@@ -167,13 +168,13 @@ def main() -> None:
         print(f"callback event-loop time per request: p50 {p50:.4f} ms, p99 {p99:.4f} ms, mean "
               f"{statistics.fmean(costs) * 1e3:.4f} ms over {len(costs)} events (goal p50 <= 0.2 ms)")  # fmt: skip
 
-        base1 = asyncio.run(router_burst(be.api_base, args.requests, None))
+        base1 = asyncio.run(router_burst(be.base_url, args.requests, None))
         logger2 = EnergyLogger(Settings.model_validate({"table": {"url": f"sqlite:///{d / 'burst.db'}"},
                                                         "candidates": CANDIDATES, "energy": {"meter": args.meter},
                                                         "writer": {"spool_dir": str(d / "spool2")}}))  # fmt: skip
-        with_cb = asyncio.run(router_burst(be.api_base, args.requests, logger2))
+        with_cb = asyncio.run(router_burst(be.base_url, args.requests, logger2))
         logger2.close()
-        base2 = asyncio.run(router_burst(be.api_base, args.requests, None))
+        base2 = asyncio.run(router_burst(be.base_url, args.requests, None))
         base = (base1 + base2) / 2  # without / with / without: warm-up order effects cancel
         print(f"router burst {args.requests} requests, 64 concurrent: {base1:.2f} s and {base2:.2f} s without, "
               f"{with_cb:.2f} s with the callback; ratio {with_cb / base:.3f} (shared machine: +-10 % noise)")  # fmt: skip

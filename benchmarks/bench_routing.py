@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from backend import Backend  # noqa: E402
+from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
 
 from litellm_energy_router.energy import load_profile  # noqa: E402
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench  # noqa: E402
@@ -80,7 +80,7 @@ async def main_async(args) -> None:
     import_routerbench(store, bundled_files()[-1:], load_profile())
     texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
     store.close()
-    backend = Backend().start()
+    backend = LocalBackend().start()
     model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
                    "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
     def make_core(scorer):

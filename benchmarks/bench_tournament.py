@@ -2,8 +2,8 @@
 
     python benchmarks/bench_tournament.py [--ttft-ms 100] [--per-token-ms 10] [--levels 1,8,32]
 
-The backend (``tests/openai_backend.py``, aiohttp on 127.0.0.1) answers the committed task files
-(7 tasks x 8 items) for 3 candidates, with a simulated time to first token and per-token delay; it
+The backend (``litellm_energy_router/demo/backend.py`` with ``demo/task_answers.py``, aiohttp on
+127.0.0.1) answers the committed task files (7 tasks x 8 items) for 3 candidates, with a simulated time to first token and per-token delay; it
 runs in its own process so it does not share the client's interpreter lock.
 Each concurrency level (requests in flight per candidate) runs the full tournament into a fresh
 SQLite table: 168 (query, candidate) pairs through LiteLLM's Router (streaming), graded (MBPP in the
@@ -27,10 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
-from openai_backend import Backend  # noqa: E402
-
+from litellm_energy_router.demo.backend import fetch_log  # noqa: E402
 from litellm_energy_router.profiling.config import parse_tournament_config  # noqa: E402
 from litellm_energy_router.profiling.runner import Tournament, build_jobs  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
@@ -57,13 +55,13 @@ def one_level(url: str, concurrency: int, tasks: list[str], workdir: Path) -> tu
     cfg = config(url, concurrency, tasks)
     store = open_store(f"sqlite:///{workdir / f'c{concurrency}.db'}")
     jobs = build_jobs(cfg)
-    mark = len(Backend.fetch_log(url))
+    mark = len(fetch_log(url))
     t = Tournament(cfg, store)
     t0 = time.perf_counter()
     summary = asyncio.run(t.run(jobs))
     seconds = time.perf_counter() - t0
     t.close()
-    intended = {(m, q): ok for m, q, ok in Backend.fetch_log(url, since=mark)}
+    intended = {(m, q): ok for m, q, ok in fetch_log(url, since=mark)}
     rows = list(store.iter_runs())
     ok = summary.complete and len(rows) == len(jobs) * len(ACC) and all(
         r["score"] == (1.0 if intended.get((r["candidate"], r["query_id"])) else 0.0) for r in rows
@@ -81,8 +79,8 @@ def main() -> None:
     logging.disable(logging.WARNING)
     levels = [int(x) for x in args.levels.split(",")]
     acc = {c: {t: p for t in [*TASKS, "open"]} for c, p in ACC.items()}
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests/openai_backend.py"), json.dumps(acc),
-                               str(args.ttft_ms / 1000), str(args.per_token_ms / 1000)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen([sys.executable, "-m", "litellm_energy_router.demo.task_answers", json.dumps(acc),
+                               str(ROOT / "tests/data/tasks"), str(args.ttft_ms / 1000), str(args.per_token_ms / 1000)], stdout=subprocess.PIPE, text=True)  # fmt: skip
     url = server.stdout.readline().strip()  # type: ignore[union-attr]
     rates: dict[int, float] = {}
     complete = True

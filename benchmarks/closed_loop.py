@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from litellm_energy_router.demo.loop import label_production
-from litellm_energy_router.demo.replay import ReplayBackend
+from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
 from litellm_energy_router.demo.serve import serve
 from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench, iter_records, parse_files
@@ -212,10 +212,10 @@ class Arm:
         import torch
 
         threads = torch.get_num_threads()
-        with ReplayBackend(records) as backend:
+        with LocalBackend(ReplayAnswers(records)) as backend:
             calls, counts = serve([r.prompt for r in records], candidates, backend.base_url, self.settings(),
                                   concurrency=self.cfg.concurrency)  # fmt: skip
-            grade = backend.grade
+            grade = backend.answers.grade
         torch.set_num_threads(threads)  # the serving runtime pins torch to one thread; training wants them all
         rows = label_production(self.url, calls, lambda i, c: grade(records[i].prompt, c))
         return {"served": len(calls), "written": counts["written"], "rows": list(rows.values())}

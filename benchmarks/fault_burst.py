@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from backend import Backend  # noqa: E402
+from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
 from proxy_footprint import FAIL_OPEN_ID, KEY, _config  # noqa: E402
 from proxy_process import ProxyProcess  # noqa: E402
 from router_fixtures import train_planted  # noqa: E402
@@ -226,7 +226,7 @@ def main() -> None:
     u = make_url(PG_ADMIN).set(database=db)
     pg = TCPProxy(u.host or "127.0.0.1", u.port or 5432)
     url = u.render_as_string(hide_password=False)
-    backend = Backend().start()
+    backend = LocalBackend().start()
     (d / "config.yaml").write_text(yaml.safe_dump(_config(NAMES, backend.base, True)))
     env = {**os.environ, "LITELLM_LOG": "ERROR", "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(ck),
            "ENERGY_ROUTER_ROUTER__FALLBACK": FAIL_OPEN_ID, "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "1000",

@@ -1,5 +1,5 @@
 """An aiohttp application served on 127.0.0.1 (a free port) by its own event loop on a daemon thread,
-for synchronous callers: the demo's replay backend and the test servers::
+for synchronous callers: the local OpenAI-compatible backend (``demo/backend.py``) and the test servers::
 
     with ThreadedApp(make_app, name="replay backend") as srv:
         httpx.get(f"{srv.url}/v1/models")
@@ -23,11 +23,13 @@ class ThreadedApp:
         name: what :meth:`start`'s error calls the server, and the thread's name.
         backlog: listen backlog, connections.
         start_timeout_s: seconds :meth:`start` waits for the socket to listen.
+        port: TCP port on 127.0.0.1 (0: a free one).
     """
 
     def __init__(self, app_factory: Callable[[], web.Application], *, name: str = "aiohttp app", backlog: int = 128,
-                 start_timeout_s: float = 30.0) -> None:  # fmt: skip
+                 start_timeout_s: float = 30.0, port: int = 0) -> None:  # fmt: skip
         self.app_factory = app_factory
+        self.want_port = port
         self.name = name
         self.backlog = backlog
         self.start_timeout_s = start_timeout_s
@@ -54,7 +56,7 @@ class ThreadedApp:
             try:
                 self._runner = web.AppRunner(self.app_factory(), access_log=None)
                 loop.run_until_complete(self._runner.setup())
-                site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=self.backlog)
+                site = web.TCPSite(self._runner, "127.0.0.1", self.want_port, backlog=self.backlog)
                 loop.run_until_complete(site.start())
                 self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             except BaseException as e:  # noqa: BLE001 - reported to the caller of start()

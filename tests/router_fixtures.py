@@ -6,11 +6,18 @@ import random
 import textwrap
 from pathlib import Path
 
+from litellm_energy_router.demo.backend import model_list
 from litellm_energy_router.table import make_query
 
 CANDS = ["small", "medium", "large"]
 ENERGY = {"small": 10.0, "medium": 30.0, "large": 90.0}
 TOPICS = ["apples", "rivers", "music", "trains", "clouds", "bread", "chess", "paint", "glass", "birds"]
+
+
+def small_big_pool(api_base: str) -> list[dict]:
+    """Two deployments of the model group ``pool`` at ``api_base``: models ``small`` and ``big``, ids
+    ``dep-small`` and ``dep-big``, mapped to candidates by the settings (no candidate tag)."""
+    return model_list(api_base, ["small", "big"], group="pool", ids=["dep-small", "dep-big"], candidates=False)
 
 
 def planted_rows(n: int = 60, seed: int = 0, names=None, prefix: str = "q"):

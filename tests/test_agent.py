@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 
 from litellm_energy_router.energy import RequestUsage
-from litellm_energy_router.energy.agent import AgentConfig, BindError, EnergyAgent, check_bind, parse_vllm_tokens
-from litellm_energy_router.energy.agent_client import AgentMeter
+from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, check_bind, parse_vllm_tokens
+from litellm_energy_router.agent.client import AgentMeter
 from litellm_energy_router.energy.simulated import SimulatedMeter
 from litellm_energy_router.threaded_app import ThreadedApp
 

@@ -143,7 +143,8 @@ def test_baselines_fit_partial_rows_with_their_weights(tmp_path, name, params):
 
 
 def test_energy_estimate_prefers_measured_production_joules(tmp_path):
-    from litellm_energy_router.training.data import fit_energy_estimate, load_matrix
+    from litellm_energy_router.training.data import load_matrix
+    from litellm_energy_router.training.energy_fit import fit_energy_estimate
     from litellm_energy_router.training.pairs import MIN_MEASURED_RUNS, load_pairs
 
     rng = np.random.default_rng(0)

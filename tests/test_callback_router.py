@@ -16,7 +16,8 @@ from litellm_energy_router.decision import DECISION_BOOK, Decision
 from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store, text_hash
-from chat_backend import OpenAIBackend, expected_usage, model_list
+from litellm_energy_router.demo.backend import LocalBackend, expected_usage
+from router_fixtures import small_big_pool
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
@@ -48,7 +49,7 @@ def wait_submitted(logger: EnergyLogger, n: int, timeout: float = 60.0) -> None:
 
 @pytest.fixture
 def backend():
-    with OpenAIBackend(delay_s=0.02) as be:
+    with LocalBackend(delay_s=0.02) as be:
         yield be
 
 
@@ -81,7 +82,7 @@ def test_async_2000_requests_64_concurrent(sqlite_url, tmp_path, backend):
     logger = EnergyLogger(settings(sqlite_url, tmp_path, meter="simulated"))
     attributor = logger.meter.primary.attributor
     litellm.callbacks = [logger]
-    router = litellm.Router(model_list=model_list(backend.api_base))
+    router = litellm.Router(model_list=small_big_pool(backend.base_url))
     served = {}
 
     async def one(i, sem):
@@ -129,7 +130,7 @@ def test_async_2000_requests_64_concurrent(sqlite_url, tmp_path, backend):
 def test_sync_2000_requests(sqlite_url, tmp_path, backend):
     logger = EnergyLogger(settings(sqlite_url, tmp_path, meter="estimate"))
     litellm.callbacks = [logger]
-    router = litellm.Router(model_list=model_list(backend.api_base))
+    router = litellm.Router(model_list=small_big_pool(backend.base_url))
     profile = load_profile()
     served = {}
 
@@ -155,11 +156,11 @@ def test_sync_2000_requests(sqlite_url, tmp_path, backend):
 
 def test_failures_and_store_text(sqlite_url, tmp_path):
     """Backend errors become ``status=failure`` rows; with store_text the query text is kept."""
-    with OpenAIBackend(delay_s=0.0, fail_every=3) as be:
+    with LocalBackend(delay_s=0.0, fail_every=3) as be:
         s = settings(sqlite_url, tmp_path, privacy={"store_text": True, "salt": ""})
         logger = EnergyLogger(s)
         litellm.callbacks = [logger]
-        router = litellm.Router(model_list=model_list(be.api_base), num_retries=0)
+        router = litellm.Router(model_list=small_big_pool(be.base_url), num_retries=0)
 
         async def main():
             out = []

@@ -10,7 +10,7 @@ import litellm
 import pytest
 from litellm import Router
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.callback import EnergyLogger
 from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.settings import Settings
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_li
 @pytest.mark.slow
 def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url, planted_ckpt):
     ckpt = planted_ckpt
-    backend = Backend(delay_s=0.01).start()
+    backend = LocalBackend(delay_s=0.01).start()
     try:
         s = Settings.model_validate({
             "router": {"checkpoint": str(ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],

@@ -14,7 +14,7 @@ import litellm
 import numpy as np
 import pytest
 
-from litellm_energy_router.demo.replay import FALLBACK_ANSWER, ReplayBackend
+from litellm_energy_router.demo.backend import FALLBACK_ANSWER, LocalBackend, ReplayAnswers
 from litellm_energy_router.profiling.routerbench import Record
 from litellm_energy_router.tokens import count_prompt_tokens
 from litellm_energy_router.table import Candidate, Query, Run, open_store, text_hash
@@ -32,7 +32,7 @@ def run(*args, cwd=None, timeout=1100):
 def test_replay_backend_through_litellm():
     prompt = "Question: which planet is largest?\nAnswer:"
     rec = Record("q:1", "arc", prompt, {SMALL: (1.0, " Jupiter, by far."), BIG: (0.0, " Saturn")}, "x:1")
-    with ReplayBackend([rec]) as be:
+    with LocalBackend(ReplayAnswers([rec])) as be:
         msgs = [{"role": "system", "content": "answer briefly"}, {"role": "user", "content": prompt}]
         r = litellm.completion(model=f"openai/{SMALL}", api_base=be.base_url, api_key="k", messages=msgs)
         assert r.choices[0].message.content == " Jupiter, by far."
@@ -44,11 +44,12 @@ def test_replay_backend_through_litellm():
                                messages=[{"role": "user", "content": "not recorded"}])  # fmt: skip
         assert r.choices[0].message.content == FALLBACK_ANSWER
         assert r.usage.completion_tokens == count_prompt_tokens(FALLBACK_ANSWER)
-        assert (be.requests, be.unknown) == (3, 1)
-        assert be.grade(prompt, SMALL) == 1.0 and be.grade(prompt, BIG) == 0.0
-        assert be.grade(prompt, "other/model") is None and be.grade("not recorded", SMALL) is None
+        assert (be.requests, be.answers.unknown) == (3, 1)
+        grade = be.answers.grade
+        assert grade(prompt, SMALL) == 1.0 and grade(prompt, BIG) == 0.0
+        assert grade(prompt, "other/model") is None and grade("not recorded", SMALL) is None
     with pytest.raises(RuntimeError, match="not started"):
-        ReplayBackend([rec]).base_url
+        LocalBackend(ReplayAnswers([rec])).base_url
 
 
 @pytest.fixture(scope="module")

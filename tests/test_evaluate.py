@@ -13,10 +13,12 @@ from litellm_energy_router.router.decide import decide_lambda, lambda_breakpoint
 from litellm_energy_router.table import Candidate, Run, make_query, open_store
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 from litellm_energy_router.training.data import (
-    MatrixError, estimate_energy, fit_energy_estimate, holdout_split, kfold, load_matrix, near_duplicate_groups,
+    MatrixError, holdout_split, kfold, load_matrix, near_duplicate_groups,
 )
+from litellm_energy_router.training.energy_fit import estimate_energy, fit_energy_estimate
+from litellm_energy_router.training.report import write_report
 from litellm_energy_router.training.evaluate import (
-    Curve, aiq, evaluate, hull_value, joules_at_accuracy, oracle_choices, pareto_hull, phase_transition, write_report,
+    Curve, aiq, evaluate, hull_value, joules_at_accuracy, oracle_choices, pareto_hull, phase_transition,
 )  # fmt: skip
 
 # -- AIQ and the hull, by hand -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import litellm
 import pytest
 from litellm import Router
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRoutingStrategy
@@ -38,7 +38,7 @@ def _model_list(backend):
 
 
 def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
-    backend = Backend().start()
+    backend = LocalBackend().start()
     try:
         script = textwrap.dedent(f"""
             import asyncio, json, sys
@@ -83,7 +83,7 @@ def slow_ckpt(planted_ckpt, example_plugin, tmp_path):
 
 
 def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads(slow_ckpt):
-    backend = Backend().start()
+    backend = LocalBackend().start()
     timeout_ms = 50.0
     s = Settings.model_validate({"router": {"checkpoint": str(slow_ckpt), "timeout_ms": timeout_ms, "fallback": "dep-medium"},
                                  "candidates": [{"name": c} for c in CANDS]})  # fmt: skip

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,10 @@ from litellm_energy_router.profiling.tasks import GradeContext, get_task, task_n
 from litellm_energy_router.settings import ConfigError, load_settings
 from litellm_energy_router.table import open_store
 
-from openai_backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.demo.task_answers import TaskAnswers
+
+TASK_DIR = Path(__file__).parent / "data" / "tasks"
 
 BUILTIN_METERS = {"agent", "estimate", "nvml", "simulated"}
 BUILTIN_TASKS = {"arc_challenge", "gsm8k", "hellaswag", "mbpp", "mmlu", "mt_bench", "winogrande"}
@@ -118,7 +122,7 @@ def test_plugin_task_and_meter_run_a_tiny_tournament(example_plugin, tmp_path):
     assert asyncio.run(echo.grade(items[0], "No idea.", GradeContext())).score == 0.0
 
     acc = {"small": {"open": 0.3}, "large": {"open": 0.9}}
-    backend = Backend(acc)
+    backend = LocalBackend(TaskAnswers(acc, TASK_DIR))
     backend.start()
     store = open_store(f"sqlite:///{tmp_path / 't.db'}")
     try:
@@ -138,7 +142,7 @@ def test_plugin_task_and_meter_run_a_tiny_tournament(example_plugin, tmp_path):
         store.close()
     assert summary.complete and len(rows) == 12
     for r in rows:
-        ok = backend.correct(r["candidate"], r["text"], "open")  # the server's intended outcome
+        ok = backend.answers.correct(r["candidate"], r["text"], "open")  # the server's intended outcome
         assert r["task"] == "echo" and r["status"] == "success" and r["score"] == (1.0 if ok else 0.0), r
         assert r["energy_method"] == "simulated" and r["gpu"] == "plugin GPU" and r["energy_j"] > 0
         assert r["avg_power_w"] <= 80.0 + 1e-6

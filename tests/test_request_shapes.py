@@ -11,7 +11,7 @@ from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.router.request_text import query_text
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from router_fixtures import CANDS
 from test_strategy import model_list, settings
 
@@ -40,7 +40,7 @@ SURROGATES = [{"role": "user", "content": "proof \ud800\udfff\ud83d lone"}]
 
 @pytest.fixture(scope="module")
 def env(planted_ckpt):
-    b = Backend().start()
+    b = LocalBackend().start()
     router = Router(model_list=model_list(b))
     strategy = EnergyRoutingStrategy(router, settings(planted_ckpt))
     register_strategy(router, strategy)

@@ -12,7 +12,7 @@ import litellm
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.callback import EnergyLogger
 from litellm_energy_router.knob import Knob
 from litellm_energy_router.litellm_compat import register_strategy
@@ -76,7 +76,7 @@ def test_an_old_table_gains_router_version_and_its_index_and_keeps_its_rows(any_
 @pytest.mark.litellm_integration
 def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp_path, sqlite_url, planted_ckpt):
     version = read_manifest(resolve(planted_ckpt)).version
-    backend = Backend(delay_s=0.0).start()
+    backend = LocalBackend(delay_s=0.0).start()
     try:
         s = Settings.model_validate({
             "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000, "epsilon": 0.3},

@@ -20,7 +20,7 @@ from litellm_energy_router.router.runtime import RouterRuntime
 from litellm_energy_router.settings import CandidateSettings, Settings
 from litellm_energy_router.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from router_fixtures import CANDS
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
@@ -37,7 +37,7 @@ def ckpt(planted_ckpt):
 
 @pytest.fixture(scope="module")
 def backend():
-    b = Backend().start()
+    b = LocalBackend().start()
     yield b
     b.stop()
 

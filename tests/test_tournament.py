@@ -21,7 +21,8 @@ from litellm_energy_router.profiling.vllm_offline import OfflineDriver
 from litellm_energy_router.settings import ConfigError, PrivacySettings
 from litellm_energy_router.table import Candidate, Run, make_query, open_store, text_hash
 
-from openai_backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.demo.task_answers import TaskAnswers
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 SEVEN = ["mmlu", "arc_challenge", "hellaswag", "winogrande", "gsm8k", "mbpp", "mt_bench"]
@@ -72,18 +73,18 @@ def standin_meter():
 
 @pytest.fixture(scope="module")
 def backend():
-    b = Backend(ACC, judge_model="judge-model")
+    b = LocalBackend(TaskAnswers(ACC, TASKS, judge_model="judge-model"))
     b.start()
     yield b
     b.stop()
 
 
-def config(backend: Backend, tasks=SEVEN, cands=("small", "medium", "large"), model_prefix=None, **over):
+def config(backend: LocalBackend, tasks=SEVEN, cands=("small", "medium", "large"), model_prefix=None, **over):
     extra = lambda c: {"model": f"{model_prefix}/{c}"} if model_prefix else {}  # noqa: E731
     data = {
         "candidates": [backend.deployment(c, energy_profile_key=PROFILE_KEY[c], **extra(c)) for c in cands],
         "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl")} for t in tasks],
-        "judge": {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": backend.url, "api_key": "x"}},
+        "judge": {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": backend.base_url, "api_key": "x"}},
         "concurrency": 4, "generation": {"num_retries": 0}, "sandbox": {"timeout_s": 5},
         **over,
     }  # fmt: skip
@@ -102,12 +103,12 @@ def run(cfg, store, jobs=None, **kw):
 def test_end_to_end_seven_tasks_three_candidates(backend, sqlite_url):
     cfg = config(backend)
     store = open_store(sqlite_url)
-    log0, judge0 = len(backend.log), backend.judge_calls
+    log0, judge0 = len(backend.answers.log), backend.answers.judge_calls
     summary = run(cfg, store)
     assert summary.complete and summary.written == 3 * 7 * 8
     rows = list(store.iter_runs())
     assert len(rows) == 168 and store.count_runs() == 168
-    intended = {(m, q): ok for m, q, ok in backend.log[log0:]}
+    intended = {(m, q): ok for m, q, ok in backend.answers.log[log0:]}
     assert len(intended) == 168  # every pair asked exactly once
     profile = load_profile()
     for r in rows:
@@ -119,7 +120,7 @@ def test_end_to_end_seven_tasks_three_candidates(backend, sqlite_url):
         assert r["energy_j"] == pytest.approx(expect)
         assert r["avg_power_w"] == pytest.approx(r["energy_j"] / r["latency_s"])
         assert r["text"] and r["task"] == r["query_id"].split(":")[0]
-    assert backend.judge_calls - judge0 == 3 * 8
+    assert backend.answers.judge_calls - judge0 == 3 * 8
     # graded accuracy per candidate matches the server's setting within sampling error (3 sigma, n=56)
     stats = {s.candidate: s for s in store.stats()}
     for c, per_task in ACC.items():
@@ -129,10 +130,10 @@ def test_end_to_end_seven_tasks_three_candidates(backend, sqlite_url):
     assert stats["small"].accuracy < stats["medium"].accuracy < stats["large"].accuracy
     assert stats["small"].mean_energy_j < stats["medium"].mean_energy_j < stats["large"].mean_energy_j
     # a second run adds nothing and asks the server nothing
-    n_log, n_judge = len(backend.log), backend.judge_calls
+    n_log, n_judge = len(backend.answers.log), backend.answers.judge_calls
     again = run(cfg, store)
     assert again.written == 0 and all(s.skipped == 56 and s.total == 0 for s in again.candidates.values())
-    assert store.count_runs() == 168 and len(backend.log) == n_log and backend.judge_calls == n_judge
+    assert store.count_runs() == 168 and len(backend.answers.log) == n_log and backend.answers.judge_calls == n_judge
     store.close()
 
 
@@ -149,9 +150,9 @@ def test_failed_requests_are_recorded_then_retried(backend, any_url):
     assert len(rows) == 32
     failed = [r for r in rows.values() if r["candidate"] == "medium"]
     assert all(r["status"] == "failure" and r["score"] is None for r in failed)
-    n = len(backend.log)
+    n = len(backend.answers.log)
     second = run(cfg, store)
-    retried = backend.log[n:]
+    retried = backend.answers.log[n:]
     assert {m for m, _, _ in retried} == {"medium"} and len(retried) == 16  # only the failed pairs
     assert second.candidates["small"].skipped == 16 and second.candidates["medium"].done == 16
     rows = list(store.iter_runs())
@@ -160,7 +161,7 @@ def test_failed_requests_are_recorded_then_retried(backend, any_url):
 
 
 def test_meter_windows_split_concurrent_energy_without_double_counting(sqlite_url):
-    slow = Backend(ACC, judge_model="judge-model", ttft_s=0.15)
+    slow = LocalBackend(TaskAnswers(ACC, TASKS, judge_model="judge-model"), delay_s=0.15)
     slow.start()
     try:
         cfg = config(slow, tasks=["mmlu", "gsm8k"], cands=("small", "large"),
@@ -217,19 +218,19 @@ def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_pa
     entries = read_queue(queue)
     assert [e.query_id for e in entries] == ["prod-1", "prod-2"]  # duplicate dropped, half-written line left
     cfg = config(backend)
-    n = len(backend.log)
+    n = len(backend.answers.log)
     summary = run(cfg, store, source="shadow", jobs=shadow_jobs(entries, store, privacy))
     assert summary.complete
     shadow = [r for r in store.iter_runs(sources=["shadow"])]
-    assert len(shadow) == 6 and len(backend.log) - n == 6
+    assert len(shadow) == 6 and len(backend.answers.log) - n == 6
     for r in shadow:
-        want = backend.correct(r["candidate"], texts[r["query_id"]], "open")
+        want = backend.answers.correct(r["candidate"], texts[r["query_id"]], "open")
         assert r["score"] == (1.0 if want else 0.0) and r["call_id"] == f"call-{r['query_id']}"
         assert r["query_source"] == "production" and r["text"] is None  # privacy kept; production row untouched
         assert r["text_hash"] == text_hash(texts[r["query_id"]], "pepper")
     assert len(list(store.iter_runs(sources=["production"]))) == 1
     again = run(cfg, store, source="shadow", jobs=shadow_jobs(read_queue(queue), store, privacy))
-    assert again.written == 0 and len(backend.log) - n == 6
+    assert again.written == 0 and len(backend.answers.log) - n == 6
     store.close()
 
 
@@ -237,7 +238,7 @@ class StandInVLLMEngine:
     """STAND-IN for ``vllm.LLM`` (vLLM cannot run without a GPU): answers each rendered prompt from
     the test backend's answer table, with whitespace tokens."""
 
-    def __init__(self, backend: Backend, model: str) -> None:
+    def __init__(self, backend: LocalBackend, model: str) -> None:
         self.backend, self.model = backend, model
         self.batches: list[int] = []
         self.unloaded = False
@@ -257,7 +258,7 @@ class StandInVLLMEngine:
         time.sleep(0.05)
         outs = []
         for p, sp in zip(prompts, params):
-            text = self.backend.answer(self.model, p)[0]
+            text = self.backend.answers.reply(self.model, p)[0]
             out = NS(text=text, token_ids=list(range(min(len(text.split()), sp["max_tokens"]))))
             outs.append(NS(prompt_token_ids=list(range(len(p.split()))), outputs=[out], metrics=None))
         return outs
@@ -286,7 +287,7 @@ def test_vllm_offline_driver_batches_and_splits_energy_by_tokens(backend, sqlite
     ratios = [r["energy_j"] / (0.25 * r["prompt_tokens"] + r["completion_tokens"]) for r in first]
     assert len(first) == 5 and max(ratios) == pytest.approx(min(ratios))
     for r in rows:  # graded like any tournament row
-        assert r["score"] == (1.0 if backend.correct(r["candidate"], r["query_id"], r["task"]) else 0.0)
+        assert r["score"] == (1.0 if backend.answers.correct(r["candidate"], r["query_id"], r["task"]) else 0.0)
     store.close()
 
 

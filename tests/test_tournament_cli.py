@@ -14,7 +14,8 @@ import yaml
 
 from litellm_energy_router.table import open_store
 
-from openai_backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.demo.task_answers import TaskAnswers
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
 TASKS = Path(__file__).parent / "data" / "tasks"
@@ -22,7 +23,7 @@ ACC = {"small": {"mmlu": 0.5, "gsm8k": 0.3, "mbpp": 0.5, "open": 0.5}, "large": 
 KEYS = {"small": "mistralai/mistral-7b-chat", "large": "meta/llama-2-70b-chat"}
 
 
-def write_config(path: Path, backend: Backend, **over) -> Path:
+def write_config(path: Path, backend: LocalBackend, **over) -> Path:
     cfg = {
         "candidates": [backend.deployment(c, energy_profile_key=KEYS[c]) for c in ACC],
         "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl")} for t in ("mmlu", "gsm8k", "mbpp")],
@@ -65,7 +66,7 @@ def assert_complete_rows(rs: list[dict]) -> None:
 
 @pytest.fixture
 def slow_backend():
-    b = Backend(ACC, ttft_s=0.2, per_token_s=0.005)
+    b = LocalBackend(TaskAnswers(ACC, TASKS), delay_s=0.2, per_token_s=0.005)
     b.start()
     yield b
     b.stop()
@@ -97,7 +98,7 @@ def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_b
     url = f"sqlite:///{tmp_path / 'kill.db'}"
     cfg = write_config(tmp_path / "t.yaml", slow_backend)
     total = 2 * 3 * 8
-    asked = lambda since: {(m, q) for m, q, _ in slow_backend.log[since:]}  # noqa: E731
+    asked = lambda since: {(m, q) for m, q, _ in slow_backend.answers.log[since:]}  # noqa: E731
 
     # 1) Ctrl-C part-way: exit 130, finished pairs kept, nothing partial
     p = start(cfg, url)
@@ -111,7 +112,7 @@ def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_b
     assert_complete_rows(after_int)
 
     # 2) SIGKILL part-way through the resumed run: committed pairs survive, nothing partial
-    mark = len(slow_backend.log)
+    mark = len(slow_backend.answers.log)
     p = start(cfg, url)
     wait_rows(url, len(after_int) + 6, p)
     p.kill()
@@ -123,7 +124,7 @@ def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_b
     assert not (asked(mark) & done_before)  # the second run never redid a pair the first had written
 
     # 3) resume: exactly the remaining pairs are asked, and the table is complete
-    mark = len(slow_backend.log)
+    mark = len(slow_backend.answers.log)
     r = subprocess.run([EXE, "tournament", "--config", str(cfg), "--db", url], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     final = rows(url)
@@ -140,7 +141,7 @@ def test_shadow_tournament_command(tmp_path, slow_backend):
     import json
 
     url = f"sqlite:///{tmp_path / 'shadow.db'}"
-    judge = {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": slow_backend.url, "api_key": "x"}}
+    judge = {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": slow_backend.base_url, "api_key": "x"}}
     cfg = write_config(tmp_path / "s.yaml", slow_backend, judge=judge, concurrency=4)
     queue = tmp_path / "queue.jsonl"
     queue.write_text("".join(json.dumps({"query_id": f"prod-{i}", "task": "chat", "text": f"Question {i}?", "call_id": f"c{i}",

@@ -19,7 +19,8 @@ from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
 from litellm_energy_router.table import open_store
-from chat_backend import OpenAIBackend, model_list
+from litellm_energy_router.demo.backend import LocalBackend
+from router_fixtures import small_big_pool
 from tcp_proxy import TCPProxy
 
 # The acceptance burst: 5,000 requests through a real LiteLLM Router (~60-100 s on two cores).
@@ -49,7 +50,7 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
     phases: dict[str, float] = {}
 
     async def burst(api_base: str) -> None:
-        router = litellm.Router(model_list=model_list(api_base))
+        router = litellm.Router(model_list=small_big_pool(api_base))
         sem = asyncio.Semaphore(64)
 
         async def one(i: int) -> None:
@@ -72,8 +73,8 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
             await asyncio.sleep(0.05)
 
     try:
-        with OpenAIBackend(delay_s=0.0) as be:
-            asyncio.run(burst(be.api_base))
+        with LocalBackend(delay_s=0.0) as be:
+            asyncio.run(burst(be.base_url))
         assert not errors and len(served) == N  # the outage never reached the serving path
         assert logger.writer.submitted == N
         assert logger.flush(60)
@@ -108,7 +109,7 @@ def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):
     # a process spooled rows (one line torn by the crash) and died before replaying them
     writer_cfg = WriterSettings(spool_dir=spool_dir, flush_interval_s=0.05)
     tw = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings(), start=False)
-    recs = [tw._record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
+    recs = [tw.builder.record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
     recs.append({"k": "pending", **_row(50).to_json()})
     tw.spool.close()
     lines = "".join(json.dumps(r) + "\n" for r in recs) + '{"k": "row", "q": {"id": "tor'  # torn write

@@ -328,7 +328,7 @@ def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: d
     from litellm_energy_router.router.checkpoint import Manifest, library_versions, write_manifest
     from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
 
-    from .data import fit_energy_estimate
+    from .energy_fit import fit_energy_estimate
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

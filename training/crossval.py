@@ -1,7 +1,7 @@
 """K-fold cross-validation by query of any :class:`~.baselines.Predictor`, baselines included, in one run.
 
 For each fold, every method is fitted on the training queries and predicts ``P`` for the test queries;
-the routing-time energy estimate ``Ê`` comes from :func:`~.data.fit_energy_estimate` on the same
+the routing-time energy estimate ``Ê`` comes from :func:`~.energy_fit.fit_energy_estimate` on the same
 training queries (a predictor may supply its own with ``predict_energy(test) -> Ê[n, K]`` in J).
 Test-fold predictions are pooled and swept with the shared decision rule by :func:`~.evaluate.evaluate`.
 
@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .baselines import Predictor, baseline_names, make_baseline
-from .data import TableMatrix, concat_rows, estimate_energy, fit_energy_estimate, kfold, load_matrix, near_duplicate_groups
+from .data import TableMatrix, concat_rows, kfold, load_matrix, near_duplicate_groups
+from .energy_fit import estimate_energy, fit_energy_estimate
 from .evaluate import Evaluation, evaluate
 
 Factory = Callable[[], Predictor]
@@ -88,7 +89,7 @@ def out_of_fold(methods: Mapping[str, Factory], m: TableMatrix, splits: list[tup
                 energy: Callable[[TableMatrix, TableMatrix], np.ndarray] | None = None,
                 partial: TableMatrix | None = None) -> OutOfFold:  # fmt: skip
     """Fit every method on each fold's training rows and predict its test rows. ``energy(train, test)``
-    gives the default Ê (J) of a method without ``predict_energy`` (default: :func:`~.data.fit_energy_estimate`).
+    gives the default Ê (J) of a method without ``predict_energy`` (default: :func:`~.energy_fit.fit_energy_estimate`).
     ``partial``: queries only partial feedback labels (never tested on), added to every fold's training rows
     of the methods that fit a partial matrix (``accepts_partial``)."""
     P = {name: np.full((m.n, m.K), np.nan) for name in methods}

@@ -1,4 +1,4 @@
-"""The tournament table as a dense matrix, query-level splits, and the routing-time energy estimate.
+"""The tournament table as a dense matrix and query-level splits.
 
 numpy (and the serving package's pydantic types) only at module level: no torch, no scikit-learn.
 
@@ -7,10 +7,8 @@ Units: energy in joules (J), tokens as counts, scores (correctness) in [0, 1].
 * :func:`load_matrix` — one row per query, one column per candidate: correctness ``Y[n, K]``, true
   energy ``E[n, K]`` (J), completion tokens ``T[n, K]``, plus id, task, text and prompt tokens.
 * :func:`kfold` / :func:`holdout_split` — splits **by query** (a query is never in train and test).
-* :func:`fit_energy_estimate` — fits the checkpoint's
-  :class:`~litellm_energy_router.router.checkpoint.EnergyEstimate`: ``Ê[n, K]`` from what is known at
-  routing time, the prompt length and the task:
-  ``Ê_j = prompt_tokens · j_prompt_j + expected_output_tokens_j(task) · j_output_j``.
+* The routing-time energy estimate fitted on a matrix (``Ê[n, K]`` from the prompt length and the task)
+  is :func:`~.energy_fit.fit_energy_estimate`.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from litellm_energy_router.redact import redact_url
-from litellm_energy_router.router.checkpoint import EnergyEstimate
 
 
 class MatrixError(ValueError):
@@ -308,68 +305,3 @@ def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str =
     u = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{k}".encode()).digest()[:8], "big") / 2**64 for k in keys])
     test = u < test_fraction
     return np.flatnonzero(~test), np.flatnonzero(test)
-
-
-# -- energy estimate at routing time ------------------------------------------------------------------
-
-
-def _fit_nonneg_2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least squares ``y ≈ a·x1 + b·x2`` with a, b ≥ 0 (no intercept)."""
-    X = np.stack([x1, x2], axis=1)
-    a, b = np.linalg.lstsq(X, y, rcond=None)[0]
-    if a >= 0 and b >= 0:
-        return float(a), float(b)
-    fits = []
-    for j in (0, 1):
-        xj = X[:, j]
-        c = max(float(xj @ y) / max(float(xj @ xj), 1e-12), 0.0)
-        fits.append((float(np.sum((y - c * xj) ** 2)), j, c))
-    _, j, c = min(fits)
-    return (c, 0.0) if j == 0 else (0.0, c)
-
-
-def profile_j_per_token(cand: str, profile: Any | None = None) -> tuple[float, float]:
-    """(J per prompt token, J per output token) of ``cand`` from ``profile`` (an
-    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None``: the bundled one), for a candidate
-    whose runs cannot determine them."""
-    if profile is None:
-        from litellm_energy_router.energy.profile import load_profile
-
-        profile = load_profile()
-    models = getattr(profile, "models", {}) or {}
-    if cand not in models:
-        raise MatrixError(f"candidate {cand!r}: its runs cannot determine J/token and the energy profile lacks it")
-    return float(models[cand].j_per_prompt_token), float(models[cand].j_per_output_token)
-
-
-def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any | None = None) -> EnergyEstimate:
-    """Fit the routing-time energy estimate on the rows of ``m`` (training rows only).
-
-    With ``pairs`` (a :class:`~.pairs.PairTable`) it is fitted on every run with joules instead, measured
-    production joules first (:func:`~.pairs.fit_energy_from_pairs`), and records what it was fitted on.
-
-    J per prompt / output token are fitted to the rows themselves (non-negative least squares of energy,
-    J, on prompt and completion tokens), so Ê is in the same units as the energy the table measured; a
-    candidate whose rows cannot determine them (fewer than 2 runs with completion tokens, or no growth
-    with output) takes them from ``profile`` (an
-    :class:`~litellm_energy_router.energy.profile.EnergyProfile`; ``None`` loads the bundled one).
-    Expected output tokens are the mean per (task, candidate), with the per-candidate mean for unknown
-    tasks; a run without completion tokens counts with the output tokens its energy implies.
-    """
-    from .pairs import fit_energy_from_pairs, fit_energy_from_runs
-
-    if pairs is not None:
-        return fit_energy_from_pairs(pairs, profile)
-    n, K = m.Y.shape
-    tasks = m.task_names()
-    tix = {t: i for i, t in enumerate(tasks)}
-    zeros = np.zeros(n * K)
-    runs = {"c": np.tile(np.arange(K), n), "task": np.repeat([tix[t] for t in m.tasks], K).astype(np.float64),
-            "pt": np.repeat(m.prompt_tokens, K), "ct": m.T.ravel(), "e": m.E.ravel(), "measured": zeros,
-            "src": zeros, "w": np.ones(n * K)}  # fmt: skip
-    return fit_energy_from_runs(runs, m.candidates, tasks, profile).model_copy(update={"fitted_on": None})
-
-
-def estimate_energy(est: EnergyEstimate, m: TableMatrix) -> np.ndarray:
-    """``Ê[n, K]`` (J) for the rows of ``m``, from what routing knows: prompt tokens and task."""
-    return np.asarray(est.estimate(m.candidates, m.prompt_tokens, list(m.tasks)), dtype=np.float64)

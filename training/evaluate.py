@@ -355,10 +355,3 @@ def evaluate(
         add(name, curve, "router", target_curve=tc, aiq_target=hull_area(hx, hy, x_max) / x_max, aiq_folds=per_fold, joules_ratio_folds=j_fold,
             phase=phase_transition(curve, se, candidates), calibration=calibration(P, Y))  # fmt: skip
     return ev
-
-
-def write_report(ev: Evaluation, out_dir, *, title: str = "Router evaluation", extra: str = "") -> dict:
-    """Write ``report.md``, ``pareto.png``, ``phase.png`` and ``curves.csv`` into ``out_dir``; returns the paths."""
-    from .report import write_all
-
-    return write_all(ev, out_dir, title=title, extra=extra)

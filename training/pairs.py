@@ -33,7 +33,7 @@ fit, provided ``p`` is the true probability of the logged choice. Two choices, e
 A production row without a propensity (no logged decision, e.g. a fallback deployment) is kept with
 ``1/p = 1`` (as a deterministic choice) and counted in ``stats["production_no_propensity"]``.
 
-**Energy** (:func:`fit_energy_from_pairs`): J per prompt / output token per candidate are fitted on the
+**Energy** (:func:`~.energy_fit.fit_energy_from_pairs`): J per prompt / output token per candidate are fitted on the
 runs whose joules were *measured* (an ``energy_method`` of a meter registered as ``measured``,
 :func:`~litellm_energy_router.energy.meter.measured_methods`: NVML counter, power sampling, the GPU-node
 agent, a plugin meter that says so) once a candidate has :data:`MIN_MEASURED_RUNS` of them; before that on
@@ -54,9 +54,8 @@ import numpy as np
 
 from litellm_energy_router.energy.meter import measured_methods
 from litellm_energy_router.redact import redact_url
-from litellm_energy_router.router.checkpoint import EnergyEstimate
 
-from .data import MatrixError, TableMatrix, _fit_nonneg_2, profile_j_per_token, query_prompt_tokens
+from .data import MatrixError, TableMatrix, query_prompt_tokens
 
 UNBIASED_SOURCES = ("tournament", "shadow", "import")
 SOURCES = ("tournament", "shadow", "import", "production")
@@ -344,60 +343,3 @@ def partial_only(pairs: PairTable, m: TableMatrix) -> TableMatrix:
 
 
 # -- energy estimate ------------------------------------------------------------------------------
-
-
-def _jpt(runs: dict[str, np.ndarray], rows: np.ndarray) -> tuple[float, float] | None:
-    known = rows & np.isfinite(runs["ct"]) & np.isfinite(runs["pt"])
-    if known.sum() < 2:
-        return None
-    a, b = _fit_nonneg_2(runs["pt"][known], runs["ct"][known], runs["e"][known])
-    return (a, b) if b > 0 else None
-
-
-def fit_energy_from_pairs(pairs: PairTable, profile: Any | None = None) -> EnergyEstimate:
-    """The routing-time energy estimate fitted on every run with joules (module docstring: measured runs
-    win once a candidate has :data:`MIN_MEASURED_RUNS` of them)."""
-    return fit_energy_from_runs(pairs.runs, pairs.candidates, pairs.run_tasks, profile)
-
-
-def fit_energy_from_runs(runs: dict[str, np.ndarray], cands: Sequence[str], run_tasks: Sequence[str],
-                         profile: Any | None = None) -> EnergyEstimate:  # fmt: skip
-    """The energy estimate of runs given as columns (:attr:`PairTable.runs`: ``c`` candidate index, ``task``
-    index into ``run_tasks``, ``pt``/``ct`` prompt/output tokens (NaN unknown), ``e`` J, ``measured``, ``src``,
-    ``w`` weight): J/token by non-negative least squares (measured runs first, then every run, then the
-    ``profile``), expected output tokens the weighted mean per (task, candidate) and per candidate, a run
-    without output tokens counted with those its joules imply."""
-    jp, jo, fitted = {}, {}, {}
-    for k, cand in enumerate(cands):
-        rows = runs["c"] == k
-        meas = rows & (runs["measured"] > 0)
-        src = runs["src"][rows].astype(np.int64)
-        info: dict[str, Any] = {"runs": int(rows.sum()), "measured_runs": int(meas.sum()),
-                                **{f"runs_{s}": int((src == i).sum()) for i, s in enumerate(SOURCES)}}  # fmt: skip
-        fit = _jpt(runs, meas) if meas.sum() >= MIN_MEASURED_RUNS else None
-        info["j_per_token_from"] = "measured"
-        if fit is None:
-            fit, info["j_per_token_from"] = _jpt(runs, rows), "table"
-        if fit is None:
-            fit, info["j_per_token_from"] = profile_j_per_token(cand, profile), "profile"
-        jp[cand], jo[cand] = fit
-        fitted[cand] = info
-    jp_a = np.array([jp[c] for c in cands])
-    jo_a = np.array([jo[c] for c in cands])
-    ck = runs["c"].astype(np.int64)
-    pt = np.nan_to_num(runs["pt"])
-    implied = np.maximum(runs["e"] - pt * jp_a[ck], 0.0) / jo_a[ck]
-    T = np.where(np.isfinite(runs["ct"]), runs["ct"], implied)
-    w, tix = runs["w"], runs["task"].astype(np.int64)
-
-    def wmean(sel: np.ndarray) -> float | None:
-        return float(np.sum(w[sel] * T[sel]) / np.sum(w[sel])) if sel.any() and np.sum(w[sel]) > 0 else None
-
-    any_ = {c: wmean(ck == k) for k, c in enumerate(cands)}
-    any_ = {c: (v if v is not None else 0.0) for c, v in any_.items()}
-    per_task: dict[str, dict[str, float]] = {}
-    for ti, task in enumerate(run_tasks):
-        vals = {c: wmean((ck == k) & (tix == ti)) for k, c in enumerate(cands)}
-        per_task[task] = {c: v for c, v in vals.items() if v is not None}
-    return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_,
-                          fitted_on=fitted)  # fmt: skip

@@ -25,7 +25,8 @@ from litellm_energy_router.table import TableStore
 from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .calibrate import fit_calibration, fit_probe
 from .embed import default_embedder, embed_queries
-from .data import TableMatrix as Matrix, concat_rows, fit_energy_estimate, load_matrix, near_duplicate_groups
+from .data import TableMatrix as Matrix, concat_rows, load_matrix, near_duplicate_groups
+from .energy_fit import fit_energy_estimate
 from .grpo import GRPOStageConfig, grpo_stage
 from .pairs import PairReader, PairTable, partial_only
 from .progress import CountingStore

@@ -210,3 +210,8 @@ def write_all(ev: Evaluation, out_dir: str | Path, *, title: str = "Router evalu
     write_pareto(ev, paths["pareto.png"])
     write_phase(ev, paths["phase.png"])
     return paths
+
+
+def write_report(ev: Evaluation, out_dir, *, title: str = "Router evaluation", extra: str = "") -> dict:
+    """Write ``report.md``, ``pareto.png``, ``phase.png`` and ``curves.csv`` into ``out_dir``; returns the paths."""
+    return write_all(ev, out_dir, title=title, extra=extra)

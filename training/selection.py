@@ -263,7 +263,7 @@ def _per_query_energy(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndar
     """The token model judged on the same folds: output-token MAE per candidate (per-task mean vs model) and
     every scorer's pooled AIQ / joules at the best single's accuracy with the per-query Ê, with the paired
     per-fold AIQ difference (mean, sd) against the per-task Ê (``ev0``)."""
-    from .data import fit_energy_estimate
+    from .energy_fit import fit_energy_estimate
     from .token_fit import token_errors
 
     t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from .pending_row import CandidateMap, PendingRow, extract_row
 from .logger import EnergyLogger
-from .writer import TableWriter, query_id_for
+from ..table.production import query_id_for
+from .writer import TableWriter
 
 __all__ = ["CandidateMap", "EnergyLogger", "PendingRow", "TableWriter", "extract_row", "query_id_for"]

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from . import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail
+from .common import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail
 
 feedback_app = typer.Typer(help="Quality labels for production rows, keyed by LiteLLM call id.", no_args_is_help=True)
 
@@ -33,12 +33,12 @@ def agent(
     import asyncio
 
     from ..energy import MeterError, make_meter
-    from ..energy.agent import EnergyAgent, is_local, serve
+    from ..agent.server import EnergyAgent, is_local, serve
 
     s = settings_or_fail(config).energy
-    opts = dict(host=host, port=port, token=token or s.agent_token, sample_hz=sample_hz or s.sample_hz,
-                history_s=history_s or s.history_s, vllm_metrics_url=vllm_metrics_url)  # fmt: skip
-    cfg = _agent_config(s, opts, tls_cert or s.agent_tls_cert, tls_key or s.agent_tls_key)
+    opts = dict(host=host, port=port, token=token, sample_hz=sample_hz, history_s=history_s, vllm_metrics_url=vllm_metrics_url,
+                tls_cert=tls_cert and str(tls_cert), tls_key=tls_key and str(tls_key))  # fmt: skip
+    cfg = _agent_config(s, opts)
     if meter in ("estimate", "agent"):
         fail(f"--meter {meter!r}: the agent measures with a counter meter ('nvml', a plugin's, or 'simulated' for tests)")
     try:
@@ -72,21 +72,16 @@ def agent(
         m.close()
 
 
-def _agent_config(s: Any, opts: dict[str, Any], tls_cert: Path | None, tls_key: Path | None) -> Any:
-    """The agent's config from command-line ``opts`` and ``energy`` settings ``s``, with the bind policy
-    and TLS files checked: exits with a one-line error when refused."""
+def _agent_config(s: Any, opts: dict[str, Any]) -> Any:
+    """The agent's config from command-line ``opts`` (``None``: the setting) and ``energy`` settings ``s``,
+    with the bind policy and TLS files checked: exits with a one-line error when refused."""
     from pydantic import ValidationError
 
-    from ..energy.agent import AgentConfig, BindError, EnergyAgent
+    from ..agent.server import AgentConfig, BindError, EnergyAgent
     from ..errors import one_line
 
     try:
-        cfg = AgentConfig(
-            **opts, prefill_weight=s.prefill_weight, decode_weight=s.decode_weight, idle_power_w=s.idle_power_w,
-            max_requests=s.agent_max_requests, stale_s=s.agent_stale_s, max_body_bytes=s.agent_max_body_bytes,
-            max_clock_skew_s=s.agent_max_clock_skew_s, tls_cert=str(tls_cert) if tls_cert else None,
-            tls_key=str(tls_key) if tls_key else None,
-        )  # fmt: skip
+        cfg = AgentConfig.from_energy(s, **opts)
         EnergyAgent.check(cfg)
     except ValidationError as e:
         fail(one_line(e, "agent", key="option"))

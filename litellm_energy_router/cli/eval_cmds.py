@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..redact import redact_url
-from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
+from .common import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
 from .table_cmds import _store
 
 
@@ -42,7 +42,7 @@ def eval_cmd(
 
     from ..energy.profile import ProfileError, load_profile
     from ..training.data import MatrixError, load_matrix
-    from ..training.evaluate import write_report
+    from ..training.report import write_report
     from ..training.selection import default_scorers, selectable
 
     lm = [n for n, (_, s) in selectable().items() if not s.baseline and not s.combines]  # what --router adds
@@ -116,7 +116,7 @@ def eval_cmd(
 def _checkpoints_only(extra: dict, m, folds: int, seed: int, profile, points: int, out: Path, bar) -> None:
     """``--baselines none --no-router --checkpoint ...``: the checkpoints judged on every fold, as they are."""
     from ..training.crossval import cross_validate
-    from ..training.evaluate import write_report
+    from ..training.report import write_report
     from ..training.report import summary_table
 
     task = bar.add_task("cross-validating", total=folds * len(extra))

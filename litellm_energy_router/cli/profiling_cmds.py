@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..redact import redact_url
 from ..settings import ConfigError
-from . import console, err_console, fail, settings_or_fail
+from .common import console, err_console, fail, settings_or_fail
 
 TConfigOpt = typer.Option(..., "--config", "-c", help="tournament YAML (candidates, tasks, energy, judge)")
 SettingsOpt = typer.Option(None, "--settings", help="settings YAML for defaults (table, privacy, shadow queue)")

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from . import console, fail
+from .common import console, fail
 
 
 def retrain_cmd(

@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import typer
 
-from . import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
+from .common import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
 from .table_cmds import _store, progress_bar
 
 ROUTE_COLUMNS = ("Unnamed: 0", "sample_id", "prompt", "eval_name")

@@ -13,7 +13,7 @@ from rich.table import Table
 from ..energy.profile import ProfileError, load_profile
 from ..redact import redact_url
 from ..table import BadRowError, SQLStore, TableError, open_store
-from . import ConfigOpt, DbOpt, console, db_url, fail
+from .common import ConfigOpt, DbOpt, console, db_url, fail
 
 table_app = typer.Typer(help="The tournament table: import, export, statistics.", no_args_is_help=True)
 

@@ -230,7 +230,7 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
     from ..router.checkpoint import read_manifest
     from ..training.data import holdout_split
     from . import compare
-    from .replay import ReplayBackend
+    from .backend import LocalBackend, ReplayAnswers
     from .serve import serve
 
     cfg.check()
@@ -281,11 +281,11 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
     import torch
 
     threads = torch.get_num_threads()
-    with ReplayBackend(serve_recs) as backend:
+    with LocalBackend(ReplayAnswers(serve_recs)) as backend:
         calls, counts = serve([r.prompt for r in serve_recs], candidates, backend.base_url, _serving_settings(cfg),
                               concurrency=cfg.concurrency)  # fmt: skip
-        grade = backend.grade
-        unknown = backend.unknown
+        grade = backend.answers.grade
+        unknown = backend.answers.unknown
     torch.set_num_threads(threads)  # the serving runtime pins torch to one thread; training wants them all
     t_serve = time.time() - t
     out(f"      {len(calls)} responses in {t_serve:.1f}s ({len(calls) / max(t_serve, 1e-9):.0f} req/s); callback wrote "

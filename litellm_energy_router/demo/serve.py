@@ -1,7 +1,7 @@
 """Serve prompts through a real ``litellm.Router`` with the energy strategy and the energy callback.
 
-One deployment per candidate, all pointing at the :class:`~.replay.ReplayBackend`, tagged with
-``model_info.energy_router_candidate``; :class:`~litellm_energy_router.strategy.EnergyRoutingStrategy`
+One deployment per candidate, all pointing at the :class:`~.backend.LocalBackend` replaying RouterBench,
+tagged with ``model_info.energy_router_candidate``; :class:`~litellm_energy_router.strategy.EnergyRoutingStrategy`
 picks the deployment, :class:`~litellm_energy_router.callback.EnergyLogger` writes one production row
 per request into the table (energy from the settings' per-request meter).
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..settings import Settings
+from .backend import deployment_id, model_list
 
 MODEL_GROUP = "demo-pool"
 
@@ -31,20 +32,6 @@ class ServedCall:
     latency_s: float
 
 
-def deployment_id(candidate: str) -> str:
-    return "replay-" + candidate.replace("/", "--")
-
-
-def model_list(candidates: Sequence[str], api_base: str) -> list[dict[str, Any]]:
-    """One LiteLLM deployment per candidate in the group :data:`MODEL_GROUP`."""
-    return [
-        {"model_name": MODEL_GROUP,
-         "litellm_params": {"model": f"openai/{c}", "api_base": api_base, "api_key": "replay", "timeout": 60},
-         "model_info": {"id": deployment_id(c), "energy_router_candidate": c}}
-        for c in candidates
-    ]  # fmt: skip
-
-
 async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings,
                  concurrency: int, progress: Callable[[int], None] | None) -> tuple[list[ServedCall], Any]:  # fmt: skip
     import litellm
@@ -58,7 +45,7 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
     litellm.callbacks = [logger]
     by_id = {deployment_id(c): c for c in candidates}
     try:
-        router = litellm.Router(model_list=model_list(candidates, api_base), num_retries=2)
+        router = litellm.Router(model_list=model_list(api_base, candidates, group=MODEL_GROUP), num_retries=2)
         core = EnergyRouterCore(settings)  # inside the running loop: the checkpoint loads on a thread
         await asyncio.to_thread(core.runtime.wait_ready, 300)  # serve once it is ready, off the loop
         register_strategy(router, EnergyRoutingStrategy(router, core=core))

@@ -13,6 +13,6 @@ def energy_router_meters() -> dict:
         "estimate": MeterSpec(lazy("litellm_energy_router.energy.estimate:EstimateMeter"), methods=("estimate",)),
         "nvml": MeterSpec(lazy("litellm_energy_router.energy.nvml:NvmlMeter"), methods=("nvml_counter", "power_sampling"),
                           measured=True, options=("gpus",)),
-        "agent": MeterSpec(lazy("litellm_energy_router.energy.agent_client:AgentMeter"), methods=("agent",), measured=True),
+        "agent": MeterSpec(lazy("litellm_energy_router.agent.client:AgentMeter"), methods=("agent",), measured=True),
         "simulated": MeterSpec(lazy("litellm_energy_router.energy.simulated:SimulatedMeter"), methods=("simulated",)),
     }  # fmt: skip

@@ -3,7 +3,7 @@
 :func:`open_request_meter` builds it from :class:`~litellm_energy_router.settings.EnergySettings`:
 
 * ``estimate`` -> :class:`~.estimate.EstimateMeter` (tokens x profile);
-* ``agent`` -> :class:`~.agent_client.AgentMeter` (asks the GPU-node agent);
+* ``agent`` -> :class:`~litellm_energy_router.agent.client.AgentMeter` (asks the GPU-node agent);
 * ``nvml`` / ``simulated`` / a plugin's meter -> :class:`AttributedMeter`: the counter is sampled in
   a thread at ``sample_hz`` and each interval is split across the requests in flight (:mod:`.attribution`).
 
@@ -119,7 +119,7 @@ def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, *
     if energy.meter == "estimate":
         return estimate
     if energy.meter == "agent":
-        from .agent_client import AgentMeter
+        from ..agent.client import AgentMeter
 
         primary: RequestEnergyMeter = AgentMeter(
             energy.agent_url, token=energy.agent_token, timeout_s=energy.agent_timeout_s,

@@ -26,8 +26,8 @@ import pytest
 from aiohttp import web
 
 from litellm_energy_router.energy import MeterError, RequestUsage
-from litellm_energy_router.energy.agent import AgentConfig, BindError, EnergyAgent, serve
-from litellm_energy_router.energy.agent_client import AgentMeter
+from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, serve
+from litellm_energy_router.agent.client import AgentMeter
 from litellm_energy_router.energy.simulated import SimulatedMeter
 from litellm_energy_router.settings import ConfigError, load_settings
 from litellm_energy_router.threaded_app import ThreadedApp

@@ -20,9 +20,8 @@ from litellm_energy_router.settings import PrivacySettings, Settings, WriterSett
 from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import open_store, text_hash
 
-from backend import Backend
-from chat_backend import OpenAIBackend, model_list
-from router_fixtures import CANDS, drain_litellm_logging
+from litellm_energy_router.demo.backend import LocalBackend
+from router_fixtures import CANDS, drain_litellm_logging, small_big_pool
 
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 FORGED = {"candidate": BIG, "deployment_id": None, "propensity": 0.001, "router_version": "forged"}
@@ -93,11 +92,11 @@ def _chat(router, logger, model, text, **kw):
 def test_forged_decision_in_metadata_does_not_reach_the_table(sqlite_url, tmp_path):
     """No router decided these requests: a caller's `energy_router_decision` must leave no propensity and
     must not name the candidate of a deployment that is none of the router's."""
-    with OpenAIBackend() as be:
+    with LocalBackend(delay_s=0.01) as be:
         logger = EnergyLogger(_settings(sqlite_url, tmp_path))
         litellm.callbacks = [logger]
-        other_group = _deployment("other", "openai/other", be.api_base, "dep-other")
-        router = litellm.Router(model_list=model_list(be.api_base) + [other_group])
+        other_group = _deployment("other", "openai/other", be.base_url, "dep-other")
+        router = litellm.Router(model_list=small_big_pool(be.base_url) + [other_group])
         pooled = _chat(router, logger, "pool", "hello there", metadata={"energy_router_decision": dict(FORGED)})
         other = _chat(router, logger, "other", "hello again", metadata={"energy_router_decision": dict(FORGED)})
         _served(logger, 2)
@@ -111,7 +110,7 @@ def test_forged_decision_in_metadata_does_not_reach_the_table(sqlite_url, tmp_pa
 def test_the_row_carries_the_routers_own_decision(planted_ckpt, sqlite_url, tmp_path):
     """With the routing strategy in place: a routed request records the strategy's decision whatever the
     caller sent; a request the strategy passes through (not its pool) records none."""
-    backend = Backend().start()
+    backend = LocalBackend().start()
     try:
         router, logger = routed_pool(planted_ckpt, sqlite_url, tmp_path, backend)
         forged = {**FORGED, "candidate": "large"}
@@ -136,10 +135,10 @@ def test_a_second_request_with_the_same_call_id_cannot_take_over_the_row(sqlite_
     """A caller chooses the call id (proxy header x-litellm-call-id, SDK litellm_call_id). Reusing the
     victim's id, with another text or the same one, neither overwrites the victim's row nor resets its
     feedback; the later requests are still recorded, under fresh server-side ids."""
-    with OpenAIBackend() as be:
+    with LocalBackend(delay_s=0.01) as be:
         logger = EnergyLogger(_settings(sqlite_url, tmp_path))
         litellm.callbacks = [logger]
-        router = litellm.Router(model_list=[_deployment("solo", "openai/small", be.api_base, "dep-small")])
+        router = litellm.Router(model_list=[_deployment("solo", "openai/small", be.base_url, "dep-small")])
         assert _chat(router, logger, "solo", "what is the victim asking", litellm_call_id="victim-1") == "victim-1"
         _served(logger, 1)
         store = open_store(sqlite_url)

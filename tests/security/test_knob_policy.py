@@ -26,7 +26,7 @@ from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRouterFilter, EnergyRoutingStrategy
 from litellm_energy_router.table import open_store
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from proxy_process import ProxyProcess
 from router_fixtures import CANDS, drain_litellm_logging, train_planted
 
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.litellm_integration
 
 @pytest.fixture(scope="module")
 def backend():
-    b = Backend().start()
+    b = LocalBackend().start()
     yield b
     b.stop()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from test_decision_boundary import FORGED, PROOF, _chat, _rows, _served, routed_pool
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_li
 
 def test_a_caller_cannot_set_the_router_version_of_its_row(planted_ckpt, sqlite_url, tmp_path):
     version = read_manifest(resolve(planted_ckpt)).version
-    backend = Backend().start()
+    backend = LocalBackend().start()
     try:
         router, logger = routed_pool(planted_ckpt, sqlite_url, tmp_path, backend)
         forged = {**FORGED, "candidate": "large", "router_version": "attacker-v666"}

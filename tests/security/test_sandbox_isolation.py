@@ -23,7 +23,8 @@ from litellm_energy_router.profiling import sandbox_seccomp
 from litellm_energy_router.profiling.sandbox import Sandbox, SandboxConfig, SandboxError
 from litellm_energy_router.table import open_store
 
-from openai_backend import Backend
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.demo.task_answers import TaskAnswers
 
 TASKS = Path(__file__).parents[1] / "data" / "tasks"
 GOOD = "def sum_squares(nums):\n    return sum(n * n for n in nums)\n"
@@ -66,13 +67,13 @@ def isolated() -> Sandbox:
 
 @pytest.fixture(scope="module")
 def backend():
-    b = Backend({"small": {"mbpp": 0.5}})
+    b = LocalBackend(TaskAnswers({"small": {"mbpp": 0.5}}, TASKS))
     b.start()
     yield b
     b.stop()
 
 
-def _mbpp_config(backend: Backend, **sandbox):
+def _mbpp_config(backend: LocalBackend, **sandbox):
     return parse_tournament_config({
         "candidates": [backend.deployment("small", energy_profile_key="mistralai/mistral-7b-chat")],
         "tasks": [{"name": "mbpp", "source": str(TASKS / "mbpp.jsonl")}],
@@ -104,10 +105,10 @@ def test_auto_without_isolation_refuses_to_run_untrusted_code(no_namespace_tools
 
 def test_tournament_without_isolation_stops_before_asking_any_candidate(no_namespace_tools, backend, sqlite_url):
     store = open_store(sqlite_url)
-    n0 = len(backend.log)
+    n0 = len(backend.answers.log)
     with pytest.raises(SandboxError, match="isolation"):
         _tournament(_mbpp_config(backend), store)
-    assert len(backend.log) == n0 and store.count_runs() == 0
+    assert len(backend.answers.log) == n0 and store.count_runs() == 0
     store.close()
 
 

@@ -18,7 +18,7 @@ energy lines over the history), ``POST /v1/progress``, ``GET /metrics`` (Prometh
 
 Security (see ``docs/security.md``): binds 127.0.0.1 by default; any other address requires a
 non-blank bearer token, checked (in constant time) on every endpoint but ``/healthz``. TLS when
-``tls_cert``/``tls_key`` are set. Callers' input is validated and bounded (:mod:`.agent_api`): 400
+``tls_cert``/``tls_key`` are set. Callers' input is validated and bounded (:mod:`.api`): 400
 naming the field, 413 for a body over ``max_body_bytes``. Memory: ``history_s`` seconds of intervals
 and requests, at most ``max_requests`` requests and ``max_segments`` token segments (oldest dropped
 first); an unfinished request silent for ``stale_s`` expires. Drops and refusals are counted in
@@ -35,17 +35,19 @@ import logging
 import math
 import ssl
 import time
-from typing import Any, Callable, Literal
+from copy import copy
+from typing import Any, Callable
 
 from aiohttp import ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .agent_api import ApiError, TimeWindow, parse_progress, parse_request_id, parse_timings, read_body
-from .agent_tls import TLSConfigError, server_context
-from .attribution import Attributor
-from .meter import EnergyMeter
+from ..energy.attribution import Attributor
+from ..energy.meter import EnergyMeter
+from ..settings import EnergySettings
+from .api import ApiError, TimeWindow, parse_progress, parse_request_id, parse_timings, read_body
+from .tls import TLSConfigError, server_context
 
 log = logging.getLogger("litellm_energy_router.agent")
 
@@ -76,28 +78,43 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
-class AgentConfig(BaseModel):
-    """Agent settings. Units: Hz, seconds, watts, bytes. Frozen: the bind policy checked at start holds."""
+# AgentConfig fields that are energy settings: field -> its ``energy.*`` name. Type, default, bounds and
+# description come from :class:`~litellm_energy_router.settings.EnergySettings` (one definition).
+FROM_ENERGY = {
+    "token": "agent_token", "sample_hz": "sample_hz", "history_s": "history_s", "prefill_weight": "prefill_weight",
+    "decode_weight": "decode_weight", "idle_power_w": "idle_power_w", "max_requests": "agent_max_requests",
+    "stale_s": "agent_stale_s", "max_body_bytes": "agent_max_body_bytes", "max_clock_skew_s": "agent_max_clock_skew_s",
+}  # fmt: skip
 
+
+class _AgentConfigBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
     port: int = Field(9400, ge=0, le=65535)
-    token: str | None = None
-    sample_hz: float = Field(10.0, gt=0, le=1000, allow_inf_nan=False)
-    history_s: float = Field(600.0, gt=0, allow_inf_nan=False)
-    prefill_weight: float = Field(0.125, ge=0, allow_inf_nan=False)
-    decode_weight: float = Field(1.0, gt=0, allow_inf_nan=False)
-    idle_power_w: float | Literal["auto"] = 0.0
     vllm_metrics_url: str | None = None
     gpu: str | None = None
-    max_requests: int = Field(20_000, ge=1, description="requests tracked at most (oldest dropped first)")
     max_segments: int = Field(1_000_000, ge=1, description="token segments tracked at most, over all requests")
-    stale_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="an unfinished request silent this long expires")
-    max_body_bytes: int = Field(256 * 1024, ge=1024, description="largest POST body read")
-    max_clock_skew_s: float = Field(30.0, gt=0, allow_inf_nan=False, description="timestamps may lead the agent's clock by this much")
-    tls_cert: str | None = Field(None, description="PEM certificate chain; with tls_key the agent serves https")
-    tls_key: str | None = None
+    tls_cert: str | None = Field(None, description="PEM certificate chain; with tls_key the agent serves https (energy.agent_tls_cert)")
+    tls_key: str | None = Field(None, description="PEM private key of tls_cert (energy.agent_tls_key)")
+
+    @classmethod
+    def from_energy(cls, energy: EnergySettings, **overrides: Any) -> "_AgentConfigBase":
+        """The agent's config from the ``energy`` settings; ``overrides`` (command-line options) win where
+        not ``None``."""
+        vals: dict[str, Any] = {k: getattr(energy, v) for k, v in FROM_ENERGY.items()}
+        vals.update(tls_cert=energy.agent_tls_cert and str(energy.agent_tls_cert),
+                    tls_key=energy.agent_tls_key and str(energy.agent_tls_key))  # fmt: skip
+        vals.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**vals)
+
+
+AgentConfig = create_model(
+    "AgentConfig", __base__=_AgentConfigBase, __module__=__name__,
+    **{k: (EnergySettings.model_fields[v].annotation, copy(EnergySettings.model_fields[v])) for k, v in FROM_ENERGY.items()},
+)  # fmt: skip
+AgentConfig.__doc__ = """Agent settings. Units: Hz, seconds, watts, bytes. Frozen: the bind policy checked at start holds.
+The fields named in :data:`FROM_ENERGY` are the energy settings' own (:meth:`from_energy` reads them)."""
 
 
 def parse_vllm_tokens(text: str) -> tuple[float, float] | None:

@@ -16,9 +16,9 @@ import logging
 import time
 from urllib.parse import quote, urlsplit
 
+from ..energy.meter import EnergyReading, MeterError, RequestEnergy, RequestUsage
 from ..redact import redact, redact_url
-from .agent_tls import TLSConfigError, client_context
-from .meter import EnergyReading, MeterError, RequestEnergy, RequestUsage
+from .tls import TLSConfigError, client_context
 
 log = logging.getLogger("litellm_energy_router.energy")
 
@@ -42,7 +42,7 @@ class AgentMeter:
             raise MeterError("energy meter 'agent': energy.agent_url is not set (e.g. http://gpu-node:9400)")
         import httpx  # lazy: keeps `energy-router --help` and table commands fast
 
-        from .agent import is_local
+        from .server import is_local
 
         self._httpx = httpx
         self.url = url.rstrip("/")

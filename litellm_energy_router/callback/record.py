@@ -1,0 +1,109 @@
+"""Stage 2 of the table writer: build a row's validated table records (``Query`` + ``Run`` + candidate).
+
+Privacy lives here: unless ``privacy.store_text``, no prompt text leaves this stage — the records, the
+spool's pending rows and ``rejected.jsonl`` carry only its SHA-256 salted with the writer's salt. Shadow
+sampling happens here too, while the text is at hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from ..energy.meter import RequestEnergy
+from ..errors import one_line
+from ..metrics import CALL_IDS_REASSIGNED, REJECTED_ROWS, observe_row
+from ..shadow_queue import ShadowQueue
+from ..table import Query, Run, text_hash
+from ..table.production import query_id_for, stored_call_id
+from .pending_row import CandidateMap, PendingRow
+from .spool import Chunk, Spool
+
+log = logging.getLogger("litellm_energy_router.callback")
+
+
+class RecordBuilder:
+    """Args: ``task`` (the production rows' task), ``privacy`` (``PrivacySettings``), ``salt`` (the text
+    hash's salt), ``cmap`` (candidate metadata), ``spool`` (where rejected rows are kept), ``shadow``
+    (shadow-sampling queue, or ``None``)."""
+
+    def __init__(self, task: str, privacy: Any, salt: str, cmap: CandidateMap, spool: Spool,
+                 shadow: ShadowQueue | None = None) -> None:  # fmt: skip
+        self.task, self.privacy, self.salt, self.cmap, self.spool, self.shadow = task, privacy, salt, cmap, spool, shadow
+
+    def record(self, row: PendingRow, e: RequestEnergy, *, h: str | None = None) -> dict[str, Any] | None:
+        """The row's table records (``h``: the text's salted hash when the text is not kept); a call id
+        too long for the table's key is stored under its SHA-256. ``None``: the row is invalid (kept in
+        ``rejected.jsonl``, counted in ``energy_router_rejected_rows_total``)."""
+        call_id = stored_call_id(row.call_id)
+        if call_id != row.call_id:
+            CALL_IDS_REASSIGNED.labels(reason="too_long").inc()
+        try:
+            q = Query(
+                id=query_id_for(call_id), task=self.task, text=row.text if self.privacy.store_text else None,
+                text_hash=h if row.text is None else text_hash(row.text, self.salt), source="production",
+                created=row.start_s,
+            )  # fmt: skip
+            run = Run(
+                query_id=q.id, candidate=row.candidate, source="production", score=None,
+                latency_s=row.end_s - row.start_s,
+                ttft_s=(row.first_token_s - row.start_s) if row.first_token_s is not None else None,
+                prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
+                energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
+                energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=call_id,
+                status=row.status, created=row.end_s, router_version=row.router_version,
+            )  # fmt: skip
+        except ValidationError as err:
+            msg = one_line(err, f"row for call {row.call_id!r}")
+            log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
+            self.spool.reject([self.private_json(row, h)], msg)
+            REJECTED_ROWS.inc()
+            return None
+        observe_row(row.candidate, e.method, e.energy_j)
+        cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
+        return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand}
+
+    def private_json(self, row: PendingRow, h: str | None = None) -> dict[str, Any]:
+        """The row as JSON for the spool or ``rejected.jsonl``: the text replaced by its salted hash
+        ``h`` unless ``privacy.store_text``."""
+        d = row.to_json()
+        if row.text is not None and not self.privacy.store_text:
+            d["text"], h = None, text_hash(row.text, self.salt)
+        if h is not None:
+            d["h"] = h
+        return d
+
+    def pending_record(self, row: PendingRow) -> dict[str, Any]:
+        """The spool record of a row spilled before its energy was known (shadow-sampled now, while
+        its text is at hand)."""
+        self.sample_shadow(row)
+        return {"k": "pending", **self.private_json(row)}
+
+    def sample_shadow(self, row: PendingRow) -> None:
+        """Offer a served row's query to the shadow queue (a queue that cannot be written is logged)."""
+        if self.shadow is None or row.status != "success":
+            return
+        try:
+            cid = stored_call_id(row.call_id)
+            self.shadow.maybe_enqueue(query_id_for(cid), self.task, row.text, cid, row.start_s)
+        except OSError as e:
+            log.warning("energy-router: shadow queue %s not writable: %s", self.shadow.path, e)
+
+    def complete_chunk(self, chunk: Chunk, energy: Callable[[PendingRow], RequestEnergy]) -> None:
+        """Rows spilled to the spool before their energy was known get it (``energy``) and their records
+        now, once: the chunk keeps the converted records for a retry. They were shadow-sampled when
+        spilled; an invalid one goes to ``rejected.jsonl``."""
+        if all(r["k"] == "row" for r in chunk.records):
+            return
+        out = []
+        for d in chunk.records:
+            if d["k"] == "row":
+                out.append(d)
+                continue
+            row = PendingRow.from_json(d)
+            rec = self.record(row, energy(row), h=d.get("h"))
+            if rec is not None:
+                out.append(rec)
+        chunk.records = out
