@@ -25,9 +25,10 @@ import numpy as np
 
 from litellm_energy_router.redact import redact_url
 from litellm_energy_router.router.checkpoint import EnergyEstimate
+from litellm_energy_router.errors import UserError
 
 
-class MatrixError(ValueError):
+class MatrixError(UserError, ValueError):
     """The table cannot be turned into a training/evaluation matrix; one line saying why."""
 
 

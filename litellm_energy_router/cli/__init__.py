@@ -9,6 +9,12 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import ClickException
 
 from ..settings import ConfigError, Settings, load_settings
 
@@ -23,13 +29,32 @@ app = typer.Typer(
 console = Console() if sys.stdout.isatty() else Console(width=200)
 err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=400)
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="settings YAML (default: $ENERGY_ROUTER_CONFIG)")
-DbOpt = typer.Option(None, "--db", help="table URL, e.g. sqlite:///x.db (default: settings table.url)")
+
+
+def _check_settings_file(value: Optional[Path]) -> Optional[Path]:
+    """``--config``: the settings file is read (and refused, one line) before the command starts."""
+    if value is not None:
+        load_settings(value)
+    return value
+
+
+def _check_db(value: Optional[str]) -> Optional[str]:
+    """``--db``: a URL no table can live at is refused, one line, before the command starts."""
+    if value is not None:
+        from ..table import check_table_url
+
+        check_table_url(value)
+    return value
+
+
+ConfigOpt = typer.Option(None, "--config", "-c", exists=True, dir_okay=False, help="settings YAML with a top-level energy_router: key "
+                         "(default: $ENERGY_ROUTER_CONFIG)", callback=_check_settings_file)  # fmt: skip
+DbOpt = typer.Option(None, "--db", help="table URL, e.g. sqlite:///x.db (default: settings table.url)", callback=_check_db)
 
 
 def fail(msg: str, code: int = 2) -> None:
     """Print one error line and exit non-zero."""
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    _error_line(msg)
     raise typer.Exit(code)
 
 
@@ -76,18 +101,58 @@ app.command("agent")(energy_cmds.agent)
 app.add_typer(energy_cmds.feedback_app, name="feedback")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            litellm = version("litellm")
+        except PackageNotFoundError:
+            litellm = "not installed"
+        console.print(f"energy-router {version('litellm-energy-router')} (litellm {litellm})", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="print the version and exit", callback=_version,
+                                       is_eager=True)) -> None:  # fmt: skip
+    """Energy-aware routing for LiteLLM: tournament table, profiling, training, serving."""
+
+
+def _error_line(msg: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The ``energy-router`` entry point. Every mistake of the user's (a bad option value, URL, path,
+    file, YAML key or value) ends here as one line on stderr and exit status 2, whichever command met it:
+    usage errors from the parser, :class:`~litellm_energy_router.errors.UserError` and ``OSError`` about
+    a path from the commands (:func:`~litellm_energy_router.errors.user_error_line`). Anything else is a
+    bug and keeps its traceback."""
+    from ..errors import user_error_line
+
     try:
-        app(args=argv, prog_name="energy-router")
-    except KeyboardInterrupt:
+        rc = typer.main.get_command(app).main(args=argv, prog_name="energy-router", standalone_mode=False)
+    except ClickException as e:
+        if type(e).__name__ != "NoArgsIsHelpError":  # its help text is already printed
+            ctx = getattr(e, "ctx", None)
+            _error_line(f"{ctx.command_path + ': ' if ctx is not None else ''}{e.format_message()}")
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("interrupted")
         sys.exit(130)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in TRAIN_EXTRA:
-            err_console.print(f"[bold red]error:[/] this command needs {e.name!r}, part of the training extra: "
-                              "pip install 'litellm-energy-router[train]'", highlight=False, soft_wrap=True)  # fmt: skip
+            _error_line(f"this command needs {e.name!r}, part of the training extra: pip install 'litellm-energy-router[train]'")
             sys.exit(2)
         raise
+    except Exception as e:
+        line = user_error_line(e)
+        if line is None:
+            raise
+        _error_line(line)
+        sys.exit(2)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 # Import names of the `train` extra (pyproject.toml): a proxy-only install lacks them.

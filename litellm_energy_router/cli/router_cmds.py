@@ -52,7 +52,7 @@ def train_cmd(
     if probe_c is not None:
         cfg.probe_c = probe_c or None
     t0 = time.time()
-    with _store(db_url(db, config)) as store, progress_bar() as bar:
+    with _store(db_url(db, config), create=False) as store, progress_bar() as bar:
         task = bar.add_task("SFT", total=None)
 
         def on_step(d: dict) -> None:
@@ -74,7 +74,7 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     if kind not in BASELINE_KINDS:
         fail(f"--scorer {kind!r}: use lm or one of {', '.join(BASELINE_KINDS)}")
     t0 = time.time()
-    with _store(url) as store:
+    with _store(url, create=False) as store:
         cands = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
         try:
             ck = export_baseline(kind, load_matrix(store, cands), out)
@@ -113,8 +113,8 @@ def _read_route_input(path: Path) -> list[tuple[str, str, str]]:
 
 
 def route_cmd(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="checkpoint directory or pointer file"),
-    input: Path = typer.Option(..., "--input", help="RouterBench-format CSV (Unnamed: 0, sample_id, prompt, eval_name)"),
+    checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, help="checkpoint directory or pointer file"),
+    input: Path = typer.Option(..., "--input", exists=True, dir_okay=False, help="RouterBench-format CSV (Unnamed: 0, sample_id, prompt, eval_name)"),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
     sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points over the checkpoint's knob range"),

@@ -46,6 +46,7 @@ from .agent_api import ApiError, TimeWindow, parse_progress, parse_request_id, p
 from .agent_tls import TLSConfigError, server_context
 from .attribution import Attributor
 from .meter import EnergyMeter
+from ..errors import UserError
 
 log = logging.getLogger("litellm_energy_router.agent")
 
@@ -53,7 +54,7 @@ VLLM_PROMPT = "vllm:prompt_tokens_total"
 VLLM_GEN = "vllm:generation_tokens_total"
 
 
-class BindError(ValueError):
+class BindError(UserError, ValueError):
     """Refused to serve: a non-local bind without a token, or an unusable TLS setting."""
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import one_line
+from ..errors import UserError, one_line
 
 EnergyMethod = Literal["nvml_counter", "power_sampling", "estimate", "agent", "simulated"]
 Source = Literal["tournament", "production", "shadow", "import"]
@@ -21,7 +21,7 @@ ENERGY_METHODS: tuple[str, ...] = EnergyMethod.__args__  # type: ignore[attr-def
 SOURCES: tuple[str, ...] = Source.__args__  # type: ignore[attr-defined]
 
 
-class BadRowError(ValueError):
+class BadRowError(UserError, ValueError):
     """A row failed validation. The message is one line naming the row and the field."""
 
 
