@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import csv
 import json
 import time
 from pathlib import Path
@@ -12,9 +10,9 @@ from typing import Optional
 import typer
 
 from . import ConfigOpt, DbOpt, console, db_url, fail
+from .route_input import FORMATS_HELP, read_route_input
 from .table_cmds import _store, progress_bar
 
-ROUTE_COLUMNS = ("Unnamed: 0", "sample_id", "prompt", "eval_name")
 
 
 def train_cmd(
@@ -83,38 +81,9 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     console.print(f"{kind} checkpoint {ck} in {time.time() - t0:.0f}s", highlight=False)
 
 
-def _read_route_input(path: Path) -> list[tuple[str, str, str]]:
-    """(row key, eval_name, prompt text) per row. Only the routing columns are ever read."""
-    import gzip
-    import io
-
-    if not path.exists():
-        fail(f"{path}: file not found")
-    csv.field_size_limit(1 << 30)
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    with io.TextIOWrapper(raw, encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None) or []
-        if "prompt" not in header:
-            fail(f"{path}: missing column 'prompt' (need {', '.join(ROUTE_COLUMNS)})")
-        key_i = next((header.index(k) for k in ("Unnamed: 0", "") if k in header), None)
-        p_i = header.index("prompt")
-        t_i = header.index("eval_name") if "eval_name" in header else None
-        rows = []
-        for n, rec in enumerate(reader, start=2):
-            key = rec[key_i] if key_i is not None else str(n - 2)
-            try:
-                parts = ast.literal_eval(rec[p_i])
-            except (ValueError, SyntaxError, IndexError):
-                fail(f"{path}:{n}: column 'prompt': not a Python list literal")
-            text = "".join(parts) if isinstance(parts, list) else str(parts)
-            rows.append((key, rec[t_i] if t_i is not None else None, text))
-    return rows
-
-
 def route_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, help="checkpoint directory or pointer file"),
-    input: Path = typer.Option(..., "--input", exists=True, dir_okay=False, help="RouterBench-format CSV (Unnamed: 0, sample_id, prompt, eval_name)"),
+    input: Path = typer.Option(..., "--input", exists=True, dir_okay=False, help=FORMATS_HELP),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
     sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points over the checkpoint's knob range"),
@@ -130,7 +99,7 @@ def route_cmd(
         router = load_scorer(checkpoint, scorer)
     except CheckpointError as e:
         fail(str(e))
-    rows = _read_route_input(input)
+    rows = read_route_input(input)
     points: list[tuple[str, float | None]] = []
     if lambdas:
         try:
