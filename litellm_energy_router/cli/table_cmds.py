@@ -47,11 +47,13 @@ def print_stats(store: SQLStore, by_task: bool = False, sources: Optional[List[s
         t.add_column("task")
     if by_version:
         t.add_column("router version")
-    for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "mean latency s"):
+    for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "median J", "p95 J", "mean latency s",
+                "median latency s", "p95 latency s"):  # fmt: skip
         t.add_column(col, justify="left" if col == "candidate" else "right")
     for s in stats:
         cells = [s.candidate, str(s.rows), str(s.labelled), _fmt(s.accuracy, ".3f"), _fmt(s.mean_energy_j, ".2f"),
-                 _fmt(s.mean_latency_s, ".3f")]  # fmt: skip
+                 _fmt(s.median_energy_j, ".2f"), _fmt(s.p95_energy_j, ".2f"), _fmt(s.mean_latency_s, ".3f"),
+                 _fmt(s.median_latency_s, ".3f"), _fmt(s.p95_latency_s, ".3f")]  # fmt: skip
         t.add_row(*([s.task or ""] if by_task else []), *([s.router_version or "-"] if by_version else []), *cells)
     if not stats:
         console.print("table is empty")
@@ -68,7 +70,7 @@ def stats(
     by_version: bool = typer.Option(False, "--by-version", help="one line per router version that served the "
                                     "runs (production rows; '-' for the others)"),
 ) -> None:
-    """Per candidate: rows, accuracy, mean joules, mean latency."""
+    """Per candidate: rows, accuracy, and the mean, median and 95th percentile of joules and latency."""
     with _store(db_url(db, config), create=False) as store:
         print_stats(store, by_task, source, by_version)
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL, make_url
 from ..redact import redact_url
 from . import production, schema
 from .rows import BadRowError, Candidate, Query, Run, check_references, validate_rows
+from .stats import group_quantiles
 from ..errors import UserError
 
 _RUN_FIELDS = [c.name for c in schema.runs.columns if c.name not in ("id", "updated")]
@@ -34,7 +35,8 @@ class TableError(UserError, RuntimeError):
 
 @dataclass(frozen=True)
 class CandidateStats:
-    """Per-candidate summary: accuracy over labelled rows, mean joules, mean latency (seconds)."""
+    """Per-candidate summary: accuracy over labelled rows; mean, median and 95th percentile of joules (J)
+    and of latency (seconds)."""
 
     candidate: str
     task: str | None
@@ -44,6 +46,10 @@ class CandidateStats:
     mean_energy_j: float | None
     mean_latency_s: float | None
     router_version: str | None = None  # with ``by_version``: the router version that served the runs
+    median_energy_j: float | None = None
+    p95_energy_j: float | None = None
+    median_latency_s: float | None = None
+    p95_latency_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -337,7 +343,7 @@ class SQLStore:
     def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None,
               by_version: bool = False) -> list[CandidateStats]:  # fmt: skip
         """Per candidate (and task if ``by_task``, serving router version if ``by_version``): rows,
-        accuracy, mean J, mean latency (s)."""
+        accuracy, mean / median / p95 J and latency (s)."""
         r, q = schema.runs, schema.queries
         keys = [r.c.candidate] + ([q.c.task] if by_task else []) + ([r.c.router_version] if by_version else [])
         stmt = select(
@@ -353,13 +359,15 @@ class SQLStore:
         stmt = stmt.group_by(*keys).order_by(*(reversed(keys) if by_task else keys))
         out = []
         with self.engine.connect() as conn:
+            robust = group_quantiles(conn, keys, r, q, sources)
             for row in conn.execute(stmt):
                 row = list(row)
+                quant = robust.get(tuple(row[: len(keys)]), (None,) * 4)
                 version = row.pop(2 if by_task else 1) if by_version else None
                 task = row.pop(1) if by_task else None
                 cand, n, n_lab, acc, e, lat = row
                 f = lambda v: None if v is None else float(v)  # noqa: E731
-                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version))
+                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version, *quant))
         return out
 
     def close(self) -> None:
