@@ -26,10 +26,10 @@ def train_cmd(
     grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
     probe_c: Optional[float] = typer.Option(None, "--probe-c", min=0,
                                             help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone"),  # fmt: skip
-    scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or a baseline to serve: task_prior, knn, logreg"),
+    scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or a baseline to serve: task_prior, knn, logreg, mf, stacked"),
 ) -> None:
     """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
-    with ``--scorer task_prior|knn|logreg``, fit that baseline instead and write it as a servable checkpoint."""
+    with ``--scorer task_prior|knn|logreg|mf|stacked``, fit that baseline instead and write it as a servable checkpoint."""
     from ..training.backbones import BackboneSpec
     from ..training.pipeline import TrainConfig, TrainingDataError, train
 
