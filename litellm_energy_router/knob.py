@@ -20,6 +20,7 @@ import re
 from typing import Any, Mapping
 
 from .decision import KNOB_KEY
+from .metrics import counts_knob_refusals
 from .settings import KnobOverride, KnobPolicy, KnobSettings
 
 KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
@@ -101,6 +102,7 @@ def request_values(md: dict[str, Any], policy: KnobPolicy, who: str | None) -> d
     return {k: _checked(v, k, policy, who) for k, v in given.items()}
 
 
+@counts_knob_refusals  # energy_router_knob_refusals_total{field}
 def resolve_knob(knob: KnobSettings,
                  request_kwargs: Mapping[str, Any] | None) -> tuple[float, float | None, float | None]:  # fmt: skip
     """(λ, target accuracy or None, energy budget J or None) of a request; raises :class:`KnobError`."""
