@@ -1,20 +1,27 @@
 """Robust per-group summaries for :meth:`SQLStore.stats <litellm_energy_router.table.store.SQLStore.stats>`:
 the median and 95th percentile of joules and latency beside the means (one huge prompt moves a mean,
-not a median). Computed in Python over one streamed column pair, the same on SQLite and PostgreSQL."""
+not a median). Computed in Python over one streamed column pair, the same on SQLite and PostgreSQL (no numpy: the table layer stays lean)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 from sqlalchemy import select
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """``q``-quantile of sorted ``xs``, linear between order statistics (numpy's default)."""
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _median_p95(values: list[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
-    a = np.asarray(values, dtype=float)
-    return float(np.median(a)), float(np.percentile(a, 95))
+    xs = sorted(values)
+    return _quantile(xs, 0.5), _quantile(xs, 0.95)
 
 
 def group_quantiles(conn: Any, keys: Sequence[Any], runs: Any, queries: Any,
