@@ -29,3 +29,24 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
     value = e.get("input")
     shown = type(value).__name__ if isinstance(value, (dict, list)) else redact(repr(value))
     return f"{where}: {key} '{loc}' = {shown}: {msg}"
+
+
+class UserError(Exception):
+    """Bad input that a user typed or pointed to: a URL, a path, a file, a YAML key or value.
+
+    ``str(err)`` is one line naming it. The ``energy-router`` command turns any ``UserError`` that a
+    command lets through into that line on stderr and exit status 2 (:func:`user_error_line`); the
+    configuration, table, row, profile, checkpoint and input-file errors of the package derive from it
+    (beside their own base, ``ValueError`` or ``RuntimeError``, which their callers catch).
+    """
+
+
+def user_error_line(err: BaseException) -> str | None:
+    """The one line to print for ``err`` when it is the user's mistake, else ``None`` (a bug: let the
+    traceback show). A :class:`UserError` gives its message (newlines folded); an ``OSError`` about a
+    path (missing file, unwritable directory) gives ``{path}: {reason}``."""
+    if isinstance(err, UserError):
+        return " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"{err.filename}: {err.strerror or type(err).__name__}"
+    return None

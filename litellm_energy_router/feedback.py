@@ -25,9 +25,10 @@ from typing import Any
 
 from .table import TableError, TableStore
 from .table.production import stored_call_id
+from .errors import UserError
 
 
-class FeedbackError(ValueError):
+class FeedbackError(UserError, ValueError):
     """Rejected feedback; ``status`` is the HTTP status to answer with."""
 
     def __init__(self, msg: str, status: int) -> None:

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from .decision import KNOB_KEY
+from .metrics import counts_knob_refusals
 from .router.decide import DEFAULT_E_REF_J
 
 KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
@@ -312,6 +313,7 @@ def request_values(md: dict[str, Any], policy: Any, who: str | None) -> dict[str
     return {REQUEST_FIELDS[k]: _checked(v, k, policy, who) for k, v in given.items()}
 
 
+@counts_knob_refusals(lambda: (*REQUEST_FIELDS, KNOB_KEY))  # energy_router_knob_refusals_total{field}
 def resolve_knob(knob: Any, request_kwargs: Mapping[str, Any] | None) -> Knob:
     """The :class:`Knob` of a request under the settings' ``knob`` (:data:`KnobSettings`); raises
     :class:`KnobError`. An explicit λ in a request replaces a target it would otherwise inherit."""

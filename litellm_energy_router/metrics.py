@@ -32,13 +32,17 @@ Energy callback and its table writer:
 * ``energy_router_call_ids_reassigned_total{reason}`` — production rows stored under a server-side call id
   instead of the caller's: ``taken`` (another request already holds that call id; the first row is kept),
   ``too_long`` (longer than the table's key: stored under its SHA-256).
+* ``energy_router_knob_refusals_total{field}`` — request knob overrides refused with HTTP 400, per field
+  (``lambda``, ``target_accuracy``, ``max_energy_j``, ``energy_router`` = the knob object, ``other``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from typing import Any, Callable, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -72,6 +76,8 @@ CALLBACK_ERRORS = Counter("energy_router_callback_errors", "callback events that
 SPOOL_DROPPED_ROWS = Counter("energy_router_spool_dropped_rows", "rows dropped (oldest first) to keep the spool under its cap")
 SPOOL_WRITE_ERRORS = Counter("energy_router_spool_write_errors", "failed writes to the local spool")
 ROWS_LOST = Counter("energy_router_rows_lost", "rows lost: spool unwritable and the in-memory bound reached")
+KNOB_REFUSALS = Counter("energy_router_knob_refusals", "request knob overrides refused with HTTP 400, per field",
+                        ["field"])  # fmt: skip
 CALL_IDS_REASSIGNED = Counter("energy_router_call_ids_reassigned",
                               "production rows stored under a server-side call id, per reason", ["reason"])  # fmt: skip
 
@@ -89,6 +95,31 @@ def observe_row(candidate: str, method: str | None, energy_j: float | None) -> N
         _rows_seen[0] += 1
         _rows_seen[1] += m not in ("estimate", "none")
         MEASURED_ENERGY_RATIO.set(_rows_seen[1] / _rows_seen[0])
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def counts_knob_refusals(fields: Callable[[], tuple[str, ...]]) -> Callable[[_F], _F]:
+    """Decorate the knob resolver: each refusal it raises (an error with ``status_code`` 400 and a
+    ``field``) is counted in ``energy_router_knob_refusals_total{field}``, the field one of ``fields()``
+    (the knob's request fields and its metadata key, read from ``knob.py``) or ``other`` (a caller-chosen
+    unknown name): bounded label values."""
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                field = getattr(e, "field", None)
+                if getattr(e, "status_code", None) == 400 and isinstance(field, str):
+                    KNOB_REFUSALS.labels(field if field in fields() else "other").inc()
+                raise
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 class RateLimitedWarning:

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
+from .errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -47,7 +48,7 @@ hookspec = pluggy.HookspecMarker(GROUP)
 hookimpl = pluggy.HookimplMarker(GROUP)
 
 
-class PluginError(ValueError):
+class PluginError(UserError, ValueError):
     """A plugin cannot be loaded or conflicts with another; the message is one line naming both."""
 
 

@@ -3,7 +3,7 @@
 Sources, later ones winning:
 
 1. defaults (the embedded, offline setup: SQLite file, bundled energy profile, ``estimate`` meter);
-2. a YAML file (``energy_router:`` key if present, else the whole document);
+2. a YAML file, under its top-level ``energy_router:`` key (a file without that key is refused);
 3. environment variables ``ENERGY_ROUTER_<SECTION>__<KEY>`` (``__`` separates levels, e.g.
    ``ENERGY_ROUTER_TABLE__URL=postgresql+psycopg://db/router``; names are case-insensitive, list and
    mapping values are JSON or YAML flow, variables naming no section are ignored). Read by
@@ -25,14 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
-from .errors import one_line
+from .errors import UserError, one_line
 from .knob import KnobSettings
 
 ENV_PREFIX = "ENERGY_ROUTER_"
 DEFAULT_TABLE_URL = "sqlite:///energy_router.db"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem; ``str(err)`` is a single line naming the key and the value."""
 
 
@@ -246,9 +246,9 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = True) -> dict[str, Any]:
+def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = True, required: bool = False) -> dict[str, Any]:
     """The mapping under ``key`` of a YAML file (when ``key`` is absent: the whole document, or ``{}``
-    with ``whole_if_absent=False``).
+    with ``whole_if_absent=False``; refused with ``required=True``).
     Raises :class:`ConfigError` with one line naming the file (and line) on any problem."""
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
@@ -260,6 +260,9 @@ def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = Tru
         raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
+    if required and key not in doc:
+        raise ConfigError(f"{path}: no top-level '{key}:' key (found: {', '.join(map(str, doc)) or 'an empty file'}); "
+                          f"the settings go under '{key}:'")  # fmt: skip
     data = doc.get(key, doc if whole_if_absent else {})
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: config key '{key}' must be a mapping")
@@ -277,7 +280,7 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
     origin = "environment"
     if path:
         origin = str(path)
-        data = read_yaml_section(path, "energy_router")
+        data = read_yaml_section(path, "energy_router", required=True)
     try:
         data = _merge(data, _EnvOverrides(environ)())
     except SettingsError as e:

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from litellm_energy_router.energy.profile import EnergyProfile
 from litellm_energy_router.table import Candidate, Query, Run, TableStore, text_hash
+from litellm_energy_router.errors import UserError
 
 OPEN_MODELS: tuple[str, ...] = (
     "mistralai/mistral-7b-chat",
@@ -39,7 +40,7 @@ OPEN_MODELS: tuple[str, ...] = (
 KEY_COLUMNS = ("", "Unnamed: 0")
 
 
-class ImportFormatError(ValueError):
+class ImportFormatError(UserError, ValueError):
     """A RouterBench file is malformed; the message names the file, line and column."""
 
 

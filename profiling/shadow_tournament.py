@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from litellm_energy_router.errors import one_line
+from litellm_energy_router.errors import UserError, one_line
 from litellm_energy_router.settings import PrivacySettings
 from litellm_energy_router.table import TableStore, make_query
 
@@ -29,7 +29,7 @@ from .runner import Job
 from .tasks import Grade, GradeContext, HFSource, Task, TaskError, TaskItem
 
 
-class QueueError(ValueError):
+class QueueError(UserError, ValueError):
     """A malformed queue line; the message names the file, line and field."""
 
 

@@ -44,7 +44,7 @@ def test_import_and_stats(tmp_path):
 
 def test_config_error_is_one_line_and_exit_2(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("knob: {lambda: -2}\n")
+    cfg.write_text("energy_router:\n  knob: {lambda: -2}\n")
     r = run("table", "stats", "--config", str(cfg))
     assert r.returncode == 2
     err = r.stderr.strip()
@@ -54,7 +54,10 @@ def test_config_error_is_one_line_and_exit_2(tmp_path):
 def test_env_selects_table(tmp_path):
     url = f"sqlite:///{tmp_path / 'env.db'}"
     r = run("table", "stats", env={"ENERGY_ROUTER_TABLE__URL": url})
-    assert r.returncode == 0 and "table is empty" in r.stdout
+    assert r.returncode == 2 and "env.db" in r.stderr  # read-only: the environment's table is refused, not created
+    assert not (tmp_path / "env.db").exists()
+    r = run("table", "import", str(tmp_path / "none.csv"), env={"ENERGY_ROUTER_TABLE__URL": url})
+    assert r.returncode == 2 and "none.csv" in r.stderr
 
 
 def test_bad_import_file_exit_2(tmp_path):

@@ -103,7 +103,7 @@ def test_plugin_meter_selected_by_settings_measures_like_the_builtins(example_pl
     assert e.energy_j == pytest.approx(50.0 * (t1 - t0), rel=0.35)  # the only request in flight gets the joules
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("energy: {meter: rocm}\n")
+    bad.write_text("energy_router:\n  energy: {meter: rocm}\n")
     with pytest.raises(ConfigError) as ei:
         load_settings(bad, environ={})
     msg = str(ei.value)

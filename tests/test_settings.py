@@ -51,12 +51,19 @@ energy_router:
 )
 def test_errors_are_one_line_naming_key_and_value(tmp_path, yaml_text, env, expected):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text(yaml_text)
+    cfg.write_text("energy_router:\n  " + yaml_text if yaml_text else "energy_router: {}\n")
     with pytest.raises(ConfigError) as ei:
         load_settings(cfg, environ=env)
     msg = str(ei.value)
     assert expected in msg and "\n" not in msg
     assert str(cfg) in msg
+
+
+def test_file_without_top_key_is_refused(tmp_path):
+    cfg = tmp_path / "flat.yaml"
+    cfg.write_text("table: {url: 'sqlite:///flat.db'}\n")
+    with pytest.raises(ConfigError, match=r"flat\.yaml: no top-level 'energy_router:' key \(found: table\)"):
+        load_settings(cfg, environ={})
 
 
 def test_missing_file():

@@ -50,6 +50,32 @@ def test_stats_per_candidate_and_task(any_url):
     store.close()
 
 
+def test_one_outlier_moves_the_mean_not_the_median(any_url):
+    store = open_store(any_url)
+    qs = [make_query(f"o{i}", "arc", f"q{i}") for i in range(20)]
+    runs = [{"query_id": f"o{i}", "candidate": "small", "source": "tournament", "score": 1,
+             "energy_j": 24071.0 if i == 0 else 30.0 + i, "latency_s": 1.0} for i in range(20)]  # fmt: skip
+    store.write(qs, runs, candidates=[{"name": "small", "params_b": 7}])
+    s = {x.candidate: x for x in store.stats()}["small"]
+    assert s.mean_energy_j > 1000 and s.median_energy_j == pytest.approx(40.5)
+    assert s.p95_energy_j == pytest.approx(float(__import__("numpy").percentile([24071.0] + [30.0 + i for i in range(1, 20)], 95)))
+    assert s.median_latency_s == s.p95_latency_s == 1.0
+    by_task = store.stats(by_task=True, sources=["tournament"])
+    assert by_task[0].median_energy_j == pytest.approx(40.5)
+    store.close()
+
+
+def test_read_only_open_refuses_a_missing_table(tmp_path):
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+    with pytest.raises(TableError, match="no such database file"):
+        open_store(url, create=False)
+    assert not (tmp_path / "typo.db").exists()
+    open_store(url).close()
+    open_store(url, create=False).close()  # an existing table opens
+    with pytest.raises(TableError, match="three slashes before a relative path"):
+        open_store("sqlite://energy_router_demo.db")
+
+
 @pytest.mark.parametrize(
     "bad, field, fragment",
     [

@@ -22,9 +22,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from litellm_energy_router.redact import redact_url
+from litellm_energy_router.errors import UserError
 
 
-class MatrixError(ValueError):
+class MatrixError(UserError, ValueError):
     """The table cannot be turned into a training/evaluation matrix; one line saying why."""
 
 

@@ -31,9 +31,10 @@ from .grpo import GRPOStageConfig, grpo_stage
 from .pairs import PairReader, PairTable, partial_only
 from .progress import CountingStore
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
+from litellm_energy_router.errors import UserError
 
 
-class TrainingDataError(ValueError):
+class TrainingDataError(UserError, ValueError):
     """The table does not hold enough labelled data to train on."""
 
 

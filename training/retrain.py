@@ -327,7 +327,7 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
         use_cache_dir(cfg.embed_cache_dir or vdir / "embed-cache")
         run = _Run(cfg, log, Stages(progress), vdir, Path(cfg.report_dir) if cfg.report_dir else vdir / "reports",
                    serving_dir, manifest)  # fmt: skip
-        store = open_store(cfg.table_url)
+        store = open_store(cfg.table_url, create=False)  # the table to learn from; a typo creates none
         try:
             if not _enough_new(run, store, since):
                 msg = f"nothing new: {run.new} labelled rows since run id {run.since_id} (minimum {cfg.min_new_rows})"

@@ -48,6 +48,7 @@ from ..energy.meter import EnergyMeter
 from ..settings import EnergySettings
 from .api import ApiError, TimeWindow, parse_progress, parse_request_id, parse_timings, read_body
 from .tls import TLSConfigError, server_context
+from ..errors import UserError
 
 log = logging.getLogger("litellm_energy_router.agent")
 
@@ -55,7 +56,7 @@ VLLM_PROMPT = "vllm:prompt_tokens_total"
 VLLM_GEN = "vllm:generation_tokens_total"
 
 
-class BindError(ValueError):
+class BindError(UserError, ValueError):
     """Refused to serve: a non-local bind without a token, or an unusable TLS setting."""
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
+from ..errors import UserError
 
 
-class TLSConfigError(ValueError):
+class TLSConfigError(UserError, ValueError):
     """An unusable TLS setting (missing half, unreadable file, not a PEM certificate/key)."""
 
 

@@ -7,7 +7,12 @@ import sys
 
 import typer
 
-from .common import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail  # noqa: F401 (re-exported)
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import ClickException
+
+from .common import ConfigOpt, DbOpt, _error_line, console, db_url, err_console, fail, settings_or_fail  # noqa: F401 (re-exported)
 
 app = typer.Typer(
     name="energy-router",
@@ -52,18 +57,55 @@ app.command("agent")(energy_cmds.agent)
 app.add_typer(energy_cmds.feedback_app, name="feedback")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            litellm = version("litellm")
+        except PackageNotFoundError:
+            litellm = "not installed"
+        console.print(f"energy-router {version('litellm-energy-router')} (litellm {litellm})", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="print the version and exit", callback=_version,
+                                       is_eager=True)) -> None:  # fmt: skip
+    """Energy-aware routing for LiteLLM: tournament table, profiling, training, serving."""
+
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The ``energy-router`` entry point. Every mistake of the user's (a bad option value, URL, path,
+    file, YAML key or value) ends here as one line on stderr and exit status 2, whichever command met it:
+    usage errors from the parser, :class:`~litellm_energy_router.errors.UserError` and ``OSError`` about
+    a path from the commands (:func:`~litellm_energy_router.errors.user_error_line`). Anything else is a
+    bug and keeps its traceback."""
+    from ..errors import user_error_line
+
     try:
-        app(args=argv, prog_name="energy-router")
-    except KeyboardInterrupt:
+        rc = typer.main.get_command(app).main(args=argv, prog_name="energy-router", standalone_mode=False)
+    except ClickException as e:
+        if type(e).__name__ != "NoArgsIsHelpError":  # its help text is already printed
+            ctx = getattr(e, "ctx", None)
+            _error_line(f"{ctx.command_path + ': ' if ctx is not None else ''}{e.format_message()}")
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("interrupted")
         sys.exit(130)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in TRAIN_EXTRA:
-            err_console.print(f"[bold red]error:[/] this command needs {e.name!r}, part of the training extra: "
-                              "pip install 'litellm-energy-router[train]'", highlight=False, soft_wrap=True)  # fmt: skip
+            _error_line(f"this command needs {e.name!r}, part of the training extra: pip install 'litellm-energy-router[train]'")
             sys.exit(2)
         raise
+    except Exception as e:
+        line = user_error_line(e)
+        if line is None:
+            raise
+        _error_line(line)
+        sys.exit(2)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 # Import names of the `train` extra (pyproject.toml): a proxy-only install lacks them.

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..settings import ConfigError, Settings, load_settings
 
@@ -16,13 +17,34 @@ from ..settings import ConfigError, Settings, load_settings
 console = Console() if sys.stdout.isatty() else Console(width=200)
 err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=400)
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="settings YAML (default: $ENERGY_ROUTER_CONFIG)")
-DbOpt = typer.Option(None, "--db", help="table URL, e.g. sqlite:///x.db (default: settings table.url)")
+def _check_settings_file(value: Optional[Path]) -> Optional[Path]:
+    """``--config``: the settings file is read (and refused, one line) before the command starts."""
+    if value is not None:
+        load_settings(value)
+    return value
+
+
+def _check_db(value: Optional[str]) -> Optional[str]:
+    """``--db``: a URL no table can live at is refused, one line, before the command starts."""
+    if value is not None:
+        from ..table import check_table_url
+
+        check_table_url(value)
+    return value
+
+
+ConfigOpt = typer.Option(None, "--config", "-c", exists=True, dir_okay=False, help="settings YAML with a top-level energy_router: key "
+                         "(default: $ENERGY_ROUTER_CONFIG)", callback=_check_settings_file)  # fmt: skip
+DbOpt = typer.Option(None, "--db", help="table URL, e.g. sqlite:///x.db (default: settings table.url)", callback=_check_db)
+
+
+def _error_line(msg: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 def fail(msg: str, code: int = 2) -> None:
     """Print one error line and exit non-zero."""
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    _error_line(msg)
     raise typer.Exit(code)
 
 

@@ -24,8 +24,8 @@ def agent(
     sample_hz: Optional[float] = typer.Option(None, "--sample-hz", help="meter samples per second (default: energy.sample_hz)"),
     history_s: Optional[float] = typer.Option(None, "--history-s", help="seconds of history kept (default: energy.history_s)"),
     simulated_power_w: float = typer.Option(300.0, "--simulated-power-w", help="power of the simulated meter, W"),
-    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate chain: serve https (default: energy.agent_tls_cert)"),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM key of --tls-cert (default: energy.agent_tls_key)"),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", exists=True, dir_okay=False, help="PEM certificate chain: serve https (default: energy.agent_tls_cert)"),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", exists=True, dir_okay=False, help="PEM key of --tls-cert (default: energy.agent_tls_key)"),
     config: Optional[Path] = ConfigOpt,
 ) -> None:  # fmt: skip
     """Run the GPU-node energy agent beside vLLM: samples the meter, attributes each interval's joules
@@ -98,17 +98,12 @@ def feedback_set(
     config: Optional[Path] = ConfigOpt,
 ) -> None:
     """Score one production answer."""
-    from ..feedback import FeedbackError, apply_feedback
-    from ..table import TableError, open_store
+    from ..feedback import apply_feedback
+    from ..table import open_store
 
-    try:
-        store = open_store(db_url(db, config))
-    except (TableError, ValueError) as e:
-        fail(str(e))
+    store = open_store(db_url(db, config), create=False)  # labels rows of an existing table, creates none
     try:
         n = apply_feedback(store, call_id, score)
-    except (FeedbackError, TableError) as e:
-        fail(str(e))
     finally:
         store.close()
     if n == 0:
@@ -132,7 +127,7 @@ def feedback_serve(
     from aiohttp import web
 
     from ..feedback import feedback_app as make_app
-    from ..table import TableError, open_store
+    from ..table import open_store
 
     s = settings_or_fail(config)
     token = token or s.feedback.token
@@ -140,10 +135,7 @@ def feedback_serve(
         fail("feedback serve: a bearer token is required (--token, ENERGY_ROUTER_FEEDBACK_TOKEN or feedback.token)")
     host = host or s.feedback.host
     port = s.feedback.port if port is None else port
-    try:
-        store = open_store(db or s.table.url)
-    except (TableError, ValueError) as e:
-        fail(str(e))
+    store = open_store(db or s.table.url, create=False)
 
     async def main() -> None:
         runner = web.AppRunner(make_app(store, token), access_log=None)

@@ -21,12 +21,12 @@ def eval_cmd(
                                             "(default: its default ones; a plugin's included), or 'none'"),
     seed: int = typer.Option(0, "--seed", help="fold assignment seed"),
     source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
-    energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", help="J/token profile YAML (default: settings energy.profile, else bundled)"),
+    energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", exists=True, dir_okay=False, help="J/token profile YAML (default: settings energy.profile, else bundled)"),
     points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
     router: bool = typer.Option(True, "--router/--no-router", help="also train the LM router (default config) per fold, judged as "
                                 "served ('router': its student) and with the LM forward ('lm')"),
     checkpoint: Optional[list[Path]] = typer.Option(
-        None, "--checkpoint",
+        None, "--checkpoint", exists=True,
         help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
              "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
     ),  # fmt: skip
@@ -72,7 +72,7 @@ def eval_cmd(
         profile = load_profile(energy_profile or settings_or_fail(config).energy.profile)
     except ProfileError as e:
         fail(str(e))
-    with _store(url) as store:
+    with _store(url, create=False) as store:
         try:
             cands = next(iter(ckpts.values())).model.candidates if ckpts else None
             m = load_matrix(store, cands, sources=source)
@@ -167,7 +167,7 @@ def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path
     base = settings.knob.base()
     knob = base if lam is None else base.model_copy(update={"lambda_": lam, "target_accuracy": None})
     lam = knob.lambda_
-    with _store(url) as store:
+    with _store(url, create=False) as store:
         rows = logged_rows(store.iter_runs(sources=["production"]))
     if not rows:
         console.print("off-policy: no logged production rows with score, energy and propensity", highlight=False)

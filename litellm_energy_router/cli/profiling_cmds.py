@@ -13,11 +13,13 @@ from rich.table import Table
 
 from ..redact import redact_url
 from ..settings import ConfigError
-from .common import console, err_console, fail, settings_or_fail
+from .common import _check_db, _check_settings_file, console, err_console, fail, settings_or_fail
 
-TConfigOpt = typer.Option(..., "--config", "-c", help="tournament YAML (candidates, tasks, energy, judge)")
-SettingsOpt = typer.Option(None, "--settings", help="settings YAML for defaults (table, privacy, shadow queue)")
-DbOpt = typer.Option(None, "--db", help="table URL (default: the tournament config's table, else the settings')")
+TConfigOpt = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="tournament YAML (candidates, tasks, energy, judge)")
+SettingsOpt = typer.Option(None, "--settings", exists=True, dir_okay=False, callback=_check_settings_file,
+                           help="settings YAML for defaults (table, privacy, shadow queue)")
+DbOpt = typer.Option(None, "--db", help="table URL (default: the tournament config's table, else the settings')",
+                     callback=_check_db)
 
 
 class RichProgress:
@@ -130,7 +132,7 @@ def tournament(config: Path = TConfigOpt, db: Optional[str] = DbOpt, settings: O
 
 def shadow_tournament(
     config: Path = TConfigOpt, db: Optional[str] = DbOpt, settings: Optional[Path] = SettingsOpt,
-    queue: Optional[Path] = typer.Option(None, "--queue", help="shadow queue JSONL (default: settings shadow.queue_path)"),
+    queue: Optional[Path] = typer.Option(None, "--queue", exists=True, dir_okay=False, help="shadow queue JSONL (default: settings shadow.queue_path)"),
 ) -> None:  # fmt: skip
     """Run the production queries queued by shadow sampling against every candidate (judge-graded),
     written with source=shadow under the production query ids."""

@@ -7,13 +7,14 @@ from typing import Optional
 
 import typer
 
-from .common import console, fail
+from .common import _check_db, _check_settings_file, console, fail
 
 
 def retrain_cmd(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML with `energy_router:` and `retrain:` sections"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", exists=True, dir_okay=False, callback=_check_settings_file,
+                                          help="YAML with `energy_router:` and `retrain:` sections"),
     since: Optional[int] = typer.Option(None, "--since", help="count new rows after this run id (overrides the watermark)"),
-    db: Optional[str] = typer.Option(None, "--db", help="table URL (overrides the config)"),
+    db: Optional[str] = typer.Option(None, "--db", help="table URL (overrides the config)", callback=_check_db),
     pointer: Optional[Path] = typer.Option(None, "--pointer", help="checkpoint pointer serving watches (overrides the config)"),
     quick: Optional[bool] = typer.Option(None, "--quick/--full", help="seconds-long training (smoke runs)"),
     warm_start: Optional[bool] = typer.Option(None, "--warm-start/--from-scratch", help="start from the serving weights"),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import csv
 import json
 import time
 from pathlib import Path
@@ -12,9 +10,15 @@ from typing import Any, Optional, Sequence
 import typer
 
 from .common import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
+from .route_input import FORMATS_HELP, read_route_input
 from .table_cmds import _store, progress_bar
 
-ROUTE_COLUMNS = ("Unnamed: 0", "sample_id", "prompt", "eval_name")
+
+def _builtin_trainable() -> list[str]:
+    """The built-in trainable scorer kinds besides ``lm``/``student``, read from the registry's plugin."""
+    from ..router.builtin_scorers import energy_router_scorers
+
+    return [n for n, s in energy_router_scorers().items() if s.fit is not None and n not in ("lm", "student")]
 
 
 def train_cmd(
@@ -29,7 +33,7 @@ def train_cmd(
     probe_c: Optional[float] = typer.Option(None, "--probe-c", min=0,
                                             help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone"),  # fmt: skip
     scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or another trainable scorer kind of the registry "
-                               "(task_prior, knn, logreg, mf, stacked or a plugin's)"),
+                               f"({', '.join(_builtin_trainable())} or a plugin's)"),
 ) -> None:
     """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
     with ``--scorer KIND``, fit that registered scorer instead and write it as a servable checkpoint."""
@@ -53,7 +57,7 @@ def train_cmd(
     if probe_c is not None:
         cfg.probe_c = probe_c or None
     t0 = time.time()
-    with _store(db_url(db, config)) as store, progress_bar() as bar:
+    with _store(db_url(db, config), create=False) as store, progress_bar() as bar:
         task = bar.add_task("SFT", total=None)
 
         def on_step(d: dict) -> None:
@@ -76,42 +80,13 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     if kind not in specs:
         fail(f"--scorer {kind!r}: use lm or one of {', '.join(specs)}")
     t0 = time.time()
-    with _store(url) as store:
+    with _store(url, create=False) as store:
         cands = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
         try:
             ck = (specs[kind].export or export_baseline)(kind, load_matrix(store, cands), out)
         except ValueError as e:
             fail(str(e))
     console.print(f"{kind} checkpoint {ck} in {time.time() - t0:.0f}s", highlight=False)
-
-
-def _read_route_input(path: Path) -> list[tuple[str, str, str]]:
-    """(row key, eval_name, prompt text) per row. Only the routing columns are ever read."""
-    import gzip
-    import io
-
-    if not path.exists():
-        fail(f"{path}: file not found")
-    csv.field_size_limit(1 << 30)
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    with io.TextIOWrapper(raw, encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None) or []
-        if "prompt" not in header:
-            fail(f"{path}: missing column 'prompt' (need {', '.join(ROUTE_COLUMNS)})")
-        key_i = next((header.index(k) for k in ("Unnamed: 0", "") if k in header), None)
-        p_i = header.index("prompt")
-        t_i = header.index("eval_name") if "eval_name" in header else None
-        rows = []
-        for n, rec in enumerate(reader, start=2):
-            key = rec[key_i] if key_i is not None else str(n - 2)
-            try:
-                parts = ast.literal_eval(rec[p_i])
-            except (ValueError, SyntaxError, IndexError):
-                fail(f"{path}:{n}: column 'prompt': not a Python list literal")
-            text = "".join(parts) if isinstance(parts, list) else str(parts)
-            rows.append((key, rec[t_i] if t_i is not None else None, text))
-    return rows
 
 
 def route_points(base: Any, P: Any, E: Any, lambdas: Sequence[float] = (), sweep: int | None = None,
@@ -134,8 +109,8 @@ def route_points(base: Any, P: Any, E: Any, lambdas: Sequence[float] = (), sweep
 
 
 def route_cmd(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="checkpoint directory or pointer file"),
-    input: Path = typer.Option(..., "--input", help="RouterBench-format CSV (Unnamed: 0, sample_id, prompt, eval_name)"),
+    checkpoint: Path = typer.Option(..., "--checkpoint", exists=True, help="checkpoint directory or pointer file"),
+    input: Path = typer.Option(..., "--input", exists=True, dir_okay=False, help=FORMATS_HELP),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
     sweep: Optional[int] = typer.Option(None, "--sweep", min=1, help="N λ values spread over where the decisions switch"),
@@ -155,7 +130,7 @@ def route_cmd(
         router = load_scorer(checkpoint, scorer)
     except CheckpointError as e:
         fail(str(e))
-    rows = _read_route_input(input)
+    rows = read_route_input(input)
     try:
         lams = [float(x) for x in lambdas.split(",") if x.strip()] if lambdas else []
     except ValueError:

@@ -10,26 +10,20 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ..energy.profile import ProfileError, load_profile
+from ..energy.profile import load_profile
 from ..redact import redact_url
-from ..table import BadRowError, SQLStore, TableError, open_store
+from ..table import SQLStore, open_store
 from .common import ConfigOpt, DbOpt, console, db_url, fail
 
 table_app = typer.Typer(help="The tournament table: import, export, statistics.", no_args_is_help=True)
 
-USER_ERRORS = (BadRowError, ProfileError, TableError, ValueError, FileNotFoundError)
-
-
 @contextmanager
-def _store(url: str) -> Iterator[SQLStore]:
-    try:
-        store = open_store(url)
-    except USER_ERRORS as e:
-        fail(str(e))
+def _store(url: str, *, create: bool = True) -> Iterator[SQLStore]:
+    """The table at ``url``, closed on exit; ``create=False`` (read-only commands) refuses a table that does
+    not exist yet instead of creating an empty one. Errors reach the command line's one-line handler."""
+    store = open_store(url, create=create)
     try:
         yield store
-    except USER_ERRORS as e:
-        fail(str(e))
     finally:
         store.close()
 
@@ -53,11 +47,13 @@ def print_stats(store: SQLStore, by_task: bool = False, sources: Optional[List[s
         t.add_column("task")
     if by_version:
         t.add_column("router version")
-    for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "mean latency s"):
+    for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "median J", "p95 J", "mean latency s",
+                "median latency s", "p95 latency s"):  # fmt: skip
         t.add_column(col, justify="left" if col == "candidate" else "right")
     for s in stats:
         cells = [s.candidate, str(s.rows), str(s.labelled), _fmt(s.accuracy, ".3f"), _fmt(s.mean_energy_j, ".2f"),
-                 _fmt(s.mean_latency_s, ".3f")]  # fmt: skip
+                 _fmt(s.median_energy_j, ".2f"), _fmt(s.p95_energy_j, ".2f"), _fmt(s.mean_latency_s, ".3f"),
+                 _fmt(s.median_latency_s, ".3f"), _fmt(s.p95_latency_s, ".3f")]  # fmt: skip
         t.add_row(*([s.task or ""] if by_task else []), *([s.router_version or "-"] if by_version else []), *cells)
     if not stats:
         console.print("table is empty")
@@ -74,8 +70,8 @@ def stats(
     by_version: bool = typer.Option(False, "--by-version", help="one line per router version that served the "
                                     "runs (production rows; '-' for the others)"),
 ) -> None:
-    """Per candidate: rows, accuracy, mean joules, mean latency."""
-    with _store(db_url(db, config)) as store:
+    """Per candidate: rows, accuracy, and the mean, median and 95th percentile of joules and latency."""
+    with _store(db_url(db, config), create=False) as store:
         print_stats(store, by_task, source, by_version)
 
 
@@ -83,10 +79,7 @@ def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Pa
     from ..profiling.routerbench import OPEN_MODELS, ImportFormatError, import_routerbench
 
     chosen = [m.strip() for spec in (models or []) for m in spec.split(",") if m.strip()] or list(OPEN_MODELS)
-    try:
-        profile = load_profile(energy_profile)
-    except ProfileError as e:
-        fail(str(e))
+    profile = load_profile(energy_profile)
     with _store(url) as store, progress_bar() as bar:
         task = bar.add_task("importing RouterBench rows", total=None)
         try:
@@ -94,18 +87,18 @@ def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Pa
                 store, files, profile, chosen, profile_origin=str(energy_profile or "bundled energy profile"),
                 progress=lambda n: bar.advance(task, n),
             )  # fmt: skip
-        except ImportFormatError as e:
+        except ImportFormatError as e:  # a UserError too; caught here for an install whose profiling/ predates it
             fail(str(e))
     console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
 
 
 @table_app.command("import-routerbench")
 def import_routerbench_cmd(
-    files: List[Path] = typer.Argument(..., help="RouterBench CSV files (.csv or .csv.gz)"),
+    files: List[Path] = typer.Argument(..., exists=True, dir_okay=False, help="RouterBench CSV files (.csv or .csv.gz)"),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
     energy_profile: Optional[Path] = typer.Option(
-        None, "--energy-profile", help="J/token profile YAML (default: bundled ML.ENERGY H100 profile)"
+        None, "--energy-profile", exists=True, dir_okay=False, help="J/token profile YAML (default: bundled ML.ENERGY H100 profile)"
     ),
     models: Optional[List[str]] = typer.Option(
         None, "--models", help="models to import (repeatable or comma-separated; default: the 6 open-weight models)"
@@ -121,13 +114,13 @@ def export_cmd(out: Path = typer.Argument(..., help=".csv or .parquet"), db: Opt
     """Export every run with its query and candidate to one CSV or Parquet file."""
     from ..table.io import export_table
 
-    with _store(db_url(db, config)) as store:
+    with _store(db_url(db, config), create=False) as store:
         n = export_table(store, out)
     console.print(f"exported {n} runs to {out}", highlight=False)
 
 
 @table_app.command("import")
-def import_cmd(file: Path = typer.Argument(..., help=".csv or .parquet written by `table export`"),
+def import_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".csv or .parquet written by `table export`"),
                db: Optional[str] = DbOpt, config: Optional[Path] = ConfigOpt) -> None:  # fmt: skip
     """Import a file written by `table export` (all-or-nothing, idempotent)."""
     from ..table.io import import_table

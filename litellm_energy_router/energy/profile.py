@@ -19,12 +19,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import one_line
+from ..errors import UserError, one_line
 
 BUNDLED_PROFILE = "energy_profile_mlenergy_h100.yaml"
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError, ValueError):
     """A profile file is missing or invalid; the message names the file and the field."""
 
 

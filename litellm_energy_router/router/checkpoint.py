@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import one_line
+from ..errors import UserError, one_line
 
 FORMAT = "energy-router-checkpoint/1"
 MANIFEST = "manifest.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be used; the message is one line naming the path and the problem."""
 
 

@@ -13,9 +13,9 @@ from .rows import (
     make_query,
     text_hash,
 )
-from .store import CandidateStats, SQLStore, TableError, TableStore, WriteResult, open_store
+from .store import CandidateStats, SQLStore, TableError, TableStore, WriteResult, check_table_url, open_store
 
 __all__ = [
     "ENERGY_METHOD_PATTERN", "SOURCES", "BadRowError", "Candidate", "CandidateStats", "Query", "Run",
-    "SQLStore", "TableError", "TableStore", "WriteResult", "make_query", "open_store", "text_hash",
+    "SQLStore", "TableError", "TableStore", "WriteResult", "make_query", "check_table_url", "open_store", "text_hash",
 ]

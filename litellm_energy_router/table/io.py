@@ -35,7 +35,7 @@ def _fmt(path: Path) -> str:
         return "parquet"
     if name.endswith(".csv"):
         return "csv"
-    raise ValueError(f"{path}: unknown format (use a .csv or .parquet file name)")
+    raise BadRowError(f"{path}: unknown format (use a .csv or .parquet file name)")
 
 
 def _flat_rows(store: TableStore) -> Iterable[dict[str, Any]]:

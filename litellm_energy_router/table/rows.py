@@ -13,7 +13,7 @@ from typing import Annotated, Any, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from ..errors import one_line
+from ..errors import UserError, one_line
 
 # how a row's joules were obtained: a meter's ``method`` (``estimate``, ``nvml_counter``, ``power_sampling``,
 # ``agent``, ``simulated`` or a plugin meter's own); whether it is measured is the meter registry's answer
@@ -24,7 +24,7 @@ Source = Literal["tournament", "production", "shadow", "import"]
 SOURCES: tuple[str, ...] = Source.__args__  # type: ignore[attr-defined]
 
 
-class BadRowError(ValueError):
+class BadRowError(UserError, ValueError):
     """A row failed validation. The message is one line naming the row and the field."""
 
 

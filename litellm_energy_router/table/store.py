@@ -11,28 +11,32 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from sqlalchemy import Engine, create_engine, event, func, or_, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from ..redact import redact_url
 from . import production, schema
 from .rows import BadRowError, Candidate, Query, Run, check_references, validate_rows
+from .stats import group_quantiles
+from ..errors import UserError
 
 _RUN_FIELDS = [c.name for c in schema.runs.columns if c.name not in ("id", "updated")]
 _QUERY_FIELDS = [c.name for c in schema.queries.columns]
 _CAND_FIELDS = [c.name for c in schema.candidates.columns]
 
 
-class TableError(RuntimeError):
+class TableError(UserError, RuntimeError):
     """The table cannot be used (unreachable, newer schema, unsupported URL)."""
 
 
 @dataclass(frozen=True)
 class CandidateStats:
-    """Per-candidate summary: accuracy over labelled rows, mean joules, mean latency (seconds)."""
+    """Per-candidate summary: accuracy over labelled rows; mean, median and 95th percentile of joules (J)
+    and of latency (seconds)."""
 
     candidate: str
     task: str | None
@@ -42,6 +46,10 @@ class CandidateStats:
     mean_energy_j: float | None
     mean_latency_s: float | None
     router_version: str | None = None  # with ``by_version``: the router version that served the runs
+    median_energy_j: float | None = None
+    p95_energy_j: float | None = None
+    median_latency_s: float | None = None
+    p95_latency_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,19 +107,18 @@ class SQLStore:
     def __init__(self, url: str, *, create: bool = True, retries: int = 8) -> None:
         self.url = url
         self._retries = retries
-        try:
-            parsed = make_url(url)
-        except Exception:
-            raise TableError(f"table url {redact_url(url)!r}: not a valid SQLAlchemy URL") from None
+        parsed = check_table_url(url)
         self.dialect = parsed.get_backend_name()
         if self.dialect == "sqlite":
+            if not create and (parsed.database or ":memory:") != ":memory:" and not Path(parsed.database).exists():
+                raise TableError(f"table {self._safe_url()}: no such database file {parsed.database!r} (this command "
+                                 "reads an existing table and creates none)")  # fmt: skip
             self.engine = _sqlite_engine(url)
-        elif self.dialect == "postgresql":
-            self.engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
         else:
-            raise TableError(f"table url {self._safe_url()!r}: unsupported backend {self.dialect!r} (use sqlite or postgresql)")
-        if create:
-            self._ensure_schema()
+            self.engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+        if not create:
+            self._require_table()
+        self._ensure_schema()
 
     # -- schema -----------------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
@@ -130,6 +137,20 @@ class SQLStore:
                 )
 
         self._transaction(create)
+
+    def _require_table(self) -> None:
+        """Refuse a database that holds no table yet (``create=False``)."""
+        from sqlalchemy import inspect
+
+        try:
+            with self.engine.connect() as conn:
+                found = inspect(conn).has_table(schema.meta.name)
+        except DBAPIError as e:
+            first = str(e.orig or e).strip().splitlines()[0]
+            raise TableError(f"table {self._safe_url()}: {first}") from None
+        if not found:
+            raise TableError(f"table {self._safe_url()}: holds no energy-router table (this command reads an "
+                             "existing table and creates none)")  # fmt: skip
 
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
@@ -322,7 +343,7 @@ class SQLStore:
     def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None,
               by_version: bool = False) -> list[CandidateStats]:  # fmt: skip
         """Per candidate (and task if ``by_task``, serving router version if ``by_version``): rows,
-        accuracy, mean J, mean latency (s)."""
+        accuracy, mean / median / p95 J and latency (s)."""
         r, q = schema.runs, schema.queries
         keys = [r.c.candidate] + ([q.c.task] if by_task else []) + ([r.c.router_version] if by_version else [])
         stmt = select(
@@ -338,13 +359,15 @@ class SQLStore:
         stmt = stmt.group_by(*keys).order_by(*(reversed(keys) if by_task else keys))
         out = []
         with self.engine.connect() as conn:
+            robust = group_quantiles(conn, keys, r, q, sources)
             for row in conn.execute(stmt):
                 row = list(row)
+                quant = robust.get(tuple(row[: len(keys)]), (None,) * 4)
                 version = row.pop(2 if by_task else 1) if by_version else None
                 task = row.pop(1) if by_task else None
                 cand, n, n_lab, acc, e, lat = row
                 f = lambda v: None if v is None else float(v)  # noqa: E731
-                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version))
+                out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version, *quant))
         return out
 
     def close(self) -> None:
@@ -414,6 +437,26 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
+def check_table_url(url: str) -> URL:
+    """``url`` parsed, when it names a table this package can open (``sqlite:///relative.db``,
+    ``sqlite:////absolute.db``, ``postgresql+psycopg://...``); else :class:`TableError`, one line naming it."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise TableError(f"table url {redact_url(url)!r}: not a valid SQLAlchemy URL (e.g. sqlite:///file.db or "
+                         "postgresql+psycopg://host/db)") from None  # fmt: skip
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise TableError(f"table url {redact_url(url)!r}: unsupported backend {backend!r} (use sqlite or postgresql)")
+    if backend == "sqlite" and (parsed.host or parsed.username or parsed.port):
+        raise TableError(f"table url {redact_url(url)!r}: a SQLite URL has three slashes before a relative path "
+                         f"(sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}) and four before "
+                         "an absolute one")  # fmt: skip
+    return parsed
+
+
 def open_store(url: str, *, create: bool = True) -> SQLStore:
-    """Open (and by default create) the table at ``url``."""
+    """Open the table at ``url``, creating it unless ``create=False`` (then a database, or SQLite file,
+    that holds no table yet is refused with :class:`TableError`: what read-only commands use). An
+    existing table of an earlier release of the schema version gets its missing columns either way."""
     return SQLStore(url, create=create)

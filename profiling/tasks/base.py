@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from litellm_energy_router.plugins import task_factories
+from litellm_energy_router.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..judge import Judge
     from ..sandbox import Sandbox
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """Bad task name, task file or record; the message is one line naming the file/line/field."""
 
 

@@ -384,7 +384,7 @@ def test_tls_misconfiguration_is_refused_in_one_line(tmp_path):
 def test_cli_agent_over_tls_with_settings(tmp_path):
     cert, key = make_cert(tmp_path)
     cfg = tmp_path / "er.yaml"
-    cfg.write_text(f"energy:\n  agent_tls_cert: {cert}\n  agent_tls_key: {key}\n  agent_ca_bundle: {cert}\n")
+    cfg.write_text(f"energy_router:\n energy:\n  agent_tls_cert: {cert}\n  agent_tls_key: {key}\n  agent_ca_bundle: {cert}\n")
     env = {**{k: v for k, v in os.environ.items() if "AGENT_TOKEN" not in k}, "ENERGY_ROUTER_AGENT_TOKEN": TOKEN}
     p = subprocess.Popen([EXE, "agent", "--port", "0", "--meter", "simulated", "--config", str(cfg)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
@@ -407,7 +407,7 @@ def test_agent_settings_are_validated(tmp_path):
            ("agent_max_clock_skew_s: .nan", "agent_max_clock_skew_s")]  # fmt: skip
     for text, named in bad:
         f = tmp_path / "c.yaml"
-        f.write_text(f"energy:\n  {text}\n")
+        f.write_text(f"energy_router:\n energy:\n  {text}\n")
         with pytest.raises(ConfigError) as ei:
             load_settings(f, environ={})
         assert named in str(ei.value) and "\n" not in str(ei.value)

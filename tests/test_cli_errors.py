@@ -1,0 +1,165 @@
+"""Every ``energy-router`` command, walked from the command-line parser itself (a new command is walked
+too): a bad ``--db``, a missing input file and an unknown settings or tournament key each end as one
+line on stderr naming the bad value, exit status 2, no traceback. Read-only commands refuse a SQLite
+file that does not exist instead of creating an empty table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from litellm_energy_router.cli import app, main
+
+EXE = str(Path(sys.executable).with_name("energy-router"))
+TASKS = Path(__file__).parent / "data" / "tasks"
+# Paths a command writes (or creates): every other path parameter is an input that must exist.
+OUTPUTS = {"out", "output", "workdir", "pointer"}
+
+
+def _walk(cmd, path=()):
+    if hasattr(cmd, "commands"):
+        for name, sub in sorted(cmd.commands.items()):
+            yield from _walk(sub, (*path, name))
+    else:
+        yield path, cmd
+
+
+COMMANDS = dict(_walk(typer.main.get_command(app)))
+
+
+def _is_path(p) -> bool:
+    return "Path" in str(p.type_descriptor.annotation)
+
+
+def _flag(p) -> str | None:
+    return next((o for o in p.opts if o.startswith("--")), None)
+
+
+def _cases(pick):
+    """(command path, parameter) for every parameter of every command that ``pick`` selects."""
+    out = [pytest.param(path, p, id=f"{' '.join(path)} {_flag(p) or p.name}")
+           for path, cmd in COMMANDS.items() for p in cmd.params if pick(p)]  # fmt: skip
+    assert out, "the walk found no parameter to check"
+    return out
+
+
+def _argv(path: tuple, bad, value: str, tmp: Path) -> list[str]:
+    """The command line: the parameter under test with ``value`` first, every other required parameter
+    with a plausible value (an existing file for an input path)."""
+    dummy = tmp / "dummy.txt"
+    dummy.write_text("x\n")
+    opts, args = [], []
+    for p in COMMANDS[path].params:
+        if p is bad:
+            v = value
+        elif p.required:
+            v = str(tmp / "out") if p.name in OUTPUTS else str(dummy) if _is_path(p) else "1"
+        else:
+            continue
+        if p.param_type_name == "argument":
+            args.append(v)
+        elif p is bad:
+            opts[:0] = [_flag(p), v]
+        else:
+            opts += [_flag(p), v]
+    return [*path, *opts, *args]
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    return ei.value.code, capsys.readouterr().err
+
+
+def _one_line(code: int, err: str, named: str, argv: list[str]) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, f"{argv}: exit {code}, stderr:\n{err}"
+    assert "Traceback" not in err and named in lines[0], f"{argv}: {lines[0]!r} does not name {named!r}"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a command that got as far as creating files creates them here
+    monkeypatch.delenv("ENERGY_ROUTER_CONFIG", raising=False)
+
+
+@pytest.mark.parametrize("path, param", _cases(lambda p: p.name == "db"))
+@pytest.mark.parametrize("url", ["sqlite://energy_router_demo.db", "mysql://u@127.0.0.1/x", "not a url"])
+def test_bad_db_url_is_one_line(capsys, tmp_path, path, param, url):
+    argv = _argv(path, param, url, tmp_path)
+    _one_line(*_run(capsys, argv), url, argv)
+    assert not (tmp_path / "energy_router_demo.db").exists()
+
+
+@pytest.mark.parametrize("path, param", _cases(lambda p: _is_path(p) and p.name not in OUTPUTS))
+def test_missing_input_file_is_one_line(capsys, tmp_path, path, param):
+    missing = str(tmp_path / "no-such-dir" / "missing.yaml")
+    argv = _argv(path, param, missing, tmp_path)
+    _one_line(*_run(capsys, argv), missing, argv)
+
+
+def _bad_keys_yaml(tmp: Path) -> Path:
+    """A file with an unknown key for every reader: the settings (``energy_router.tabel``) and an
+    otherwise valid tournament (``tournament.concurrencyy``)."""
+    f = tmp / "typo.yaml"
+    f.write_text(
+        "energy_router:\n  tabel: {url: 'sqlite:///x.db'}\n"
+        "tournament:\n  candidates: [{model_name: small, litellm_params: {model: openai/small, api_base: 'http://127.0.0.1:9/v1'}}]\n"
+        f"  tasks: [{{name: mmlu, source: '{TASKS / 'mmlu.jsonl'}'}}]\n  concurrencyy: 2\n"
+    )  # fmt: skip
+    return f
+
+
+@pytest.mark.parametrize("path, param", _cases(lambda p: p.name in ("config", "settings")))
+def test_unknown_key_is_one_line(capsys, tmp_path, path, param):
+    f = _bad_keys_yaml(tmp_path)
+    argv = _argv(path, param, str(f), tmp_path)
+    code, err = _run(capsys, argv)
+    _one_line(code, err, str(f), argv)
+    assert "tabel" in err or "concurrencyy" in err, err
+
+
+@pytest.mark.parametrize("path, param", _cases(lambda p: p.name in ("config", "settings")))
+def test_settings_without_top_key_is_refused(capsys, tmp_path, path, param):
+    if path[-1] in ("tournament", "shadow-tournament") and param.name == "config":
+        pytest.skip("a tournament file, not settings")
+    f = tmp_path / "flat.yaml"
+    f.write_text("table: {url: 'sqlite:///flat.db'}\n")  # the settings, but not under energy_router:
+    argv = _argv(path, param, str(f), tmp_path)
+    code, err = _run(capsys, argv)
+    _one_line(code, err, str(f), argv)
+    assert "energy_router" in err
+
+
+READ_ONLY = {
+    "table stats": [],
+    "table export": ["out.csv"],
+    "eval": ["--out", "rep", "--no-router", "--baselines", "task_prior"],
+    "train": ["--out", "ck", "--scorer", "task_prior"],
+    "feedback set": ["call-1", "1"],
+    "feedback serve": ["--token", "t", "--port", "0"],
+}
+
+
+@pytest.mark.parametrize("cmd", sorted(READ_ONLY))
+def test_read_only_commands_refuse_a_missing_sqlite_file(capsys, tmp_path, cmd):
+    db = tmp_path / "typo.db"
+    argv = [*cmd.split(), "--db", f"sqlite:///{db}", *READ_ONLY[cmd]]
+    _one_line(*_run(capsys, argv), str(db.name), argv)
+    assert not db.exists(), "a read-only command created the database"
+
+
+def test_the_installed_command_prints_one_line(tmp_path):
+    """The issue's example through the real ``energy-router`` executable."""
+    env = {**os.environ, "ENERGY_ROUTER_CONFIG": ""}
+    r = subprocess.run([EXE, "table", "stats", "--db", "sqlite://energy_router_demo.db"], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env=env)  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "sqlite://energy_router_demo.db" in r.stderr and "sqlite:///energy_router_demo.db" in r.stderr
+    r = subprocess.run([EXE, "--version"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("energy-router ") and "litellm" in r.stdout, r.stdout + r.stderr
