@@ -20,6 +20,7 @@ import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 
@@ -27,6 +28,32 @@ def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, MiB (Linux reports KiB, macOS bytes)."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children so far."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@dataclass
+class Timings:
+    """Wall and CPU seconds of each stage (CPU time shows what a stage costs on a machine shared with other work)."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    _cpu0: float = field(default_factory=cpu_seconds)
+
+    def mark(self, name: str, t0: float) -> float:
+        c = cpu_seconds()
+        self.steps[name] = round(time.time() - t0, 1)
+        self.cpu[name] = round(c - self._cpu0, 1)
+        self._cpu0 = c
+        return time.time()
+
+    def line(self, wall: float) -> str:
+        return (f"wall time {wall:.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.steps.items())
+                + f"); CPU {cpu_seconds():.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.cpu.items()) + ")")  # fmt: skip
 
 
 def progress_bar() -> Any:
@@ -185,17 +212,20 @@ def trainer_progress_callback(label: str, hb: Heartbeat) -> Any:
 
     class _TimedProgress(TrainerCallback):
         t0: float = 0.0
+        printed: float = 0.0
         loss: float | None = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.t0 = hb.clock()
+            self.t0 = self.printed = hb.clock()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
                 self.loss = float(logs["loss"])
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if state.global_step == 1 or hb.due():
-                hb.out(step_line(label, state.global_step, state.max_steps, hb.clock() - self.t0, self.loss))
+            now = hb.clock()  # its own clock: a slow step still gets its line after the ticker's
+            if state.global_step == 1 or now - self.printed >= hb.every_s:
+                self.printed = now
+                hb.out(step_line(label, state.global_step, state.max_steps, now - self.t0, self.loss))
 
     return _TimedProgress()

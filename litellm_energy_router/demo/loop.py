@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-import resource
 import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -98,32 +97,6 @@ class DemoConfig:
     @property
     def versions(self) -> Path:
         return self.workdir / "versions"
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its waited-for children so far."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-@dataclass
-class Timings:
-    """Wall and CPU seconds of each stage (CPU time shows what a stage costs on a machine shared with other work)."""
-
-    steps: dict[str, float] = field(default_factory=dict)
-    cpu: dict[str, float] = field(default_factory=dict)
-    _cpu0: float = field(default_factory=cpu_seconds)
-
-    def mark(self, name: str, t0: float) -> float:
-        c = cpu_seconds()
-        self.steps[name] = round(time.time() - t0, 1)
-        self.cpu[name] = round(c - self._cpu0, 1)
-        self._cpu0 = c
-        return time.time()
-
-    def line(self, wall: float) -> str:
-        return (f"wall time {wall:.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.steps.items())
-                + f"); CPU {cpu_seconds():.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.cpu.items()) + ")")  # fmt: skip
 
 
 # -- workdir and table -----------------------------------------------------------------------------------
@@ -276,15 +249,23 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
         return _run(cfg, hb)
 
 
+def held_back(cfg: DemoConfig) -> tuple[list[Any], list[Any]]:
+    """(all bundled records, the held-back ones: stable hash of the query id, salt ``demo``)."""
+    from ..profiling.routerbench import bundled_files, iter_records
+    from ..training.data import holdout_split
+
+    records = list(iter_records(bundled_files()))
+    _, test_idx = holdout_split([r.query_id for r in records], cfg.holdout_fraction, salt="demo")
+    return records, [records[i] for i in test_idx]
+
+
 def _import(cfg: DemoConfig, out: Out) -> tuple[Any, list[Any], list[Any]]:
     """Step 1: import the bundled rows minus the held-back queries. Returns (import result, held-back records, served records)."""
-    from ..profiling.routerbench import bundled_files, import_routerbench, iter_records
+    from ..profiling.routerbench import bundled_files, import_routerbench
     from ..training.data import holdout_split
 
     files = bundled_files()
-    records = list(iter_records(files))
-    _, test_idx = holdout_split([r.query_id for r in records], cfg.holdout_fraction, salt="demo")
-    held = [records[i] for i in test_idx]
+    records, held = held_back(cfg)
     held_ids = {r.query_id for r in held}
     keep_ids = {r.query_id for r in records} - held_ids
     if cfg.quick:  # a smaller table keeps both quick trainings short
@@ -352,6 +333,8 @@ def _label(cfg: DemoConfig, calls: list[Any], serve_recs: list[Any], candidates:
 def _run(cfg: DemoConfig, hb: Any) -> dict[str, Any]:
     from ..router.checkpoint import read_manifest
     from . import compare
+
+    from ..training.progress import Timings
 
     out = hb.out
     hb.set_stage("[0/6] loading libraries")
