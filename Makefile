@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo demo-quick test test-litellm-oldest postgres bench
+.PHONY: install demo demo-full demo-quick test test-litellm-oldest postgres bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/energy-router demo
+
+# The same loop with the long training (the default TrainConfig, 4 SFT epochs, retrain from scratch): docs/demo.md.
+demo-full: install
+	$(BIN)/energy-router demo --full-training
 
 # The reduced demo CI runs (tiny training, 100 served queries), in a throw-away directory.
 demo-quick: install

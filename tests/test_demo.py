@@ -93,7 +93,7 @@ def test_quick_demo_numbers_match_the_table(quick_demo):
     assert s["served"]["accuracy"] == pytest.approx(acc) and s["served"]["energy_j"] == pytest.approx(joules)
     # the served row as printed
     line = next(l for l in stdout.splitlines() if l.startswith("energy router, served"))
-    m = re.search(r"\)\s+([\d.]+)\s+([\d.]+) J est\.", line)
+    m = re.search(r"\)\s+([\d.]+)\s+[+-][\d.]+\s+([\d.]+) J est\.", line)
     assert m and float(m.group(1)) == pytest.approx(acc, abs=5e-4) and float(m.group(2)) == pytest.approx(joules, abs=5e-3)
     # the production row of the served candidate agrees with that candidate's shadow row (same answer)
     shadow = {(r["query_id"], r["candidate"]): r for r in rows if r["source"] == "shadow"}
@@ -148,3 +148,80 @@ def test_demo_refuses_a_foreign_table_and_bad_options(tmp_path):
     assert url in r.stderr and "1 runs" in r.stderr
     r = run("demo", "--quick", "--lambda", "-1", "--db", f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
     assert r.returncode == 2 and "--lambda" in r.stderr and "-1" in r.stderr
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_sft_progress_callback_prints_at_least_every_n_seconds_of_steps():
+    """The TRL callback prints by wall time, not by step count: with steps of 0.7 s (fake clock), no two of its
+    lines are more than every_s + one step apart, and the first step prints at once."""
+    from types import SimpleNamespace
+
+    from litellm_energy_router.training.progress import Heartbeat, trainer_progress_callback
+
+    clock, lines, stamps = FakeClock(), [], []
+    hb = Heartbeat(lambda s: (lines.append(s), stamps.append(clock.t)), every_s=3.0, idle_s=5.0, clock=clock)
+    cb = trainer_progress_callback("SFT", hb)
+    state = SimpleNamespace(global_step=0, max_steps=100)
+    cb.on_train_begin(None, state, None)
+    for step in range(1, 101):
+        clock.t += 0.7
+        state.global_step = step
+        if step % 10 == 0:
+            cb.on_log(None, state, None, logs={"loss": 1.0 / step})
+        cb.on_step_end(None, state, None)
+    assert lines[0].strip().startswith("SFT step 1/100") and stamps[0] == pytest.approx(0.7)
+    gaps = np.diff([0.0, *stamps, clock.t])
+    assert gaps.max() <= 3.0 + 0.7 + 1e-9 and len(lines) >= 70 / 3.7
+    assert re.search(r"step 9\d/100 \(9\d%\), loss 0\.011, 6\d s, ETA \d s", lines[-1]), lines[-1]
+    assert not hb.due(hb.idle_s)  # the ticker has nothing to add while steps report
+
+
+def test_heartbeat_ticker_names_the_stage_after_a_silence():
+    from litellm_energy_router.training.progress import Heartbeat
+
+    clock, lines = FakeClock(), []
+    hb = Heartbeat(lines.append, every_s=3.0, idle_s=5.0, clock=clock)
+    hb.set_stage("[2/6] training")
+    clock.t = 4.9
+    assert not hb.check() and not lines
+    clock.t = 5.0
+    assert hb.check() and "[2/6] training: still working (5 s" in lines[-1]
+    clock.t = 7.0
+    assert not hb.check()  # counted from the last line printed
+    hb.out("probe head: ...")
+    clock.t = 11.9
+    assert not hb.check() and len(lines) == 2
+
+
+def test_longest_gap_counts_start_lines_and_exit():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from longest_gap import gaps, main
+
+    assert gaps([2.0, 3.0, 9.5], 10.0) == [(2.0, -1), (1.0, 0), (6.5, 1), (0.5, 2)]
+    assert main(["--quiet", "--", sys.executable, "-c", "print('a'); print('b')"]) == 0
+
+
+def test_demo_docs_quote_the_code_defaults():
+    """docs/demo.md and `demo --help` quote the defaults the code runs with (λ, ε, concurrency, SFT epochs, e_ref)."""
+    from litellm_energy_router.demo.loop import DEFAULT_CONCURRENCY, DEFAULT_EPSILON, DEFAULT_LAMBDA, DEMO_SFT_EPOCHS, DemoConfig
+    from litellm_energy_router.router.decide import DEFAULT_E_REF_J
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text()
+    assert f"λ = {DEFAULT_LAMBDA:g}, ε = {DEFAULT_EPSILON:g}" in doc
+    assert f"{DEFAULT_CONCURRENCY} requests in flight" in doc
+    assert f"SFT for {DEMO_SFT_EPOCHS:g} epoch" in doc
+    quoted = {float(x) for x in re.findall(r"e_ref ([\d.]+) J", doc)}
+    assert quoted == {DEFAULT_E_REF_J}, quoted
+    quoted_lam = {float(x) for x in re.findall(r"strategy λ=([\d.]+)", doc)} | {float(x) for x in re.findall(r"served \(λ=([\d.]+)", doc)}
+    assert quoted_lam == {DEFAULT_LAMBDA}, quoted_lam
+    d = DemoConfig()
+    assert f"`--db {d.db}`" in doc and f"`--workdir ./{d.workdir}`" in doc
+    r = run("demo", "--help")
+    assert r.returncode == 0 and f"default {DEFAULT_LAMBDA:g}" in r.stdout and f"[default: {DEFAULT_EPSILON:g}]" in r.stdout

@@ -1,17 +1,26 @@
-"""Stage timings, peak memory and progress bars for ``train`` / ``retrain``.
+"""Stage timings, peak memory, progress bars and progress lines for ``train`` / ``retrain`` / ``demo``.
 
 :class:`Stages` times each stage (wall seconds) and records the process's peak resident memory after it
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, a high-water mark); with a ``rich.progress.Progress`` it
 shows one bar per stage, with a count and ETA where the stage knows its total (rows read, SFT steps,
 batches scored) and elapsed time otherwise.
+
+:class:`Heartbeat` keeps a line-printing run (the demo) from falling silent: inside ``with
+heartbeat(out):`` the TRL training loops add :func:`trainer_progress_callback` (a line with step, loss and
+ETA at most every ``every_s`` seconds of wall time, not every N steps), and a ticker thread prints a
+"still working" line whenever nothing was printed for ``every_s`` seconds (probe embeddings, distillation,
+the retrain's comparison: stages without steps).
 """
 
 from __future__ import annotations
 
 import resource
 import sys
+import threading
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 
@@ -19,6 +28,32 @@ def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, MiB (Linux reports KiB, macOS bytes)."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children so far."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@dataclass
+class Timings:
+    """Wall and CPU seconds of each stage (CPU time shows what a stage costs on a machine shared with other work)."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    _cpu0: float = field(default_factory=cpu_seconds)
+
+    def mark(self, name: str, t0: float) -> float:
+        c = cpu_seconds()
+        self.steps[name] = round(time.time() - t0, 1)
+        self.cpu[name] = round(c - self._cpu0, 1)
+        self._cpu0 = c
+        return time.time()
+
+    def line(self, wall: float) -> str:
+        return (f"wall time {wall:.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.steps.items())
+                + f"); CPU {cpu_seconds():.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.cpu.items()) + ")")  # fmt: skip
 
 
 def progress_bar() -> Any:
@@ -89,3 +124,108 @@ class CountingStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+
+class Heartbeat:
+    """Progress lines at least every ``every_s`` seconds (wall, by ``clock``, a monotonic seconds source).
+
+    Every line of the run goes through :meth:`out`, which records when the last line was printed;
+    :meth:`beat` prints an informative line once ``every_s`` seconds passed since the last line;
+    :meth:`check` (the ticker thread's) prints a "still working" line naming the stage after ``idle_s``
+    silent seconds (longer than ``every_s``, so a stage that reports its own progress is not interrupted).
+    """
+
+    def __init__(self, out: Callable[[str], None], every_s: float = 3.0, idle_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._out, self.every_s, self.idle_s, self.clock = out, float(every_s), float(idle_s), clock
+        self.last = self.stage_t0 = clock()
+        self.stage = "starting"
+        self._lock = threading.Lock()
+
+    def out(self, line: str) -> None:
+        with self._lock:
+            self._out(line)
+            self.last = self.clock()
+
+    def set_stage(self, name: str) -> None:
+        """Name the stage the "still working" lines report (and restart its clock)."""
+        self.stage, self.stage_t0 = name, self.clock()
+
+    def due(self, after_s: float | None = None) -> bool:
+        """True once ``after_s`` (default ``every_s``) seconds passed since the last line."""
+        return self.clock() - self.last >= (self.every_s if after_s is None else after_s)
+
+    def beat(self, make_line: Callable[[], str], after_s: float | None = None) -> bool:
+        """Print ``make_line()`` if :meth:`due`; True if it printed."""
+        if not self.due(after_s):
+            return False
+        self.out(make_line())
+        return True
+
+    def check(self) -> bool:
+        """The ticker's call: after ``idle_s`` silent seconds, one line saying which stage is still running."""
+        return self.beat(lambda: f"      ... {self.stage}: still working ({self.clock() - self.stage_t0:.0f} s in this stage)",
+                         self.idle_s)  # fmt: skip
+
+
+_ACTIVE: ContextVar[Heartbeat | None] = ContextVar("energy_router_heartbeat", default=None)
+
+
+def active_heartbeat() -> Heartbeat | None:
+    """The :class:`Heartbeat` of the enclosing ``with heartbeat(...)`` (None outside one)."""
+    return _ACTIVE.get()
+
+
+@contextmanager
+def heartbeat(out: Callable[[str], None], every_s: float = 3.0, idle_s: float = 5.0, tick_s: float = 1.0) -> Iterator[Heartbeat]:
+    """A :class:`Heartbeat` over ``out`` for the block, with its ticker thread (checks every ``tick_s`` s)."""
+    hb = Heartbeat(out, every_s, idle_s)
+    token = _ACTIVE.set(hb)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(tick_s):
+            hb.check()
+
+    t = threading.Thread(target=tick, name="energy-router-heartbeat", daemon=True)
+    t.start()
+    try:
+        yield hb
+    finally:
+        stop.set()
+        t.join(timeout=2 * tick_s + 1)
+        _ACTIVE.reset(token)
+
+
+def step_line(label: str, step: int, max_steps: int, elapsed_s: float, loss: float | None = None) -> str:
+    """``SFT step 40/288 (14%), loss 0.612, 12 s, ETA 75 s`` (ETA from the mean step time so far)."""
+    pct = f" ({100 * step / max_steps:.0f}%)" if max_steps else ""
+    eta = f", ETA {elapsed_s / step * (max_steps - step):.0f} s" if step and max_steps else ""
+    loss_s = f", loss {loss:.3f}" if loss is not None else ""
+    return f"      {label} step {step}/{max_steps or '?'}{pct}{loss_s}, {elapsed_s:.0f} s{eta}"
+
+
+def trainer_progress_callback(label: str, hb: Heartbeat) -> Any:
+    """A ``transformers.TrainerCallback`` printing :func:`step_line` through ``hb`` at most every
+    ``hb.every_s`` seconds of wall time (and once at the first step), whatever a step costs."""
+    from transformers import TrainerCallback
+
+    class _TimedProgress(TrainerCallback):
+        t0: float = 0.0
+        printed: float = 0.0
+        loss: float | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = self.printed = hb.clock()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                self.loss = float(logs["loss"])
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            now = hb.clock()  # its own clock: a slow step still gets its line after the ticker's
+            if state.global_step == 1 or now - self.printed >= hb.every_s:
+                self.printed = now
+                hb.out(step_line(label, state.global_step, state.max_steps, now - self.t0, self.loss))
+
+    return _TimedProgress()

@@ -73,7 +73,11 @@ def run_sft(model: Any, tokenizer: Any, dataset: Any, cfg: SFTStageConfig, out_d
 
     from transformers.trainer_callback import PrinterCallback
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Log()])
+    from .progress import active_heartbeat, trainer_progress_callback
+
+    hb = active_heartbeat()  # inside `with heartbeat(out)` (the demo): a step line at least every few seconds
+    callbacks = [_Log()] + ([trainer_progress_callback("SFT", hb)] if hb is not None else [])
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # progress goes through on_log (a rich bar in the CLI)
     trainer.train()
     return trainer.model

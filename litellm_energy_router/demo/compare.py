@@ -56,40 +56,114 @@ def baselines(Y: np.ndarray, E: np.ndarray, candidates: Sequence[str]) -> dict[s
 
 @dataclass
 class Sweep:
-    """The router's λ sweep on the served queries (counterfactual, no exploration)."""
+    """The router's λ sweep on the served queries (counterfactual, no exploration), with the AIQ of the
+    router and of the static models' hull on each bootstrap resample of the queries (paired)."""
 
     evaluation: Any  # training.evaluate.Evaluation
     at_lambda: Point
     e_ref_j: float
     version: str
+    aiq_boot: np.ndarray | None = None
+    hull_boot: np.ndarray | None = None
+
+
+def bootstrap_rows(n: int, n_boot: int, seed: int = 0) -> list[np.ndarray]:
+    """``n_boot`` resamples (with replacement) of ``n`` query rows."""
+    rng = np.random.default_rng(seed)
+    return list(rng.integers(0, n, size=(n_boot, n)))
 
 
 def router_sweep(checkpoint: Path, texts: Sequence[str], prompt_tokens: Sequence[int], Y: np.ndarray, E: np.ndarray,
-                 lam: float, n_points: int = 41) -> Sweep:  # fmt: skip
+                 lam: float, n_points: int = 41, n_boot: int = 500) -> Sweep:  # fmt: skip
     """Score the served queries with ``checkpoint`` as serving did (no task tag), sweep λ with the serving
-    decision rule; ``Y``/``E`` in the checkpoint's candidate order."""
+    decision rule; ``Y``/``E`` in the checkpoint's candidate order. ``n_boot`` query resamples give the
+    AIQ's spread (router and static hull on the same resample)."""
     from ..router.scoring import load_scorer
-    from ..training.evaluate import evaluate
+    from ..training.evaluate import aiq, evaluate
 
     model = load_scorer(checkpoint)
     P = model.score(list(texts), None)
     Ehat = model.energy(list(texts), None, prompt_tokens=list(prompt_tokens))
     e_ref = DEFAULT_E_REF_J
-    ev = evaluate(Y, E, {"router": (P, Ehat)}, model.candidates, e_ref=e_ref, n_points=n_points)
+    boot = bootstrap_rows(len(Y), n_boot) if n_boot else None
+    ev = evaluate(Y, E, {"router": (P, Ehat)}, model.candidates, e_ref=e_ref, n_points=n_points, folds=boot)
     c = decide(P, Ehat, Knob.point(lambda_=lam, e_ref_j=e_ref))
     rows = np.arange(len(Y))
     at = Point(f"router at λ={lam:g}, no exploration", float(Y[rows, c].mean()), float(E[rows, c].mean()))
-    return Sweep(ev, at, e_ref, model.version)
+    hull = None
+    if boot is not None:
+        hull = np.array([aiq(E[i].mean(axis=0), Y[i].mean(axis=0), float(E[i].mean(axis=0).max())) for i in boot])
+    return Sweep(ev, at, e_ref, model.version, np.asarray(ev.method("router").aiq_folds) if boot else None, hull)
+
+
+def _ci(x: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.percentile(x, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+@dataclass
+class Headline:
+    """The served traffic against the best single model (accuracy difference, joule ratio) and the
+    router's λ sweep against the static models' hull (AIQ difference), each with a paired bootstrap 95 %
+    interval over the served queries; a difference whose interval holds 0 (a ratio: 1) is a tie."""
+
+    best: str
+    acc_diff: float
+    acc_ci: tuple[float, float]
+    j_ratio: float
+    j_ci: tuple[float, float]
+    aiq_router: float
+    aiq_hull: float
+    aiq_ci: tuple[float, float] | None
+    n_boot: int
+
+    @classmethod
+    def of(cls, prod: Sequence[dict[str, Any]], Y: np.ndarray, E: np.ndarray, base: dict[str, Point], sweep: Sweep,
+           seed: int = 0) -> "Headline":  # fmt: skip
+        """``prod``: the served production rows, row i = query i of ``Y``/``E`` (labelled, with energy)."""
+        b = list(sweep.evaluation.candidates).index(base["best_single"].candidate)
+        s = np.array([r["score"] for r in prod], dtype=np.float64)
+        j = np.array([r["energy_j"] for r in prod], dtype=np.float64)
+        n_boot = len(sweep.aiq_boot) if sweep.aiq_boot is not None else 500
+        idx = np.stack(bootstrap_rows(len(s), n_boot, seed + 1))
+        d = s[idx].mean(axis=1) - Y[idx, b].mean(axis=1)
+        r = j[idx].mean(axis=1) / E[idx, b].mean(axis=1)
+        ev = sweep.evaluation
+        a_r, a_h = ev.method("router").aiq, ev.method("zero router (static hull)").aiq
+        a_ci = _ci(sweep.aiq_boot - sweep.hull_boot) if sweep.aiq_boot is not None and sweep.hull_boot is not None else None
+        return cls(base["best_single"].name, float(s.mean() - Y[:, b].mean()), _ci(d), float(j.mean() / E[:, b].mean()),
+                   _ci(r), a_r, a_h, a_ci, n_boot)  # fmt: skip
+
+    def lines(self, served: Point, base: dict[str, Point]) -> list[str]:
+        tie = lambda lo, hi, at: " (a tie: the interval holds " + at + ")" if lo <= float(at) <= hi else ""  # noqa: E731
+        (alo, ahi), (jlo, jhi) = self.acc_ci, self.j_ci
+        out = [f"headline (paired bootstrap 95% intervals over the {'served queries'}, {self.n_boot} resamples; J estimated):",
+               f"  served traffic vs the {self.best}: accuracy {served.accuracy:.3f} vs {base['best_single'].accuracy:.3f} "
+               f"({self.acc_diff:+.3f} [{alo:+.3f}, {ahi:+.3f}]{tie(alo, ahi, '0')}), J est. {served.energy_j:.2f} vs "
+               f"{base['best_single'].energy_j:.2f} (x{self.j_ratio:.3f} [{jlo:.3f}, {jhi:.3f}]{tie(jlo, jhi, '1')})"]  # fmt: skip
+        if self.aiq_ci is not None:
+            lo, hi = self.aiq_ci
+            out.append(f"  router's λ sweep vs the static models' hull: AIQ {self.aiq_router:.4f} vs {self.aiq_hull:.4f} "
+                       f"({self.aiq_router - self.aiq_hull:+.4f} [{lo:+.4f}, {hi:+.4f}]{tie(lo, hi, '0')})")  # fmt: skip
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"best_single": self.best, "accuracy_diff": self.acc_diff, "accuracy_diff_ci95": list(self.acc_ci),
+                "joules_ratio": self.j_ratio, "joules_ratio_ci95": list(self.j_ci), "aiq_router": self.aiq_router,
+                "aiq_static_hull": self.aiq_hull, "aiq_diff_ci95": None if self.aiq_ci is None else list(self.aiq_ci),
+                "bootstrap_resamples": self.n_boot}  # fmt: skip
 
 
 def comparison_lines(served: Point, base: dict[str, Point], sweep: Sweep | None, n: int, lam: float, eps: float) -> list[str]:
-    """The comparison table as text lines; every joule figure is marked as estimated."""
-    ref = base["always_largest"].energy_j
-    points = [served] + ([sweep.at_lambda] if sweep else []) + [base[k] for k in ("always_largest", "always_smallest", "random", "best_single", "oracle")]
+    """The comparison table as text lines, against the best single model (the baseline a deployment
+    without a router would pick); every joule figure is marked as estimated."""
+    ref = base["best_single"]
+    points = [served] + ([sweep.at_lambda] if sweep else []) + [base[k] for k in ("best_single", "always_largest", "always_smallest", "random", "oracle")]
     w = max(len(p.name) for p in points) + 2
-    lines = [f"{'policy'.ljust(w)}{'accuracy':>9}  {'mean J/query (estimated)':>25}  {'J vs always-largest':>20}"]
+    lines = [f"{'policy'.ljust(w)}{'accuracy':>9}  {'vs best single':>14}  {'mean J/query (estimated)':>25}  {'J vs best single':>17}"]
     for p in points:
-        lines.append(f"{p.name.ljust(w)}{p.accuracy:9.3f}  {p.energy_j:>19.2f} J est.  {(p.energy_j / ref - 1) * 100:>+19.1f}%")
+        lines.append(f"{p.name.ljust(w)}{p.accuracy:9.3f}  {p.accuracy - ref.accuracy:>+14.3f}  {p.energy_j:>19.2f} J est.  "
+                     f"{(p.energy_j / ref.energy_j - 1) * 100:>+16.1f}%")  # fmt: skip
     lines.append(f"(served: {n} held-back queries through litellm.Router, λ={lam:g}, ε={eps:g} exploration; accuracy = recorded "
                  "correctness of the replayed answer; the other lines are counterfactual on the same queries)")  # fmt: skip
     return lines
@@ -121,10 +195,11 @@ def write_plot(path: Path, served: Point, base: dict[str, Point], sweep: Sweep |
     from ..training.evaluate import pareto_hull
 
     se, sa = E.mean(axis=0), Y.mean(axis=0)
-    fig, ax = plt.subplots(figsize=(10, 6))
-    ax.scatter(se, sa, color="black", zorder=5, label="always one candidate")
-    for c, x, y in zip(candidates, se, sa):
-        ax.annotate(_short(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    fig, ax = plt.subplots(figsize=(12, 6))
+    markers = "osD^vP<>hX"
+    for k, (c, x, y) in enumerate(zip(candidates, se, sa)):  # one legend entry per model: no labels to overlap
+        ax.scatter([x], [y], marker=markers[k % len(markers)], color="black", facecolor=f"C{k % 10}", s=60, zorder=5,
+                   label=f"always {_short(c)} ({y:.3f}, {x:.1f} J)")  # fmt: skip
     hx, hy = pareto_hull(se, sa)
     ax.plot(np.r_[hx, se.max()], np.r_[hy, hy[-1]], "k--", lw=1, label="static models' hull")
     if sweep is not None:
@@ -140,7 +215,7 @@ def write_plot(path: Path, served: Point, base: dict[str, Point], sweep: Sweep |
     ax.set_ylabel("accuracy (recorded correctness)")
     ax.set_xlim(0, max(float(se.max()), served.energy_j) * 1.08)
     ax.set_title("energy-router demo: served held-back traffic vs baselines")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the axes, over no point
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import re
 import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +24,14 @@ from ..table import Run, open_store
 Out = Callable[[str], None]
 
 DEFAULT_LAMBDA = 0.22  # accuracy per 100 J; mid-curve on the bundled rows: most of the accuracy for a fraction of the joules
+DEFAULT_EPSILON = 0.05  # exploration rate of the served traffic (every production row gets a propensity)
+DEFAULT_CONCURRENCY = 8  # requests in flight
+# The demo's training budget (docs/demo.md, "Training budget"): the default TrainConfig with SFT cut to one epoch
+# (it trains 4: 150-200 s per training on 2 idle cores), and the retrain warm-started from the serving
+# checkpoint on the new queries plus as many replayed old ones (retrain.warm_start). `--full-training`
+# runs the long configuration instead (the default TrainConfig, retrain from scratch).
+DEMO_SFT_EPOCHS = 1.0
+DEMO_WARM_RETRAIN = True
 ENERGY_NOTE = ("ESTIMATED joules: bundled ML.ENERGY H100 profile (J/prompt token, J/output token) x cl100k token "
                "counts of the replayed answers (energy_method=estimate); nothing here is measured on a GPU")  # fmt: skip
 MARKER = "demo.json"
@@ -41,6 +49,8 @@ class DemoConfig:
         db: table URL (the demo's own table: it must be empty or left by an earlier demo run).
         workdir: checkpoints, pointer, retrain reports, ``pareto.png``, ``summary.json``.
         quick: tiny training (``TrainConfig.quick()``) and ``quick_queries`` served queries.
+        full_training: the long training: the default ``TrainConfig()`` (4 SFT epochs) and a retrain from
+            scratch, instead of :data:`DEMO_SFT_EPOCHS` epochs and a warm-started retrain.
         lam: λ of the served traffic (energy weight; ``None`` = :data:`DEFAULT_LAMBDA`).
         epsilon: exploration rate of the strategy (so every production row has a propensity).
         concurrency: requests in flight.
@@ -53,9 +63,10 @@ class DemoConfig:
     db: str = "sqlite:///energy_router_demo.db"
     workdir: Path = Path("energy_router_demo")
     quick: bool = False
+    full_training: bool = False
     lam: float | None = None
-    epsilon: float = 0.05
-    concurrency: int = 8
+    epsilon: float = DEFAULT_EPSILON
+    concurrency: int = DEFAULT_CONCURRENCY
     holdout_fraction: float = 0.2
     shadow_fraction: float = 1.0
     quick_queries: int = 100
@@ -76,6 +87,8 @@ class DemoConfig:
             raise DemoError(f"--concurrency {self.concurrency!r}: must be >= 1")
         if not 0 <= self.shadow_fraction <= 1:
             raise DemoError(f"shadow_fraction {self.shadow_fraction!r}: must be in [0, 1]")
+        if self.quick and self.full_training:
+            raise DemoError("--quick and --full-training: choose one")
 
     @property
     def pointer(self) -> Path:
@@ -84,15 +97,6 @@ class DemoConfig:
     @property
     def versions(self) -> Path:
         return self.workdir / "versions"
-
-
-@dataclass
-class Timings:
-    steps: dict[str, float] = field(default_factory=dict)
-
-    def mark(self, name: str, t0: float) -> float:
-        self.steps[name] = round(time.time() - t0, 1)
-        return time.time()
 
 
 # -- workdir and table -----------------------------------------------------------------------------------
@@ -145,17 +149,26 @@ def prepare(cfg: DemoConfig, out: Out) -> None:
 # -- retrain ---------------------------------------------------------------------------------------------
 
 
+def retrain_config(cfg: DemoConfig) -> Any:
+    """The demo's :class:`~litellm_energy_router.training.retrain.RetrainConfig`: its training budget
+    (:data:`DEMO_SFT_EPOCHS`, :data:`DEMO_WARM_RETRAIN`) unless ``full_training`` or ``quick``."""
+    from ..training.retrain import RetrainConfig
+    from ..training.train_config import SFTSection, TrainSection
+
+    short = not (cfg.full_training or cfg.quick)
+    return RetrainConfig(table_url=cfg.db, pointer=cfg.pointer, versions_dir=cfg.versions, keep=5, min_new_rows=1,
+                         quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value, epsilon=cfg.epsilon,
+                         warm_start=DEMO_WARM_RETRAIN and not cfg.full_training,
+                         train=TrainSection(sft=SFTSection(epochs=DEMO_SFT_EPOCHS)) if short else TrainSection())  # fmt: skip
+
+
 def retrain_once(cfg: DemoConfig, out: Out) -> Any:
     """One cron-style retrain (a :class:`~litellm_energy_router.training.retrain.RetrainResult`): with no
     serving checkpoint it trains and promotes the first version; later it trains on the new rows and
     promotes only a better checkpoint."""
-    from ..training.retrain import RetrainConfig, run_retrain
+    from ..training.retrain import run_retrain
 
-    return run_retrain(
-        RetrainConfig(table_url=cfg.db, pointer=cfg.pointer, versions_dir=cfg.versions, keep=5, min_new_rows=1,
-                      quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value, epsilon=cfg.epsilon),
-        log=lambda s: out(f"  {s}" + ("  [J estimated]" if re.search(r"\d J\b", s) else "")),
-    )  # fmt: skip
+    return run_retrain(retrain_config(cfg), log=lambda s: out(f"  {s}" + ("  [J estimated]" if re.search(r"\d J\b", s) else "")))
 
 
 # -- labels ----------------------------------------------------------------------------------------------
@@ -224,31 +237,35 @@ def _serving_settings(cfg: DemoConfig) -> Any:
 
 
 def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
-    """Run the whole loop; print progress and the comparison through ``out``; return the summary (also
-    written to ``<workdir>/summary.json``)."""
-    from ..profiling.routerbench import bundled_files, import_routerbench, iter_records
-    from ..router.checkpoint import read_manifest
-    from ..training.data import holdout_split
-    from . import compare
-    from .backend import LocalBackend, ReplayAnswers
-    from .serve import serve
+    """Run the whole loop; print progress and the comparison through ``out`` (a line at least every few
+    seconds in every stage: :class:`~litellm_energy_router.training.progress.Heartbeat`); return the
+    summary (also written to ``<workdir>/summary.json``)."""
+    from ..training.progress import heartbeat
 
     cfg.check()
-    from transformers.utils import logging as hf_logging
+    out(f"energy-router demo{' --quick' if cfg.quick else ''}{' --full-training' if cfg.full_training else ''}: "
+        f"table {cfg.db}, workdir {cfg.workdir} (loading torch, transformers and LiteLLM ...)")  # fmt: skip
+    with heartbeat(out) as hb:
+        return _run(cfg, hb)
 
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)  # library deprecation notices, not the demo's business
-    t_start = t = time.time()
-    tm = Timings()
-    prepare(cfg, out)
-    out(f"energy-router demo{' --quick' if cfg.quick else ''}: table {cfg.db}, workdir {cfg.workdir}")
-    out(f"note: {ENERGY_NOTE}")
 
-    # 1. import the bundled rows, minus the held-back queries
-    files = bundled_files()
-    records = list(iter_records(files))
+def held_back(cfg: DemoConfig) -> tuple[list[Any], list[Any]]:
+    """(all bundled records, the held-back ones: stable hash of the query id, salt ``demo``)."""
+    from ..profiling.routerbench import bundled_files, iter_records
+    from ..training.data import holdout_split
+
+    records = list(iter_records(bundled_files()))
     _, test_idx = holdout_split([r.query_id for r in records], cfg.holdout_fraction, salt="demo")
-    held = [records[i] for i in test_idx]
+    return records, [records[i] for i in test_idx]
+
+
+def _import(cfg: DemoConfig, out: Out) -> tuple[Any, list[Any], list[Any]]:
+    """Step 1: import the bundled rows minus the held-back queries. Returns (import result, held-back records, served records)."""
+    from ..profiling.routerbench import bundled_files, import_routerbench
+    from ..training.data import holdout_split
+
+    files = bundled_files()
+    records, held = held_back(cfg)
     held_ids = {r.query_id for r in held}
     keep_ids = {r.query_id for r in records} - held_ids
     if cfg.quick:  # a smaller table keeps both quick trainings short
@@ -261,38 +278,43 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
         store.close()
     out(f"[1/6] {imp.line(cfg.db)}".replace(f"held back {imp.held_back} queries",
         f"held back {len(held)} queries to serve" + (f", {imp.held_back - len(held)} left out (--quick)" if cfg.quick else "")))  # fmt: skip
-    t = tm.mark("import", t)
+    return imp, held, held[: cfg.quick_queries] if cfg.quick else held
 
-    # 2. train the default router (retrain with no serving checkpoint trains and promotes the first version)
-    out(f"[2/6] training the {'quick' if cfg.quick else 'default'} router on the table "
-        f"({'seconds' if cfg.quick else 'a few minutes on 2 cores'}) ...")  # fmt: skip
-    first = retrain_once(cfg, out)
-    if first.status != "promoted" or first.checkpoint is None:
-        raise DemoError(f"{cfg.pointer}: first training did not promote a checkpoint (status {first.status})")
-    manifest = read_manifest(first.checkpoint)
-    candidates = list(manifest.candidates)
-    out(f"      serving checkpoint {first.version}: {first.checkpoint}")
-    t = tm.mark("train", t)
 
-    # 3. serve the held-back queries through litellm.Router + strategy + callback
-    serve_recs = held[: cfg.quick_queries] if cfg.quick else held
-    out(f"[3/6] serving {len(serve_recs)} held-back queries through litellm.Router (6 replay deployments, "
-        f"energy strategy λ={cfg.lam_value:g} ε={cfg.epsilon:g}, EnergyLogger with the estimate meter), concurrency {cfg.concurrency} ...")  # fmt: skip
+def _training_line(cfg: DemoConfig) -> str:
+    if cfg.quick:
+        return "[2/6] training the quick router on the table (tiny backbone, seconds) ..."
+    if cfg.full_training:
+        return "[2/6] training the router on the table (--full-training: the default TrainConfig, 4 SFT epochs; minutes) ..."
+    return f"[2/6] training the router on the table (the default TrainConfig with {DEMO_SFT_EPOCHS:g} SFT epoch; about a minute on 2 cores) ..."
+
+
+def _serve(cfg: DemoConfig, hb: Any, serve_recs: list[Any], candidates: list[str]) -> tuple[list[Any], dict[str, int], Any, int]:
+    """Step 3: the held-back queries through litellm.Router; a progress line every few seconds."""
     import torch
+
+    from .backend import LocalBackend, ReplayAnswers
+    from .serve import serve
+
+    n, done, t0 = len(serve_recs), [0], time.time()
+
+    def progress(k: int) -> None:
+        done[0] += k
+        hb.beat(lambda: f"      served {done[0]}/{n} ({time.time() - t0:.0f} s)")
 
     threads = torch.get_num_threads()
     with LocalBackend(ReplayAnswers(serve_recs)) as backend:
         calls, counts = serve([r.prompt for r in serve_recs], candidates, backend.base_url, _serving_settings(cfg),
-                              concurrency=cfg.concurrency)  # fmt: skip
+                              concurrency=cfg.concurrency, progress=progress)  # fmt: skip
         grade = backend.answers.grade
         unknown = backend.answers.unknown
     torch.set_num_threads(threads)  # the serving runtime pins torch to one thread; training wants them all
-    t_serve = time.time() - t
-    out(f"      {len(calls)} responses in {t_serve:.1f}s ({len(calls) / max(t_serve, 1e-9):.0f} req/s); callback wrote "
-        f"{counts['written']} rows ({counts['spooled']} spooled); replay misses {unknown}")  # fmt: skip
-    t = tm.mark("serve", t)
+    return calls, counts, grade, unknown
 
-    # 4. labels: feedback on every production row; replayed shadow rows for every candidate
+
+def _label(cfg: DemoConfig, calls: list[Any], serve_recs: list[Any], candidates: list[str], grade: Any) -> tuple[list[dict], int, tuple]:
+    """Step 4: feedback on every production row, replayed shadow rows for every candidate. Returns the
+    production rows (in served order), the shadow rows written and the served queries' matrices."""
     rows = label_production(cfg.db, calls, lambda i, c: grade(serve_recs[i].prompt, c))
     pt, ct, Y, E = _served_matrices(serve_recs, candidates)
     n_shadow = int(round(cfg.shadow_fraction * len(calls)))
@@ -306,52 +328,99 @@ def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
         store.write(runs=runs)
     finally:
         store.close()
-    prod = [rows[c.call_id] for c in calls]
+    return [rows[c.call_id] for c in calls], len(runs), (pt, ct, Y, E)
+
+
+def _run(cfg: DemoConfig, hb: Any) -> dict[str, Any]:
+    from ..router.checkpoint import read_manifest
+    from . import compare
+
+    from ..training.progress import Timings
+
+    out = hb.out
+    hb.set_stage("[0/6] loading libraries")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # library deprecation notices, not the demo's business
+    t_start = t = time.time()
+    tm = Timings()
+    prepare(cfg, out)
+    out(f"note: {ENERGY_NOTE}")
+
+    hb.set_stage("[1/6] import")
+    imp, held, serve_recs = _import(cfg, out)
+    t = tm.mark("import", t)
+
+    # 2. train the first router (retrain with no serving checkpoint trains and promotes the first version)
+    hb.set_stage("[2/6] training")
+    out(_training_line(cfg))
+    first = retrain_once(cfg, out)
+    if first.status != "promoted" or first.checkpoint is None:
+        raise DemoError(f"{cfg.pointer}: first training did not promote a checkpoint (status {first.status})")
+    candidates = list(read_manifest(first.checkpoint).candidates)
+    out(f"      serving checkpoint {first.version}: {first.checkpoint}")
+    t = tm.mark("train", t)
+
+    hb.set_stage("[3/6] serving")
+    out(f"[3/6] serving {len(serve_recs)} held-back queries through litellm.Router (6 replay deployments, "
+        f"energy strategy λ={cfg.lam_value:g} ε={cfg.epsilon:g}, EnergyLogger with the estimate meter), concurrency {cfg.concurrency} ...")  # fmt: skip
+    calls, counts, grade, unknown = _serve(cfg, hb, serve_recs, candidates)
+    t_serve = time.time() - t
+    out(f"      {len(calls)} responses in {t_serve:.1f}s ({len(calls) / max(t_serve, 1e-9):.0f} req/s); callback wrote "
+        f"{counts['written']} rows ({counts['spooled']} spooled); replay misses {unknown}")  # fmt: skip
+    t = tm.mark("serve", t)
+
+    hb.set_stage("[4/6] labels")
+    prod, n_shadow_rows, (pt, _, Y, E) = _label(cfg, calls, serve_recs, candidates, grade)
     with_prop = sum(r["propensity"] is not None for r in prod)
     out(f"[4/6] feedback: {sum(r['score'] is not None for r in prod)}/{len(prod)} production rows labelled with the recorded "
-        f"correctness of the served answer ({with_prop} with a propensity); {len(runs)} replayed shadow rows "
-        f"({n_shadow} queries x {len(candidates)} candidates, recorded correctness, estimated J)")  # fmt: skip
+        f"correctness of the served answer ({with_prop} with a propensity); {n_shadow_rows} replayed shadow rows "
+        f"({n_shadow_rows // max(len(candidates), 1)} queries x {len(candidates)} candidates, recorded correctness, estimated J)")  # fmt: skip
     t = tm.mark("label", t)
 
-    # 5. one retrain on the grown table
-    out("[5/6] retrain on the grown table (import + production + shadow rows) ...")
+    hb.set_stage("[5/6] retrain")
+    out("[5/6] retrain on the grown table (import + production + shadow rows"
+        + ("; warm start from the serving checkpoint: the new queries plus as many replayed old ones" if retrain_config(cfg).warm_start else "")
+        + ") ...")  # fmt: skip
     second = retrain_once(cfg, out)
     out(f"      retrain: {second.status}" + (f", version {second.version}" if second.version else "")
         + (f", report {second.report_md}" if second.report_md else ""))  # fmt: skip
     t = tm.mark("retrain", t)
 
-    # 6. compare
+    hb.set_stage("[6/6] compare")
     served = compare.served_point(prod, cfg.lam_value)
     served.name = f"energy router, served (λ={cfg.lam_value:g}, ε={cfg.epsilon:g})"
     base = compare.baselines(Y, E, candidates)
     sweep = compare.router_sweep(first.checkpoint, [r.prompt for r in serve_recs], pt, Y, E, cfg.lam_value)
+    head = compare.Headline.of(prod, Y, E, base, sweep)
     pareto = compare.write_plot(cfg.workdir / "pareto.png", served, base, sweep, Y, E, candidates)
     t = tm.mark("compare", t)
     out("[6/6] served traffic vs baselines on the same held-back queries")
     out(f"note: {ENERGY_NOTE}")
-    for line in compare.comparison_lines(served, base, sweep, len(prod), cfg.lam_value, cfg.epsilon):
-        out(line)
-    for line in compare.sweep_lines(sweep, candidates):
+    for line in [*compare.comparison_lines(served, base, sweep, len(prod), cfg.lam_value, cfg.epsilon),
+                 *compare.sweep_lines(sweep, candidates), *head.lines(served, base)]:  # fmt: skip
         out(line)
     wall = time.time() - t_start
     out(f"pareto plot: {pareto.resolve()}")
     out(f"summary: {(cfg.workdir / 'summary.json').resolve()}")
-    out(f"wall time {wall:.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in tm.steps.items()) + ")")
+    out(tm.line(wall))
     curve = sweep.evaluation.method("router").curve
     summary = {
-        "db": cfg.db, "workdir": str(cfg.workdir), "quick": cfg.quick, "lambda": cfg.lam_value, "epsilon": cfg.epsilon,
+        "db": cfg.db, "workdir": str(cfg.workdir), "quick": cfg.quick, "full_training": cfg.full_training,
+        "lambda": cfg.lam_value, "epsilon": cfg.epsilon,
         "energy_method": "estimate", "energy_note": ENERGY_NOTE, "candidates": candidates,
         "imported_queries": imp.queries, "held_back_queries": len(held), "served_queries": len(prod),
-        "production_rows_with_propensity": with_prop, "shadow_rows": len(runs),
+        "production_rows_with_propensity": with_prop, "shadow_rows": n_shadow_rows,
         "served": served.as_dict(), "router_no_exploration": sweep.at_lambda.as_dict(),
-        "baselines": {k: p.as_dict() for k, p in base.items()},
+        "baselines": {k: p.as_dict() for k, p in base.items()}, "headline": head.as_dict(),
         "router_curve": {"version": sweep.version, "lambda": curve.knob.tolist(), "accuracy": curve.accuracy.tolist(),
                          "energy_j": curve.energy_j.tolist(), "aiq": sweep.evaluation.method("router").aiq,
                          "aiq_static_hull": sweep.evaluation.method("zero router (static hull)").aiq},
         "first_version": {"status": first.status, "version": first.version, "checkpoint": first.checkpoint},
         "retrain": {"status": second.status, "version": second.version, "checkpoint": second.checkpoint,
-                    "report": second.report_md},
-        "pareto_png": pareto.resolve(), "wall_s": round(wall, 1), "steps_s": tm.steps,
+                    "report": second.report_md, "comparison": second.details.get("comparison")},
+        "pareto_png": pareto.resolve(), "wall_s": round(wall, 1), "steps_s": tm.steps, "cpu_s": tm.cpu,
     }  # fmt: skip
     summary_json(cfg.workdir / "summary.json", summary)
     return summary
