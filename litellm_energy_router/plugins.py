@@ -69,6 +69,13 @@ class Hookspecs:
         """Router scorers: ``factory(checkpoint_dir, manifest)`` returns an object with ``candidates``,
         ``version``, ``score(texts, tasks) -> P[n, K]`` and ``energy(texts, tasks) -> E[n, K]``."""
 
+    @hookspec
+    def energy_router_carbon_providers(self) -> "Mapping[str, Callable[..., Any]]":
+        """Grid carbon intensity providers: ``factory(**options)`` returns an object with
+        ``intensity(region, t_s) -> gCO2e/kWh | None`` (answered from memory: it runs on the serving path).
+        Selected by ``carbon.provider: <name>``; ``carbon.provider_options`` are the keyword arguments
+        (:mod:`litellm_energy_router.energy.carbon`)."""
+
 
 @functools.cache
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -149,6 +156,11 @@ def task_factories() -> dict[str, Callable[[], "Task"]]:
 def scorer_factories() -> dict[str, Callable[["Path", "Manifest"], Any]]:
     """Router scorer name -> factory ``(checkpoint_dir, manifest) -> scorer``, over all plugins."""
     return _merged("energy_router_scorers", "scorer")
+
+
+def carbon_provider_factories() -> dict[str, Callable[..., Any]]:
+    """Carbon intensity provider name -> factory ``(**options) -> provider``, over all plugins."""
+    return _merged("energy_router_carbon_providers", "carbon provider")
 
 
 def lazy(target: str) -> Callable[..., Any]:

@@ -36,6 +36,7 @@ from ..redact import redact, redact_url
 from ..shadow_queue import ShadowQueue
 from ..table import BadRowError, Query, Run, TableError, open_store, text_hash
 from ..table.production import query_id_for, stored_call_id
+from .accounting import RowAccounting
 from .overflow import Overflow
 from .pending_row import CandidateMap, PendingRow
 from .private_files import load_or_create_salt
@@ -58,6 +59,7 @@ class TableWriter:
         shadow: shadow-sampling queue, or ``None``.
         settle_timeout_s: max seconds a row waits for settled energy, s.
         store_factory: opens the table (tests inject failures).
+        accounting: carbon and ledger figures of each row (default: no sites, ledger kept).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class TableWriter:
         settle_timeout_s: float = 30.0,
         store_factory: Callable[[str], Any] = open_store,
         start: bool = True,
+        accounting: RowAccounting | None = None,
     ) -> None:
         self.url = url
         self.meter = meter
@@ -81,6 +84,7 @@ class TableWriter:
         self.shadow = shadow
         self.settle_timeout_s = settle_timeout_s
         self.store_factory = store_factory
+        self.accounting = accounting or RowAccounting()
         self.salt = privacy.salt or load_or_create_salt(privacy.salt_file or Path(writer.spool_dir) / "salt")
         self.spool = Spool(writer.spool_dir, max_bytes=int(writer.spool_max_mb * 2**20), keep_text=privacy.store_text,
                            salt=self.salt, retry_max_s=writer.retry_max_s)  # fmt: skip
@@ -263,6 +267,7 @@ class TableWriter:
         call_id = stored_call_id(row.call_id)
         if call_id != row.call_id:
             CALL_IDS_REASSIGNED.labels(reason="too_long").inc()
+        figures, ledger = self.accounting.settle(row, e)  # accounting: run columns + ledger increments
         try:
             q = Query(
                 id=query_id_for(call_id), task=self.cfg.task, text=row.text if self.privacy.store_text else None,
@@ -276,7 +281,7 @@ class TableWriter:
                 prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
                 energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
                 energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=call_id,
-                status=row.status, created=row.end_s, router_version=row.router_version,
+                status=row.status, created=row.end_s, router_version=row.router_version, **figures,
             )  # fmt: skip
         except ValidationError as err:
             msg = one_line(err, f"row for call {row.call_id!r}")
@@ -288,7 +293,7 @@ class TableWriter:
             return None
         observe_row(row.candidate, e.method, e.energy_j)
         cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
-        return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand}
+        return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand, "l": ledger}
 
     def _private_json(self, row: PendingRow, h: str | None = None) -> dict[str, Any]:
         """The row as JSON for the spool or ``rejected.jsonl``: the text replaced by its salted hash
@@ -386,7 +391,8 @@ class TableWriter:
                 cands[r["c"]["name"]] = r["c"]
         try:
             res = store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records],
-                              candidates=list(cands.values()), keep_first=True)  # fmt: skip
+                              candidates=list(cands.values()), keep_first=True,
+                              ledger=[r.get("l") for r in records])  # fmt: skip
         except (BadRowError, IntegrityError) as e:
             self._known = None
             if len(records) == 1:
