@@ -14,7 +14,7 @@ from ..energy.carbon import SITE_KEY, CarbonModel
 from ..energy.meter import RequestEnergy
 from ..metrics import observe_accounting
 from ..table import ledger
-from .pending_row import PendingRow, attribution  # noqa: F401 (attribution: re-exported)
+from .pending_row import PendingRow
 
 class RowAccounting:
     """Turns a row and its settled energy into run columns and ledger increments.
