@@ -21,6 +21,7 @@ Attribution comes only from LiteLLM's authenticated ``user_api_key_*`` fields (s
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -58,7 +59,12 @@ BY = {"key": ("key_hash", "key_alias"), "team": ("team", "team_alias"), "model":
 
 def day_of(t_s: float) -> str:
     """The UTC day of Unix time ``t_s``, ``YYYY-MM-DD``."""
-    return datetime.fromtimestamp(t_s, tz=timezone.utc).strftime("%Y-%m-%d")
+    return _day(int(t_s // 86400))
+
+
+@functools.lru_cache(maxsize=64)
+def _day(day_index: int) -> str:
+    return datetime.fromtimestamp(day_index * 86400, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
 def entry(attrs: Mapping[str, Any], *, t_s: float, request: bool, prompt_tokens: int, completion_tokens: int,
