@@ -1,6 +1,6 @@
 """Cost of the EnergyLogger on the serving path, and writer throughput, measured in one run.
 
-    python benchmarks/bench_callback.py [--events 5000] [--rows 20000] [--requests 1000] [--pg URL]
+    python benchmarks/bench_callback.py [--events 5000] [--rows 20000] [--requests 1000] [--pg URL] [--ledger-compare]
 
 1. **Event-loop time per request** added by the callback: the time spent inside our hooks
    (``log_pre_api_call`` + ``async_log_success_event``) on the event loop, for ``--events`` events
@@ -11,7 +11,8 @@
 2. **Router wall time with / without the callback**: ``--requests`` async requests (64 concurrent)
    through a Router without, with, and again without the EnergyLogger; with / mean(without).
 3. **Writer throughput**: ``--rows`` rows submitted to the writer, time until all are in the table,
-   on SQLite and PostgreSQL (``--pg``, skipped when unreachable).
+   on SQLite and PostgreSQL (``--pg``, skipped when unreachable). With ``--ledger-compare``: PostgreSQL
+   again without / with / without the energy ledger (docs/accounting.md), and the ratio.
 
 Last line: ``callback_p50_ms=<x> rows_expected=<n> rows_found=<m>``.
 """
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -38,6 +40,7 @@ from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from litellm_energy_router.callback.accounting import RowAccounting
 from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter  # noqa: E402
 from litellm_energy_router.energy.estimate import EstimateMeter  # noqa: E402
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings  # noqa: E402
@@ -124,14 +127,16 @@ async def router_burst(api_base: str, n: int, logger: EnergyLogger | None) -> fl
     return dt
 
 
-def writer_throughput(url: str, rows: int, spool: Path) -> float:
+def writer_throughput(url: str, rows: int, spool: Path, ledger: bool = False) -> float:
+    """Rows/s of the writer; ``ledger``: with the energy ledger kept (rows of 3 teams, 6 keys, 2 days)."""
     w = TableWriter(url, EstimateMeter(), writer=WriterSettings(spool_dir=spool, batch_size=1000, queue_size=rows + 1),
-                    privacy=PrivacySettings())  # fmt: skip
+                    privacy=PrivacySettings(), accounting=RowAccounting(keep_ledger=ledger))  # fmt: skip
     t0 = time.perf_counter()
     for i in range(rows):
         w.submit(PendingRow(call_id=f"w{i}", candidate="mistralai/mistral-7b-chat", status="success", text=f"q {i}",
-                            start_s=1.0 + i, end_s=2.0 + i, first_token_s=None, prompt_tokens=20, completion_tokens=10,
-                            propensity=None, deployment_id="d", backend_id=None))  # fmt: skip
+                            start_s=1.0 + i * 8, end_s=2.0 + i * 8, first_token_s=None, prompt_tokens=20, completion_tokens=10,
+                            propensity=None, deployment_id="d", backend_id=None, key_hash=f"{i % 6:064d}",
+                            team=f"team-{i % 3}", model_group="chat", estimate_j=10.0, reference_j=30.0))  # fmt: skip
     assert w.flush(600)
     dt = time.perf_counter() - t0
     w.close()
@@ -148,8 +153,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--meter", default="simulated", help="energy meter of the callback (simulated: the attributing path)")
+    ap.add_argument("--ledger-compare", action="store_true",
+                    help="PostgreSQL writer throughput without / with / without the energy ledger, in this run")
     ap.add_argument("--pg", default=os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
+    ledger_cmp = ""
     with tempfile.TemporaryDirectory() as d, LocalBackend(delay_s=0.005) as be:
         d = Path(d)
         url = f"sqlite:///{d / 'cb.db'}"
@@ -195,12 +203,34 @@ def main() -> None:
                 pg = writer_throughput(make_url(args.pg).set(database=name).render_as_string(hide_password=False),
                                        args.rows, d / "spool4")  # fmt: skip
                 print(f"writer throughput postgresql: {pg:.0f} rows/s ({args.rows} rows)")
+                if args.ledger_compare:
+                    ledger_cmp = ledger_comparison(admin, args.pg, args.rows, d)
             finally:
                 with admin.connect() as c:
                     c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
                     c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
                 admin.dispose()
-    print(f"callback_p50_ms={p50:.4f} rows_expected={len(costs)} rows_found={found}")
+    print(f"callback_p50_ms={p50:.4f} rows_expected={len(costs)} rows_found={found}{ledger_cmp}")
+
+
+def ledger_comparison(admin: Any, pg: str, rows: int, d: Path) -> str:
+    """Writer rows/s on fresh PostgreSQL databases: ledger off, on, off (order effects cancel)."""
+    out = []
+    for i, ledger in enumerate((False, True, False)):
+        name = f"er_bench_{uuid.uuid4().hex[:10]}"
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            url = make_url(pg).set(database=name).render_as_string(hide_password=False)
+            out.append(writer_throughput(url, rows, d / f"spool-ledger-{i}", ledger=ledger))
+        finally:
+            with admin.connect() as c:
+                c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+                c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    off = (out[0] + out[2]) / 2
+    print(f"writer throughput postgresql, ledger off {out[0]:.0f} and {out[2]:.0f} rows/s, on {out[1]:.0f} rows/s; "
+          f"on / mean(off) {out[1] / off:.3f} ({rows} rows each; shared machine: noisy)")  # fmt: skip
+    return f" pg_rows_s_ledger_off={off:.0f} pg_rows_s_ledger_on={out[1]:.0f} ledger_ratio={out[1] / off:.3f}"
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ class Decision:
         router_version: checkpoint version that decided.
         fallback: why the router did not decide (``None`` when it did): e.g. "timeout", "error".
         latency_ms: decision time, milliseconds.
+        figures: decision-time energy and carbon estimates of the served request
+            (:meth:`litellm_energy_router.figures.Estimate.as_metadata`), or None.
     """
 
     candidate: str | None
@@ -50,6 +52,7 @@ class Decision:
     router_version: str | None = None
     fallback: str | None = None
     latency_ms: float | None = None
+    figures: dict[str, Any] | None = None
 
     def as_metadata(self) -> dict[str, Any]:
         """A plain dict (what ``dataclasses.asdict`` gives, without its recursive deep copy: this runs

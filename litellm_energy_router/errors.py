@@ -14,7 +14,7 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
     ``loc`` is the dotted field path (``whole`` when the error is about the whole object); a dict or
     list value is shown by its type name, and pydantic's ``Value error, `` prefix is dropped. An unknown field reads ``{where}: unknown {key} '{loc}'``, a
     missing one ``{where}: {key} '{loc}' is required``, and a check on the whole object (a
-    ``ValueError`` from a model validator) ``{where}: {msg}``. Credentials in the value (a URL's
+    ``ValueError`` from a model validator, of the root or of a section) ``{where}: {msg}``. Credentials in the value (a URL's
     password, a token) are masked.
     """
     e = err.errors()[0]
@@ -24,8 +24,8 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
         return f"{where}: unknown {key} '{loc}'"
     if e["type"] == "missing":
         return f"{where}: {key} '{loc}' is required"
-    if e["type"] == "value_error" and not e["loc"]:
-        return f"{where}: {msg}"
+    if e["type"] == "value_error" and (not e["loc"] or isinstance(e.get("input"), dict)):
+        return f"{where}: {msg}"  # a check on a whole (sub)object: its message names the fields
     value = e.get("input")
     shown = type(value).__name__ if isinstance(value, (dict, list)) else redact(repr(value))
     return f"{where}: {key} '{loc}' = {shown}: {msg}"

@@ -34,6 +34,17 @@ Energy callback and its table writer:
   ``too_long`` (longer than the table's key: stored under its SHA-256).
 * ``energy_router_knob_refusals_total{field}`` — request knob overrides refused with HTTP 400, per field
   (``lambda``, ``target_accuracy``, ``max_energy_j``, ``energy_router`` = the knob object, ``other``).
+
+Energy and carbon accounting (docs/accounting.md):
+
+* ``energy_router_joules_total{team,model_group,method}`` — GPU joules of served requests once settled
+  (``method``: ``measured`` or ``estimate``); ``energy_router_co2e_grams_total{team,model_group}`` — gCO2e
+  (joules x PUE x grid intensity); ``energy_router_joules_saved_total{team,model_group}`` — estimated joules
+  saved against the reference deployment. ``team`` is the key's team alias (else id, else ``none``) and
+  ``model_group`` LiteLLM's model group: each label keeps at most ``LABEL_CAP`` (50) values per process,
+  later ones are reported as ``other``, so the series count stays bounded;
+* ``energy_router_carbon_fallbacks_total{reason}`` — grid intensity lookups that used the last known value
+  (``stale``, ``provider_error``, ``missing``) or the default site (``unknown_site``).
 """
 
 from __future__ import annotations
@@ -80,6 +91,44 @@ KNOB_REFUSALS = Counter("energy_router_knob_refusals", "request knob overrides r
                         ["field"])  # fmt: skip
 CALL_IDS_REASSIGNED = Counter("energy_router_call_ids_reassigned",
                               "production rows stored under a server-side call id, per reason", ["reason"])  # fmt: skip
+
+# -- energy and carbon accounting --------------------------------------------------------------------
+JOULES_TOTAL = Counter("energy_router_joules", "GPU joules of served requests, J", ["team", "model_group", "method"])
+CO2E_GRAMS_TOTAL = Counter("energy_router_co2e_grams", "CO2e of served requests, grams", ["team", "model_group"])
+JOULES_SAVED_TOTAL = Counter("energy_router_joules_saved", "estimated joules saved against the reference deployment, J",
+                             ["team", "model_group"])  # fmt: skip
+CARBON_FALLBACKS = Counter("energy_router_carbon_fallbacks", "grid intensity lookups served by a fallback, per reason",
+                           ["reason"])  # fmt: skip
+
+LABEL_CAP = 50
+_label_lock = threading.Lock()
+_label_seen: dict[str, set[str]] = {}
+
+
+def bounded_label(kind: str, value: str | None) -> str:
+    """``value`` as a label of ``kind`` (``none`` when empty); past ``LABEL_CAP`` distinct values, ``other``."""
+    v = (value or "none")[:64]
+    with _label_lock:
+        seen = _label_seen.setdefault(kind, set())
+        if v in seen:
+            return v
+        if len(seen) >= LABEL_CAP:
+            return "other"
+        seen.add(v)
+        return v
+
+
+def observe_accounting(team: str | None, model_group: str | None, measured: bool, joules: float | None,
+                       co2e_g: float | None, saved_j: float | None) -> None:  # fmt: skip
+    """Count one settled request's joules (J), gCO2e and estimated joules saved (J) by team and model group."""
+    t, g = bounded_label("team", team), bounded_label("model_group", model_group)
+    if joules is not None:
+        JOULES_TOTAL.labels(t, g, "measured" if measured else "estimate").inc(joules)
+    if co2e_g is not None:
+        CO2E_GRAMS_TOTAL.labels(t, g).inc(co2e_g)
+    if saved_j is not None:
+        JOULES_SAVED_TOTAL.labels(t, g).inc(max(saved_j, 0.0))
+
 
 _rows_lock = threading.Lock()
 _rows_seen = [0, 0]  # rows, rows with measured energy

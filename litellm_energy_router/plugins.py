@@ -72,6 +72,13 @@ class Hookspecs:
         ``version``, ``score(texts, tasks) -> P[n, K]`` and ``energy(texts, tasks) -> E[n, K]`` (serving
         only), or a :class:`ScorerSpec` (serving, and training, cross-validation, selection, ``eval``)."""
 
+    @hookspec
+    def energy_router_carbon_providers(self) -> "Mapping[str, Callable[..., Any]]":
+        """Grid carbon intensity providers: ``factory(**options)`` returns an object with
+        ``intensity(region, t_s) -> gCO2e/kWh | None`` (answered from memory: it runs on the serving path).
+        Selected by ``carbon.provider: <name>``; ``carbon.provider_options`` are the keyword arguments
+        (:mod:`litellm_energy_router.energy.carbon`)."""
+
 
 @functools.cache
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -228,6 +235,11 @@ def trainable_scorers() -> dict[str, tuple[str, ScorerSpec]]:
     """The scorers that can be trained, by the name selection and ``eval`` use: ``{name: (kind, spec)}``,
     in registration order."""
     return {s.select_as or n: (n, s) for n, s in scorer_specs().items() if s.fit is not None}
+
+
+def carbon_provider_factories() -> dict[str, Callable[..., Any]]:
+    """Carbon intensity provider name -> factory ``(**options) -> provider``, over all plugins."""
+    return _merged("energy_router_carbon_providers", "carbon provider")
 
 
 def lazy(target: str) -> Callable[..., Any]:

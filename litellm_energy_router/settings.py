@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
+from .energy.carbon import CarbonSettings
 from .errors import UserError, one_line
 from .knob import KnobSettings
 
@@ -184,6 +185,14 @@ class ShadowSettings(_Section):
     queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file")
 
 
+class AccountingSettings(_Section):
+    """Per-request energy and carbon figures and the ledger (docs/accounting.md)."""
+
+    reference: str | None = Field(None, description="candidate whose estimated joules 'saved' is measured against; None = the pool's most energy-hungry")
+    headers: bool = Field(True, description="x-energy-router-* response headers (proxy)")
+    ledger: bool = Field(True, description="keep the per key/team/user/model group/deployment/day ledger in the table")
+
+
 class Settings(BaseSettings):
     """The whole tree; build it with :func:`load_settings` (file, environment, ``os.environ/`` references)."""
 
@@ -198,6 +207,8 @@ class Settings(BaseSettings):
     shadow: ShadowSettings = Field(default_factory=ShadowSettings)
     writer: WriterSettings = Field(default_factory=WriterSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
+    carbon: CarbonSettings = Field(default_factory=CarbonSettings)
+    accounting: AccountingSettings = Field(default_factory=AccountingSettings)
 
 
 

@@ -42,8 +42,9 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from . import litellm_compat
-from .decision import DECISION_BOOK, DECISION_KEY, Decision
+from .decision import DECISION_BOOK, DECISION_KEY, Decision, DecisionBook
 from .deployments import CandidateMap, deployment_keys
+from .figures import Accounting, headers
 from .knob import Knob, KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
@@ -52,6 +53,7 @@ from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
+HEADERS_BOOK = DecisionBook()  # proxy decisions whose figures the response-headers hook has not sent yet
 
 
 class EnergyRouterCore:
@@ -66,6 +68,7 @@ class EnergyRouterCore:
         self._cmap = CandidateMap(self.settings.candidates)
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
+        self.accounting = Accounting(self.settings)
 
     # -- request → knob, text ---------------------------------------------------------------------
     def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
@@ -150,6 +153,15 @@ class EnergyRouterCore:
         text = query_text(messages, prompt=(request_kwargs or {}).get("prompt"), input=input)
         return None if text is None else (text, knob, by_cand)
 
+    def _account(self, dep: Any, decision: Decision | None) -> tuple[Any, Decision | None]:
+        """Attach the decision-time energy and carbon figures (:mod:`.figures`); never fails the request."""
+        if decision is not None and dep is not None:
+            try:
+                decision.figures = self.accounting.estimate(decision, dep)
+            except Exception as e:  # noqa: BLE001 - accounting must not fail routing
+                self._warn("figures", "energy-router: no energy figures: %s", e)
+        return dep, decision
+
     def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
         if isinstance(e, asyncio.TimeoutError):
             return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
@@ -167,7 +179,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], t0, plan[2])
+            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2]))
         except KnobError:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -184,7 +196,7 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], t0, plan[2])
+            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2]))
         except KnobError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -312,6 +324,8 @@ class EnergyRouterFilter(CustomLogger):
         try:
             dep, decision = await self.core.choose(healthy_deployments, messages, None, request_kwargs)
             attach(request_kwargs, decision)
+            if decision is not None and decision.figures and self.core.settings.accounting.headers:
+                HEADERS_BOOK.put(metadata_dicts(request_kwargs)[0], decision)
         except KnobError:
             raise  # a caller error: the router raises it as is (status_code 400, no retry)
         except Exception as e:  # noqa: BLE001 - e.g. a bad config: never fail the request
@@ -332,6 +346,18 @@ class EnergyRouterFilter(CustomLogger):
         self._settings = settings
         resolve_knob(settings.knob, data)
         return None
+
+    async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any, response: Any,
+                                                    request_headers: dict | None = None,
+                                                    litellm_call_info: dict | None = None) -> dict[str, str] | None:  # fmt: skip
+        """Proxy (LiteLLM >= 1.81, where this hook exists; streaming too): the request's decision-time
+        figures as ``x-energy-router-*`` response headers (:func:`~.figures.headers`); ``None`` when the
+        router did not route it. Only this process's own record of the decision is read."""
+        try:
+            decision = HEADERS_BOOK.get(data, take=True)
+            return headers(decision.figures) if decision is not None else None
+        except Exception:  # noqa: BLE001 - a header must never fail the response
+            return None
 
 
 __all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "KnobError", "attach",

@@ -22,12 +22,15 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ..decision import take_decision
+from ..decision import decision_from_kwargs, take_decision
+from ..energy.carbon import CarbonModel
+from ..figures import add_to_logging_payload
 from ..energy.meter import RequestEnergyMeter
 from ..energy.request_meter import open_request_meter
 from ..metrics import CALLBACK_ERRORS
 from ..settings import Settings, load_settings
 from ..shadow_queue import ShadowQueue
+from .accounting import RowAccounting
 from .pending_row import CandidateMap, extract_row
 from .writer import TableWriter
 
@@ -59,6 +62,7 @@ class EnergyLogger(CustomLogger):
             if not s.privacy.store_text:
                 log.warning("energy-router: shadow.fraction=%s writes query text to %s although privacy.store_text is false",
                             s.shadow.fraction, s.shadow.queue_path)  # fmt: skip
+        writer_kwargs.setdefault("accounting", RowAccounting(CarbonModel(s.carbon), keep_ledger=s.accounting.ledger))
         self.writer = TableWriter(
             table_url or s.table.url, self.meter, writer=s.writer, privacy=s.privacy, cmap=self.cmap, shadow=shadow,
             settle_timeout_s=s.energy.settle_timeout_s, **writer_kwargs,
@@ -75,6 +79,18 @@ class EnergyLogger(CustomLogger):
                 self.meter.request_started(call_id, time.time())
         except Exception:  # noqa: BLE001 - never raise into LiteLLM
             CALLBACK_ERRORS.inc()
+
+    def logging_hook(self, kwargs: Any, result: Any, call_type: Any) -> tuple[Any, Any]:
+        """Runs on every callback before any logging integration sends: put the decision-time energy and
+        carbon figures into the standard logging payload (``metadata.energy_router``, :mod:`~..figures`)."""
+        try:
+            add_to_logging_payload(kwargs, decision_from_kwargs(kwargs))
+        except Exception:  # noqa: BLE001 - never raise into LiteLLM
+            CALLBACK_ERRORS.inc()
+        return kwargs, result
+
+    async def async_logging_hook(self, kwargs: Any, result: Any, call_type: Any) -> tuple[Any, Any]:
+        return self.logging_hook(kwargs, result, call_type)
 
     def _handle(self, kwargs: Any, start_time: Any, end_time: Any, status: str) -> None:
         try:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from ..decision import Decision
 from ..deployments import CANDIDATE_KEY, CandidateMap
+from ..energy.carbon import SITE_KEY
 from ..router.request_text import query_text as routed_text
 
 
@@ -39,6 +40,17 @@ class PendingRow:
     backend_id: str | None
     router_version: str | None = None
     submitted_s: float = 0.0
+    # accounting (docs/accounting.md): the authenticated key's attribution, the deployment's site, the
+    # router's decision-time estimates (J)
+    key_hash: str | None = None
+    key_alias: str | None = None
+    team: str | None = None
+    team_alias: str | None = None
+    user_id: str | None = None
+    model_group: str | None = None
+    site: str | None = None
+    estimate_j: float | None = None
+    reference_j: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
@@ -110,13 +122,40 @@ def extract_row(
     if propensity is not None and not (0.0 < propensity <= 1.0):
         propensity = None
     version = _router_version(decision, candidate)
+    figures = (decision.figures or {}) if version is not None and decision is not None else {}
+    group = slo.get("model_group") or md.get("model_group")
     return PendingRow(
         call_id=str(call_id), candidate=str(candidate), status="success" if status == "success" else "failure",
         text=query_text(kwargs, slo), start_s=start, end_s=max(end, start), first_token_s=first,
         prompt_tokens=_int(slo.get("prompt_tokens")), completion_tokens=_int(slo.get("completion_tokens")),
         propensity=propensity, deployment_id=str(model_id) if model_id else None,
         backend_id=str(slo["id"]) if slo.get("id") else None, router_version=version,
+        **attribution(slo), model_group=str(group)[:200] if group else None,
+        site=str(info[SITE_KEY])[:100] if info.get(SITE_KEY) else None,
+        estimate_j=_num(figures.get("joules_estimate")), reference_j=_num(figures.get("joules_reference_estimate")),
     )  # fmt: skip
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and v >= 0 else None
+
+
+# PendingRow field -> standard logging payload metadata key (set by the proxy from the authenticated key)
+ATTRIBUTION = {
+    "key_hash": "user_api_key_hash", "key_alias": "user_api_key_alias", "team": "user_api_key_team_id",
+    "team_alias": "user_api_key_team_alias", "user_id": "user_api_key_user_id",
+}  # fmt: skip
+
+
+def attribution(slo: Mapping[str, Any]) -> dict[str, str | None]:
+    """The authenticated key's hash, alias, team id and alias, and user id from a standard logging payload."""
+    md = slo.get("metadata") if isinstance(slo, Mapping) else None
+    md = md if isinstance(md, Mapping) else {}
+    out: dict[str, str | None] = {}
+    for field, key in ATTRIBUTION.items():
+        v = md.get(key)
+        out[field] = str(v)[:200] if v not in (None, "") else None
+    return out
 
 
 def _router_version(decision: Decision | None, candidate: str) -> str | None:

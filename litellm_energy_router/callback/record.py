@@ -18,6 +18,7 @@ from ..metrics import CALL_IDS_REASSIGNED, REJECTED_ROWS, observe_row
 from ..shadow_queue import ShadowQueue
 from ..table import Query, Run, text_hash
 from ..table.production import query_id_for, stored_call_id
+from .accounting import RowAccounting
 from .pending_row import CandidateMap, PendingRow
 from .spool import Chunk, Spool
 
@@ -27,11 +28,12 @@ log = logging.getLogger("litellm_energy_router.callback")
 class RecordBuilder:
     """Args: ``task`` (the production rows' task), ``privacy`` (``PrivacySettings``), ``salt`` (the text
     hash's salt), ``cmap`` (candidate metadata), ``spool`` (where rejected rows are kept), ``shadow``
-    (shadow-sampling queue, or ``None``)."""
+    (shadow-sampling queue, or ``None``), ``accounting`` (carbon and ledger figures of each row)."""
 
     def __init__(self, task: str, privacy: Any, salt: str, cmap: CandidateMap, spool: Spool,
-                 shadow: ShadowQueue | None = None) -> None:  # fmt: skip
+                 shadow: ShadowQueue | None = None, accounting: RowAccounting | None = None) -> None:  # fmt: skip
         self.task, self.privacy, self.salt, self.cmap, self.spool, self.shadow = task, privacy, salt, cmap, spool, shadow
+        self.accounting = accounting or RowAccounting()
 
     def record(self, row: PendingRow, e: RequestEnergy, *, h: str | None = None) -> dict[str, Any] | None:
         """The row's table records (``h``: the text's salted hash when the text is not kept); a call id
@@ -40,6 +42,7 @@ class RecordBuilder:
         call_id = stored_call_id(row.call_id)
         if call_id != row.call_id:
             CALL_IDS_REASSIGNED.labels(reason="too_long").inc()
+        figures, ledger = self.accounting.settle(row, e)  # accounting: run columns + ledger increments
         try:
             q = Query(
                 id=query_id_for(call_id), task=self.task, text=row.text if self.privacy.store_text else None,
@@ -53,7 +56,7 @@ class RecordBuilder:
                 prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
                 energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
                 energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=call_id,
-                status=row.status, created=row.end_s, router_version=row.router_version,
+                status=row.status, created=row.end_s, router_version=row.router_version, **figures,
             )  # fmt: skip
         except ValidationError as err:
             msg = one_line(err, f"row for call {row.call_id!r}")
@@ -63,7 +66,7 @@ class RecordBuilder:
             return None
         observe_row(row.candidate, e.method, e.energy_j)
         cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
-        return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand}
+        return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand, "l": ledger}
 
     def private_json(self, row: PendingRow, h: str | None = None) -> dict[str, Any]:
         """The row as JSON for the spool or ``rejected.jsonl``: the text replaced by its salted hash

@@ -154,7 +154,8 @@ class TableSink:
                 cands[r["c"]["name"]] = r["c"]
         try:
             res = store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records],
-                              candidates=list(cands.values()), keep_first=True)  # fmt: skip
+                              candidates=list(cands.values()), keep_first=True,
+                              ledger=[r.get("l") for r in records])  # fmt: skip
         except (BadRowError, IntegrityError) as e:
             self._known = None
             if len(records) == 1:

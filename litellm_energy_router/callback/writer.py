@@ -31,6 +31,7 @@ from ..energy.meter import RequestEnergy, RequestEnergyMeter
 from ..metrics import WRITER_QUEUE_DEPTH
 from ..shadow_queue import ShadowQueue
 from ..table import open_store
+from .accounting import RowAccounting
 from .overflow import Overflow
 from .pending_row import CandidateMap, PendingRow
 from .private_files import load_or_create_salt
@@ -54,6 +55,7 @@ class TableWriter:
         shadow: shadow-sampling queue, or ``None``.
         settle_timeout_s: max seconds a row waits for settled energy, s.
         store_factory: opens the table (tests inject failures).
+        accounting: carbon and ledger figures of each row (default: no sites, ledger kept).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class TableWriter:
         settle_timeout_s: float = 30.0,
         store_factory: Callable[[str], Any] = open_store,
         start: bool = True,
+        accounting: RowAccounting | None = None,
     ) -> None:
         self.url = url
         self.cfg = writer
@@ -75,7 +78,8 @@ class TableWriter:
         self.spool = Spool(writer.spool_dir, max_bytes=int(writer.spool_max_mb * 2**20), keep_text=privacy.store_text,
                            salt=self.salt, retry_max_s=writer.retry_max_s)  # fmt: skip
         self.settler = EnergySettler(meter, settle_timeout_s, max_waiting=writer.queue_size)
-        self.builder = RecordBuilder(writer.task, privacy, self.salt, cmap or CandidateMap(), self.spool, shadow)
+        self.builder = RecordBuilder(writer.task, privacy, self.salt, cmap or CandidateMap(), self.spool, shadow,
+                                     accounting or RowAccounting())
         self.tally = Tally(self.spool)
         self.sink = TableSink(url, self.spool, self.tally, batch_size=writer.batch_size, retry_max_s=writer.retry_max_s,
                               store_factory=store_factory, prepare_chunk=self._complete_chunk)  # fmt: skip

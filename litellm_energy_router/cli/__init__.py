@@ -51,6 +51,10 @@ from . import profiling_cmds  # noqa: E402  (tournament, shadow-tournament)
 
 profiling_cmds.register(app)
 
+from . import report_cmds  # noqa: E402  (`report`: the energy and carbon ledger)
+
+app.command("report")(report_cmds.report_cmd)
+
 from . import energy_cmds  # noqa: E402  (registers `agent` and the `feedback` group)
 
 app.command("agent")(energy_cmds.agent)

@@ -68,6 +68,7 @@ class Plan:
     upgrades: list[Run] = field(default_factory=list)
     reassigned: list[tuple[str, str]] = field(default_factory=list)
     skipped: int = 0
+    stored: list[tuple[int, bool]] = field(default_factory=list)  # (pair index, a new request) of each stored run
 
 
 def stored_calls(conn: Any, query_ids: Sequence[str]) -> dict[str, _Call]:
@@ -89,24 +90,28 @@ def stored_calls(conn: Any, query_ids: Sequence[str]) -> dict[str, _Call]:
 def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Plan:
     """Apply the keep-first rules to ``pairs`` (in order) against ``calls`` (updated in place)."""
     plan = Plan()
-    for q, r in pairs:
+    for i, (q, r) in enumerate(pairs):
         call = calls.get(q.id)
         if call is None:
             calls[q.id] = _Call(q.text_hash, {r.candidate: (r.status, r.created)})
             plan.queries.append(q)
             plan.runs.append(r)
+            plan.stored.append((i, True))
             continue
         had = call.runs.get(r.candidate)
         if had is not None and had[1] == r.created:
             plan.skipped += 1  # the same row again
         elif call.text_hash != q.text_hash or call.succeeded():
             plan.reassigned.append((r.call_id or "", _reassign(plan, q, r)))
+            plan.stored.append((i, True))
         elif had is None:
             call.runs[r.candidate] = (r.status, r.created)
             plan.runs.append(r)
+            plan.stored.append((i, False))  # another candidate's attempt of the same request
         elif had[0] == "failure" and r.status == "success":
             call.runs[r.candidate] = (r.status, r.created)
             plan.upgrades.append(r)
+            plan.stored.append((i, False))
         else:
             plan.skipped += 1
     return plan

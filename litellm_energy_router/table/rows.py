@@ -79,6 +79,10 @@ class Run(_Row):
     router_version: str | None = Field(
         None, max_length=100, description="checkpoint version whose decision served this run (production rows only)"
     )
+    energy_estimate_j: float | None = Field(None, ge=0, description="router's decision-time estimate for this candidate, J")
+    energy_reference_j: float | None = Field(None, ge=0, description="router's estimate for the reference deployment, J")
+    co2e_g: float | None = Field(None, ge=0, description="grams CO2e of energy_j (x PUE x grid intensity)")
+    site: str | None = Field(None, max_length=100, description="site of the deployment that served it")
 
 
 def text_hash(text: str, salt: str = "") -> str:

@@ -5,7 +5,10 @@ A nullable column (and its index) added within a schema version is added to an o
 opens it: such additions are backward compatible (an older release neither reads nor needs them), so they
 do not bump ``SCHEMA_VERSION`` and older and newer proxies can share one table during a rolling upgrade.
 ``er_runs.router_version`` (the checkpoint version whose decision served a production run; ``NULL`` for
-tournament, shadow and import rows and for rows written before the column existed) is one such addition.
+tournament, shadow and import rows and for rows written before the column existed) is one such addition;
+so are ``energy_estimate_j`` (the router's decision-time estimate for the served candidate, J),
+``energy_reference_j`` (its estimate for the reference deployment, J), ``co2e_g`` (grams CO2e of the settled
+energy) and ``site`` (the deployment's site), and the ``er_ledger`` table (:mod:`.ledger`).
 Energy columns are joules (J), power watts (W), times seconds, ``created``/``updated`` Unix seconds.
 """
 
@@ -82,6 +85,10 @@ runs = Table(
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
     Column("router_version", String(100)),
+    Column("energy_estimate_j", Float),
+    Column("energy_reference_j", Float),
+    Column("co2e_g", Float),
+    Column("site", String(100)),
     UniqueConstraint("query_id", "candidate", "source", name="uq_er_runs_key"),
     Index("ix_er_runs_candidate", "candidate"),
     Index("ix_er_runs_updated", "updated"),

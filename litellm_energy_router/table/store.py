@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.engine import URL, make_url
 
 from ..redact import redact_url
+from . import ledger as ledger_table
 from . import production, schema
 from .rows import BadRowError, Candidate, Query, Run, check_references, validate_rows
 from .stats import group_quantiles
@@ -77,6 +78,7 @@ class TableStore(Protocol):
         candidates: Iterable[Candidate | dict[str, Any]] = (),
         *,
         keep_first: bool = False,
+        ledger: Sequence[dict[str, Any] | None] | None = None,
     ) -> WriteResult: ...
 
     def candidates(self) -> list[Candidate]: ...
@@ -203,6 +205,7 @@ class SQLStore:
         candidates: Iterable[Candidate | dict[str, Any]] = (),
         *,
         keep_first: bool = False,
+        ledger: Sequence[dict[str, Any] | None] | None = None,
     ) -> WriteResult:
         """Upsert candidates (by name), queries (by id) and runs (by query, candidate, source) in one
         transaction.
@@ -211,7 +214,9 @@ class SQLStore:
         :class:`~.rows.BadRowError` naming the row and field, and nothing is changed.
 
         ``keep_first``: production rows keyed by call id, ``queries[i]`` the query of ``runs[i]``; the
-        first row of a call id is kept, never replaced (rules in :mod:`.production`).
+        first row of a call id is kept, never replaced (rules in :mod:`.production`). ``ledger[i]``: the
+        ledger increments of ``runs[i]`` (:func:`.ledger.entry`, or ``None``), added in the same transaction
+        for each run stored (a replay adds nothing; a retry of the same request adds its joules, not a request).
         """
         c_rows = validate_rows(Candidate, candidates, "candidates")
         q_rows = validate_rows(Query, queries, "queries")
@@ -221,7 +226,7 @@ class SQLStore:
         now = time.time()
         c_payload = sorted((c.model_dump() for c in c_rows), key=lambda d: d["name"])
         if keep_first:
-            return self._write_keep_first(c_payload, _pairs(q_rows, r_rows), now)
+            return self._write_keep_first(c_payload, _pairs(q_rows, r_rows), now, ledger)
         q_payload = sorted((q.model_dump() for q in q_rows), key=lambda d: d["id"])
         r_payload = sorted(
             ({**r.model_dump(), "updated": now} for r in r_rows), key=lambda d: (d["query_id"], d["candidate"], d["source"])
@@ -247,7 +252,7 @@ class SQLStore:
         return self._transaction(do)
 
     def _write_keep_first(self, c_payload: list[dict[str, Any]], pairs: list[tuple[Query, Run]],
-                          now: float) -> WriteResult:  # fmt: skip
+                          now: float, ledger: Sequence[dict[str, Any] | None] | None = None) -> WriteResult:  # fmt: skip
         def do(conn: Any) -> WriteResult:
             if c_payload:
                 conn.execute(self._upsert(schema.candidates, ["name"], True), c_payload)
@@ -267,6 +272,8 @@ class SQLStore:
                                    key=lambda d: (d["query_id"], d["candidate"], d["source"]))  # fmt: skip
                 conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), False), r_payload)
             production.apply_upgrades(conn, plan.upgrades, now)
+            if ledger:
+                ledger_table.apply(conn, self.dialect, _ledger_rows(ledger, plan.stored), now)
             n_runs = len(plan.runs) + len(plan.upgrades)
             return WriteResult(len(plan.queries), n_runs, tuple(plan.reassigned), plan.skipped)
 
@@ -370,6 +377,12 @@ class SQLStore:
                 out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version, *quant))
         return out
 
+    def ledger(self, by: str, *, since: str | None = None, until: str | None = None,
+               extra: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        """Energy and carbon ledger sums grouped by ``by`` (:func:`.ledger.report`)."""
+        with self.engine.connect() as conn:
+            return ledger_table.report(conn, by, since=since, until=until, extra=extra)
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -408,6 +421,16 @@ def _pairs(queries: list[Query], runs: list[Run]) -> list[tuple[Query, Run]]:
             raise BadRowError(f"keep_first: runs row {i} (query_id={r.query_id!r}) is not the production run of "
                               f"queries row {i}")  # fmt: skip
     return list(zip(queries, runs))
+
+
+def _ledger_rows(ledger: Sequence[dict[str, Any] | None], stored: list[tuple[int, bool]]) -> list[dict[str, Any]]:
+    """The ledger increments of the stored runs (a run that is not a new request adds no request)."""
+    out = []
+    for i, new in stored:
+        e = ledger[i] if i < len(ledger) else None
+        if e is not None:
+            out.append(e if new or not e["requests"] else {**e, "requests": 0})
+    return out
 
 
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:

@@ -1,0 +1,146 @@
+"""Energy and carbon accounting through the real ``litellm`` proxy process (example config, custom auth with
+two teams, local backends): a routed request returns the x-energy-router-* headers, ``/metrics`` shows the
+accounting counters, ``energy-router report`` prints the ledger of that traffic, and a request whose
+metadata names another team is charged to its own key's team."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from litellm_energy_router.demo.backend import LocalBackend as Backend
+from litellm_energy_router.litellm_compat import PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks
+from litellm_energy_router.router.checkpoint import point_to
+from litellm_energy_router.table import open_store
+from proxy_process import ProxyProcess
+from router_fixtures import train_planted
+
+pytestmark = pytest.mark.litellm_integration
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
+AUTH = '''
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+KEYS = {"sk-search-0123456789": ("svc-search", "team-search", "Search"),
+        "sk-ads-0123456789": ("svc-ads", "team-ads", "Ads")}
+
+
+async def user_api_key_auth(request, api_key):
+    if api_key == "sk-master-0123456789":
+        return UserAPIKeyAuth(api_key=api_key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if api_key not in KEYS:
+        raise HTTPException(status_code=401, detail="unknown key")
+    alias, team, team_alias = KEYS[api_key]
+    return UserAPIKeyAuth(api_key=api_key, key_alias=alias, team_id=team, team_alias=team_alias, user_id="u-" + alias)
+'''
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    d = tmp_path_factory.mktemp("accounting_proxy")
+    store = open_store(f"sqlite:///{d / 't.db'}")
+    point_to(d / "current.json", train_planted(store, d / "v1", names=NAMES))
+    store.close()
+    cfg = yaml.safe_load((ROOT / "config_examples/proxy_config.yaml").read_text())
+    cfg["general_settings"]["custom_auth"] = "acct_keys.user_api_key_auth"
+    for dep, site in zip(cfg["model_list"], ["north", "north", "south"]):
+        dep["model_info"]["energy_router_site"] = site
+    if not proxy_imports_installed_callbacks():
+        (d / "energy_router_callbacks.py").write_text(PROXY_CALLBACKS_MODULE)
+        cfg["litellm_settings"]["callbacks"] = [
+            "energy_router_callbacks." + c.rsplit(".", 1)[1] if c.startswith("litellm_energy_router.") else c
+            for c in cfg["litellm_settings"]["callbacks"]
+        ]
+    (d / "proxy.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "acct_keys.py").write_text(AUTH)
+    (d / "intensity.csv").write_text("region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},120\nS,{h},480\n" for h in range(24)))
+    er = {"router": {"checkpoint": str(d / "current.json"), "timeout_ms": 5000}, "knob": {"lambda": 0.05},
+          "table": {"url": f"sqlite:///{d / 'production.db'}"}, "energy": {"meter": "simulated"},
+          "writer": {"spool_dir": str(d / "spool"), "flush_interval_s": 0.1},
+          "carbon": {"intensity_csv": str(d / "intensity.csv"),
+                     "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.3, "region": "S"}}}}  # fmt: skip
+    (d / "energy-router.yaml").write_text(yaml.safe_dump({"energy_router": er}))
+    backend = Backend().start()
+    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-0123456789", "VLLM_API_KEY": "none",
+           "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
+           "LARGE_API_BASE": backend.base("large"), "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml")}  # fmt: skip
+    server = ProxyProcess(d / "proxy.yaml", env, d, ready_timeout_s=180)
+    server.start()
+    deadline = time.time() + 180
+    while time.time() < deadline and _post(server.port, "sk-search-0123456789", "Give a proof about chess")[2] is None:
+        time.sleep(0.5)  # the router loads its checkpoint on first use; until then requests are not routed
+    yield {"port": server.port, "dir": d, "db": f"sqlite:///{d / 'production.db'}"}
+    server.stop(20)
+    backend.stop()
+
+
+def _post(port, key, text, metadata=None, stream=False):
+    """(status, headers, routed deployment or None when the response carries no energy headers)."""
+    body = {"model": "chat", "messages": [{"role": "user", "content": text}], "stream": stream, **({"metadata": metadata} if metadata else {})}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.read()
+        h = {k.lower(): v for k, v in r.headers.items()}
+        return r.status, h, h.get("x-litellm-model-id") if "x-energy-router-joules-estimate" in h else None
+
+
+def _requests(db):
+    store = open_store(db)
+    try:
+        return {r["team"]: r["requests"] for r in store.ledger("team")}
+    finally:
+        store.close()
+
+
+def test_headers_metrics_report_and_attribution(proxy):
+    port = proxy["port"]
+    time.sleep(1.0)
+    before = _requests(proxy["db"])  # the fixture's warm-up requests (Search key)
+    for i in range(3):
+        status, h, dep = _post(port, "sk-search-0123456789", f"Give a proof about chess number {i}")
+        assert status == 200 and dep == "vllm-llama-70b", h
+        assert h["x-energy-router-site"] == "south" and float(h["x-energy-router-co2e-grams-estimate"]) > 0
+        assert float(h["x-energy-router-joules-saved-estimate"]) == pytest.approx(0.0, abs=1e-6)  # the largest is the reference
+    status, h, dep = _post(port, "sk-search-0123456789", "Tell me about rivers number 7")
+    assert dep == "vllm-mistral-7b" and float(h["x-energy-router-joules-saved-estimate"]) > 0
+    assert float(h["x-energy-router-joules-estimate"]) < float(h["x-energy-router-joules-reference-estimate"])
+    # streaming: the headers go out before the first chunk
+    status, h, dep = _post(port, "sk-search-0123456789", "Tell me about rivers number 8", stream=True)
+    assert status == 200 and "x-energy-router-joules-estimate" in h
+    # the Ads key's request names the Search team in its metadata: charged to Ads all the same
+    spoof = {"user_api_key_team_id": "team-search", "user_api_key_team_alias": "Search", "user_api_key_hash": "0" * 64}
+    _post(port, "sk-ads-0123456789", "Tell me about rivers number 9", metadata=spoof)
+    deadline = time.time() + 60
+    while time.time() < deadline and sum(_requests(proxy["db"]).values()) < sum(before.values()) + 6:
+        time.sleep(0.3)
+    store = open_store(proxy["db"])
+    by_team = {r["team"]: r for r in store.ledger("team")}
+    store.close()
+    assert set(by_team) == {"team-search", "team-ads"}, by_team
+    assert by_team["team-search"]["requests"] == before.get("team-search", 0) + 5 and by_team["team-ads"]["requests"] == 1
+    assert by_team["team-ads"]["label"] == "Ads" and by_team["team-ads"]["joules_measured"] > 0
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": "Bearer sk-master-0123456789"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}  # fmt: skip
+    joules = {k[1]: v for k, v in samples.items() if k[0] == "energy_router_joules_total"}
+    assert joules[(("method", "measured"), ("model_group", "chat"), ("team", "Ads"))] == pytest.approx(by_team["team-ads"]["joules_measured"])
+    assert any(k[0] == "energy_router_co2e_grams_total" and ("team", "Search") in k[1] and v > 0 for k, v in samples.items())
+    assert any(k[0] == "energy_router_joules_saved_total" and ("team", "Search") in k[1] and v > 0 for k, v in samples.items())
+    from litellm_energy_router.cli import app
+
+    r = CliRunner().invoke(app, ["report", "--db", proxy["db"], "--by", "team"])
+    assert r.exit_code == 0 and "team-search" in r.output and "team-ads" in r.output and "Search" in r.output, r.output
+    shutil.rmtree(proxy["dir"] / "spool", ignore_errors=True)
