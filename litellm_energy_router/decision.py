@@ -37,6 +37,9 @@ class Decision:
         router_version: checkpoint version that decided.
         fallback: why the router did not decide (``None`` when it did): e.g. "timeout", "error".
         latency_ms: decision time, milliseconds.
+        energy_note: how the output tokens behind ``energy_j`` were estimated: ``output_tokens_source``
+            (task_mean, length_model, prior or length_model+prior: the router was unsure of the length),
+            ``output_tokens`` per candidate as [80 % low, expected, 80 % high], ``support``, ``max_tokens``.
     """
 
     candidate: str | None
@@ -50,12 +53,15 @@ class Decision:
     router_version: str | None = None
     fallback: str | None = None
     latency_ms: float | None = None
+    energy_note: dict[str, Any] | None = None
 
     def as_metadata(self) -> dict[str, Any]:
         """A plain dict (what ``dataclasses.asdict`` gives, without its recursive deep copy: this runs
         on every routed request)."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["scores"], d["energy_j"] = dict(self.scores), dict(self.energy_j)
+        if self.energy_note is not None:
+            d["energy_note"] = dict(self.energy_note)
         return d
 
     @classmethod

@@ -47,6 +47,7 @@ from .deployments import CandidateMap, deployment_keys
 from .knob import KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
+from .router.length_model import bounded_energy, request_max_tokens
 from .router.request_text import query_text
 from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
@@ -100,7 +101,8 @@ class EnergyRouterCore:
                                 router_version=self.runtime.version)  # fmt: skip
 
     def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], lam: float, target: float | None,
-               t0: float, max_energy_j: float | None = None) -> tuple[Any, Decision]:  # fmt: skip
+               t0: float, max_energy_j: float | None = None,
+               request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision]:  # fmt: skip
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
         for d in deployments:
             c = self.candidate_of(d)
@@ -109,7 +111,9 @@ class EnergyRouterCore:
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
-        P, E = scored.P[avail][None, :], scored.E[avail][None, :]
+        max_tokens = request_max_tokens(request_kwargs)
+        E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
+        P, E = scored.P[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, lam, target, self.settings.knob.e_ref_j, max_energy_j)[0])
         eps = self.settings.router.epsilon
         j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
@@ -122,7 +126,8 @@ class EnergyRouterCore:
         return dep, Decision(
             candidate=cand, deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
-            energy_j={scored.candidates[i]: round(float(scored.E[i]), 3) for i in range(len(scored.candidates))},
+            energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
+            energy_note=_note(scored.note, max_tokens),
             lambda_=None if target is not None else lam, target_accuracy=target, max_energy_j=max_energy_j,
             propensity=round(propensity, 6),
             router_version=scored.version, latency_ms=round(dt * 1000, 3),
@@ -164,7 +169,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
+            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3], request_kwargs)
         except KnobError:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -181,11 +186,20 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3])
+            return self.decide(scored, deployments, plan[1], plan[2], t0, plan[3], request_kwargs)
         except KnobError:
             raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
+
+
+def _note(note: dict | None, max_tokens: int | None) -> dict | None:
+    """The scorer's output-token note with the request's ``max_tokens`` bound applied (a copy: the note is cached)."""
+    if note is None or max_tokens is None:
+        return note
+    out = dict(note, max_tokens=max_tokens)
+    out["output_tokens"] = {c: [min(v, max_tokens) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
+    return out
 
 
 def _reason(e: Exception) -> str:
