@@ -117,13 +117,14 @@ def route_cmd(
     input: Path = typer.Option(..., "--input", help="RouterBench-format CSV (Unnamed: 0, sample_id, prompt, eval_name)"),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
-    sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points over the checkpoint's knob range"),
+    sweep: Optional[int] = typer.Option(None, "--sweep", help="N operating points spanning this input's curve: λ at the "
+                                        "breakpoints of its decisions, from the most accurate choice to the cheapest"),
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="cheapest candidate predicted >= X"),
     scorer: str = typer.Option("auto", "--scorer", help="auto (the checkpoint's own, as serving), student, lm, or another registered kind"),
 ) -> None:
     """Batch routing: one JSON line per (row, operating point). λ in accuracy per 100 J (knob.e_ref_j)."""
     from ..router.checkpoint import CheckpointError
-    from ..router.decide import knob_sweep
+    from ..router.decide import DEFAULT_E_REF_J, lambda_grid
     from ..router.scoring import load_scorer
 
     try:
@@ -137,17 +138,17 @@ def route_cmd(
             points += [("lambda", float(x)) for x in lambdas.split(",") if x.strip()]
         except ValueError:
             fail(f"--lambda {lambdas!r}: not a comma-separated list of numbers")
-    if sweep:
-        points += [("lambda", float(x)) for x in knob_sweep(router.manifest.knob, sweep)]
-    if target_accuracy is not None:
-        points.append(("target", target_accuracy))
-    if not points:
-        points = [("lambda", 0.0)]
     t0 = time.time()
     texts = [r[2] for r in rows]
     tasks = [r[1] for r in rows]
     P = router.score(texts, tasks)
     E = router.energy(texts, tasks)
+    if sweep:  # the input's own breakpoints (the checkpoint's knob range can stop short of an unseen task's cheap end)
+        points += [("lambda", float(x)) for x in lambda_grid(P, E, DEFAULT_E_REF_J, sweep)]
+    if target_accuracy is not None:
+        points.append(("target", target_accuracy))
+    if not points:
+        points = [("lambda", 0.0)]
     cands = router.candidates
     with open(output, "w", encoding="utf-8") as fh:
         for kind, val in points:

@@ -130,6 +130,7 @@ class LengthModel:
         self.r_hi = z if r_hi is None else np.asarray(r_hi, dtype=np.float64)
         self.smear = np.ones(K) if smear is None else np.asarray(smear, dtype=np.float64)
         self.ref = np.zeros((0, SKETCH), dtype=np.float16) if ref is None else np.asarray(ref, dtype=np.float16)
+        self._ref = self.ref.astype(np.float32)  # once, not per request
         self.support_lo, self.support_hi = (float(support[0]), float(support[1]))
         self.cues_seen = np.zeros(len(DENSE), dtype=bool) if cues_seen is None else np.asarray(cues_seen, dtype=bool)
         if W is not None and (np.shape(W) != (DIM, K) or np.shape(V) != (len(DENSE), K)):
@@ -164,7 +165,7 @@ class LengthModel:
             mu[i] = self.W[idx].sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
             if len(self.ref):
-                sup[i] = float(np.max(self.ref.astype(np.float64) @ sketch(idx)))
+                sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))
         return mu, sup, cue
 
     def predict(self, texts: Sequence[str | None], prompt_tokens: Sequence[float],
