@@ -39,6 +39,9 @@ class Decision:
         latency_ms: decision time, milliseconds.
         figures: decision-time energy and carbon estimates of the served request
             (:meth:`litellm_energy_router.figures.Estimate.as_metadata`), or None.
+        energy_note: how the output tokens behind ``energy_j`` were estimated: ``output_tokens_source``
+            (task_mean, length_model, prior or length_model+prior: the router was unsure of the length),
+            ``output_tokens`` per candidate as [80 % low, expected, 80 % high], ``support``, ``max_tokens``.
     """
 
     candidate: str | None
@@ -53,12 +56,15 @@ class Decision:
     fallback: str | None = None
     latency_ms: float | None = None
     figures: dict[str, Any] | None = None
+    energy_note: dict[str, Any] | None = None
 
     def as_metadata(self) -> dict[str, Any]:
         """A plain dict (what ``dataclasses.asdict`` gives, without its recursive deep copy: this runs
         on every routed request)."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["scores"], d["energy_j"] = dict(self.scores), dict(self.energy_j)
+        if self.energy_note is not None:
+            d["energy_note"] = dict(self.energy_note)
         return d
 
     @classmethod

@@ -48,6 +48,7 @@ from .figures import Accounting, headers
 from .knob import Knob, KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
+from .router.length_model import bounded_energy, request_max_tokens
 from .router.request_text import query_text
 from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
@@ -113,15 +114,18 @@ class EnergyRouterCore:
         return by_cand
 
     def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob, t0: float,
-               by_cand: dict[str, list[Mapping[str, Any]]] | None = None) -> tuple[Any, Decision]:  # fmt: skip
+               by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
+               request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision]:  # fmt: skip
         """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
-        (``by_cand``: :meth:`pool`, when the caller mapped it already), then ε-exploration
-        (``router.epsilon``) and a deployment of the chosen candidate."""
+        (``by_cand``: :meth:`pool`, when the caller mapped it already), on Ê bounded by the request's
+        ``max_tokens``, then ε-exploration (``router.epsilon``) and a deployment of the chosen candidate."""
         by_cand = self.pool(deployments) if by_cand is None else by_cand
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
-        P, E = scored.P[avail][None, :], scored.E[avail][None, :]
+        max_tokens = request_max_tokens(request_kwargs)
+        E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
+        P, E = scored.P[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, knob)[0])
         eps = self.settings.router.epsilon
         j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
@@ -134,7 +138,8 @@ class EnergyRouterCore:
         return dep, Decision(
             candidate=cand, deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
-            energy_j={scored.candidates[i]: round(float(scored.E[i]), 3) for i in range(len(scored.candidates))},
+            energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
+            energy_note=_note(scored.note, max_tokens),
             lambda_=None if knob.target_accuracy is not None else knob.lambda_, target_accuracy=knob.target_accuracy,
             max_energy_j=knob.max_energy_j,
             propensity=round(propensity, 6),
@@ -179,7 +184,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2]))
+            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))
         except KnobError:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -196,11 +201,20 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2]))
+            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))
         except KnobError:
             raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
+
+
+def _note(note: dict | None, max_tokens: int | None) -> dict | None:
+    """The scorer's output-token note with the request's ``max_tokens`` bound applied (a copy: the note is cached)."""
+    if note is None or max_tokens is None:
+        return note
+    out = dict(note, max_tokens=max_tokens)
+    out["output_tokens"] = {c: [min(v, max_tokens) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
+    return out
 
 
 def _reason(e: Exception) -> str:

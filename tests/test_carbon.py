@@ -7,7 +7,6 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from litellm_energy_router.energy.carbon import CarbonError, CarbonModel, CarbonSettings, SiteSettings, load_intensity_csv
 from litellm_energy_router.metrics import CARBON_FALLBACKS

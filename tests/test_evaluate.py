@@ -312,8 +312,13 @@ def test_load_matrix_and_energy_estimator(sqlite_url):
     chat = m.tasks == "chat"
     assert est.output_tokens["chat"]["big"] == pytest.approx(m.T[chat, 2].mean())
     assert Eh[chat, 2] == pytest.approx(m.prompt_tokens[chat] * 0.05 + m.T[chat, 2].mean() * 1.0)
+    from litellm_energy_router.energy.profile import CHAT_OUTPUT_TOKENS
+
     unknown = est.estimate(m.candidates, [100], ["never-seen"])
-    assert unknown[0, 2] == pytest.approx(100 * 0.05 + np.mean(m.T[:, 2]) * 1.0)
+    # an unknown task takes the conservative chat-length prior ("big" is not in the profile: the default), not
+    # the other tasks' mean
+    assert est.output_tokens_prior["big"] == CHAT_OUTPUT_TOKENS and est.prior_source
+    assert unknown[0, 2] == pytest.approx(100 * 0.05 + CHAT_OUTPUT_TOKENS * 1.0)
     back = EnergyEstimate.model_validate_json(est.model_dump_json())  # what the checkpoint manifest holds
     assert np.allclose(estimate_energy(back, m), Eh)
     assert m.take([0, 1]).n == 2 and len(m) == 39

@@ -99,5 +99,7 @@ def test_train_cli_exports_a_baseline_that_route_serves(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and lines[0]["model"] == "large"  # λ = 0: the most accurate on the task (large solves all)
+    e = lines[-1]["energy_j"]  # the sweep spans this input's curve: its last point is the cheapest choice
+    assert lines[-1]["model"] == min(e, key=e.get)
     r = run("train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "x"), "--scorer", "forest")
     assert r.returncode == 2 and "--scorer 'forest'" in r.stderr

@@ -329,6 +329,7 @@ def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: d
     from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
 
     from .energy_fit import fit_energy_estimate
+    from .length_fit import attach_length_model
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -342,7 +343,7 @@ def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: d
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1])}, energy=est,
         baseline={"file": BASELINE_FILE, "kind": kind, "params": params, "encoder": encoder},
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m)},
-        eval={"train_brier": brier(P, m.Y)}, versions=library_versions(),
+        eval={"train_brier": brier(P, m.Y)}, versions=library_versions(), length=attach_length_model(m, out),
     )  # fmt: skip
     write_manifest(out, manifest)
     return out

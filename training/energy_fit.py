@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from litellm_energy_router.energy.profile import chat_output_tokens
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 
 from .data import MatrixError, TableMatrix
@@ -134,5 +135,6 @@ def fit_energy_from_runs(runs: dict[str, np.ndarray], cands: Sequence[str], run_
     for ti, task in enumerate(run_tasks):
         vals = {c: wmean((ck == k) & (tix == ti)) for k, c in enumerate(cands)}
         per_task[task] = {c: v for c, v in vals.items() if v is not None}
+    prior, prior_source = chat_output_tokens(list(cands), profile)
     return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_,
-                          fitted_on=fitted)  # fmt: skip
+                          output_tokens_prior=prior, prior_source=prior_source, fitted_on=fitted)  # fmt: skip

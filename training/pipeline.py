@@ -28,6 +28,7 @@ from .embed import default_embedder, embed_queries
 from .data import TableMatrix as Matrix, concat_rows, load_matrix, near_duplicate_groups
 from .energy_fit import fit_energy_estimate
 from .grpo import GRPOStageConfig, grpo_stage
+from .length_fit import attach_length_model
 from .pairs import PairReader, PairTable, partial_only
 from .progress import CountingStore
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
@@ -196,7 +197,7 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]),
               "grpo_lambda_buckets": None if knob_grpo is None else [b["lambda"] for b in knob_grpo["buckets"]],
               "grpo": knob_grpo},
-        energy=est, calibration=calibration, student=student, probe=probe_entry,
+        energy=est, calibration=calibration, student=student, probe=probe_entry, length=attach_length_model(m, out),
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources),
                    **({"pairs": pairs.counts()} if pairs is not None else {})},
         eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),

@@ -113,7 +113,8 @@ def route_cmd(
     input: Path = typer.Option(..., "--input", exists=True, dir_okay=False, help=FORMATS_HELP),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
-    sweep: Optional[int] = typer.Option(None, "--sweep", min=1, help="N λ values spread over where the decisions switch"),
+    sweep: Optional[int] = typer.Option(None, "--sweep", min=1, help="N operating points spanning this input's curve: λ at the "
+                                        "breakpoints of its decisions, from the most accurate choice to the cheapest"),
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0, max=1, help="cheapest candidate predicted >= X"),
     scorer: str = typer.Option("auto", "--scorer", help="auto (the checkpoint's own, as serving), student, lm, or another registered kind"),
     config: Optional[Path] = ConfigOpt,
@@ -141,8 +142,9 @@ def route_cmd(
     P = router.score(texts, tasks)
     E = router.energy(texts, tasks)
     cands = router.candidates
+    # --sweep: the input's own breakpoints (a checkpoint's knob range can stop short of an unseen task's cheap end)
+    points = route_points(base, P, E, lams, sweep, target_accuracy)
     with open(output, "w", encoding="utf-8") as fh:
-        points = route_points(base, P, E, lams, sweep, target_accuracy)
         for kind, val, knob in points:
             choice = decide(P, E, knob)
             for i, (key, task, _) in enumerate(rows):

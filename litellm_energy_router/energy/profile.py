@@ -90,3 +90,29 @@ def _load(path: str) -> EnergyProfile:
         return EnergyProfile.model_validate(doc)
     except ValidationError as e:
         raise ProfileError(one_line(e, path)) from None
+
+
+#: Output tokens assumed for a candidate without a measured chat length (the median of the bundled
+#: profile's ML.ENERGY v2 chat averages, 376-469 tokens: ShareGPT prompts answered by the reference model).
+CHAT_OUTPUT_TOKENS = 430.0
+
+
+def chat_output_tokens(candidates: list[str] | tuple[str, ...], profile: EnergyProfile | None = None) -> tuple[dict[str, float], str]:
+    """The conservative per-candidate output-length prior (tokens) for traffic nothing else informs: the
+    average output length the profile's reference measurement recorded on chat prompts
+    (``reference.avg_output_tokens``, ML.ENERGY: ShareGPT), else :data:`CHAT_OUTPUT_TOKENS`. Chat answers
+    are long, so a request the router knows nothing about is priced as a long one (never as the short
+    answers of the tasks it was trained on). Returns (candidate → tokens, a one-line source)."""
+    if profile is None:
+        try:
+            profile = load_profile()
+        except ProfileError:
+            profile = None
+    models = profile.models if profile is not None else {}
+    out, measured = {}, 0
+    for c in candidates:
+        v = (models[c].reference or {}).get("avg_output_tokens") if c in models else None
+        ok = isinstance(v, (int, float)) and v > 0
+        out[c], measured = (float(v) if ok else CHAT_OUTPUT_TOKENS), measured + ok
+    return out, (f"chat-length prior: {measured} of {len(out)} candidates from the energy profile's measured chat "
+                 f"output length, the rest {CHAT_OUTPUT_TOKENS:.0f} tokens")

@@ -34,8 +34,9 @@ class CheckpointError(UserError, ValueError):
 
 class EnergyEstimate(BaseModel):
     """Ê at routing time: ``prompt_tokens * j_per_prompt_token + expected output tokens * j_per_output_token``
-    (joules). Expected output tokens are learned per (task, candidate), with a per-candidate fallback
-    for unknown tasks (production traffic)."""
+    (joules). Expected output tokens are learned per (task, candidate); a task the table does not hold
+    (production traffic, a new task) takes the conservative per-candidate prior ``output_tokens_prior``,
+    never the other tasks' mean, unless the checkpoint's length model (:mod:`.length_model`) predicts it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +44,10 @@ class EnergyEstimate(BaseModel):
     j_per_output_token: dict[str, float]
     output_tokens: dict[str, dict[str, float]] = Field(description="task -> candidate -> mean output tokens")
     output_tokens_any: dict[str, float] = Field(description="candidate -> mean output tokens, all tasks")
+    output_tokens_prior: dict[str, float] | None = Field(
+        None, description="candidate -> output tokens assumed for a task the table does not hold (a conservative "
+        "chat-length prior, energy/profile.chat_output_tokens); None (older checkpoints): output_tokens_any")
+    prior_source: str | None = Field(None, description="where output_tokens_prior comes from (one line)")
     fitted_on: dict[str, dict[str, Any]] | None = Field(
         None, description="candidate -> runs it was fitted on (per source, measured) and where J/token came from")
 
@@ -55,12 +60,21 @@ class EnergyEstimate(BaseModel):
         jp = np.array([self.j_per_prompt_token[c] for c in candidates])
         jo = np.array([self.j_per_output_token[c] for c in candidates])
         out = np.empty((len(prompt_tokens), len(candidates)))
+        fallback = self.unknown_task_tokens()
         for i, task in enumerate(tasks):
-            table = self.output_tokens.get(task or "", self.output_tokens_any)
-            out[i] = [table.get(c, self.output_tokens_any[c]) for c in candidates]
+            table = self.output_tokens.get(task or "", fallback)
+            out[i] = [table.get(c, fallback[c]) for c in candidates]
         if offset_tokens is not None:
             out = np.maximum(out + np.asarray(offset_tokens, dtype=float), 0.0)
         return np.asarray(prompt_tokens, dtype=float)[:, None] * jp[None, :] + out * jo[None, :]
+
+
+    def unknown_task_tokens(self) -> dict[str, float]:
+        """Candidate → output tokens for a task the table does not hold: the prior (older checkpoints: the mean)."""
+        return self.output_tokens_prior if self.output_tokens_prior is not None else self.output_tokens_any
+
+    def knows_task(self, task: str | None) -> bool:
+        return bool(task) and task in self.output_tokens
 
 
 class Manifest(BaseModel):
@@ -81,6 +95,7 @@ class Manifest(BaseModel):
     probe: dict[str, Any] | None = Field(None, description="probe head: file, encoder, dim (router/probe.py)")
     baseline: dict[str, Any] | None = Field(None, description="exported baseline: file, kind, params (router/baseline_scorers.py)")
     tokens: dict[str, Any] | None = Field(None, description="per-query output-token model: file, CV errors (router/token_model.py)")
+    length: dict[str, Any] | None = Field(None, description="cross-task output-length model: file, fit (router/length_model.py)")
     watermark: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)

@@ -50,6 +50,9 @@ class Scored:
     P: np.ndarray
     E: np.ndarray
     version: str
+    tokens: np.ndarray | None = None  # expected output tokens per candidate (None: a scorer that does not say)
+    j_out: np.ndarray | None = None  # J per output token per candidate, to bound E by a request's max_tokens
+    note: dict | None = None  # how the output tokens were estimated (router/length_model.request_tokens)
 
 
 class NoCheckpoint(RuntimeError):
@@ -224,9 +227,14 @@ class RouterRuntime:
         if model is None:
             raise NoCheckpoint(self.last_error or "no checkpoint configured")
         texts, tasks = [t for t, _ in items], [k for _, k in items]
-        P, E = model.score(texts, tasks), model.energy(texts, tasks)
+        P = model.score(texts, tasks)
         cands = tuple(model.candidates)
-        return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
+        if not hasattr(model, "energy_detail"):  # a plugin scorer: energy only
+            E = model.energy(texts, tasks)
+            return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
+        E, T, notes = model.energy_detail(texts, tasks)
+        jo = np.array([model.manifest.energy.j_per_output_token[c] for c in cands])
+        return [Scored(cands, P[i], E[i], model.version, T[i], jo, notes[i]) for i in range(len(items))]
 
     def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:
         """(cache key, cached score or None), after the hot-reload check."""

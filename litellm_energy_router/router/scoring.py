@@ -98,6 +98,9 @@ class CheckpointScorer:
         from .token_model import TOKENS_FILE, TokenModel
 
         self.tokens = self.load_part(self.manifest.tokens, TOKENS_FILE, TokenModel.load, "token model")
+        from .length_model import LENGTH_FILE, LengthModel
+
+        self.length = self.load_part(self.manifest.length, LENGTH_FILE, LengthModel.load, "length model")
 
     @property
     def candidates(self) -> list[str]:
@@ -110,10 +113,23 @@ class CheckpointScorer:
     def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
                prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip
         """Ê[n, K] in joules from the prompt length (known at routing time) and expected output tokens."""
+        return self.energy_detail(texts, tasks, prompt_tokens)[0]
+
+    def energy_detail(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
+                      prompt_tokens: Sequence[int] | None = None,
+                      max_tokens: Sequence[int | None] | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:  # fmt: skip
+        """(Ê[n, K] J, expected output tokens [n, K], a note per request for the decision's metadata):
+        :func:`.length_model.request_tokens` (a task the table never held gets the length model or the prior)."""
+        from .length_model import request_tokens
+
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
         offset = self.tokens.offset(texts, n_tok, tasks) if self.tokens is not None else None
-        return self.manifest.energy.estimate(self.manifest.candidates, n_tok, tasks, offset_tokens=offset)
+        est, cands = self.manifest.energy, self.manifest.candidates
+        T, notes = request_tokens(est, self.length, cands, texts, tasks, n_tok, offset, max_tokens)
+        jp = np.array([est.j_per_prompt_token[c] for c in cands])
+        jo = np.array([est.j_per_output_token[c] for c in cands])
+        return np.asarray(n_tok, dtype=float)[:, None] * jp[None, :] + T * jo[None, :], T, notes
 
     def load_part(self, entry: dict | None, default_file: str, load: Callable[[Path], Any], what: str) -> Any:
         """A numpy part of the checkpoint named by its manifest ``entry`` (None when absent); refuses a

@@ -1,0 +1,254 @@
+"""Output tokens predicted from the request itself, for any traffic (a task the table never held included).
+
+Per candidate a linear model of ``log1p(output tokens)`` (tokens: the table's counts) over features that carry
+across tasks, fitted on every task of the table at once (``training/length_fit.py``):
+
+* cue flags read from the request text (:data:`CUES`): code ("write a function", a code fence), a letter or
+  option answer ("answer with the letter", "(A) …"), a short answer ("yes or no", "one word"), a long one
+  ("explain", "step by step", "essay"), arithmetic, a closing question mark, a blank to fill;
+* a requested length ("in 200 words", "3 paragraphs") as log1p of its tokens (:data:`UNIT_TOKENS`);
+* log1p of the earlier turns / blocks, of the prompt tokens and of the query's characters;
+* hashed byte 3/4-grams of the text's tail (:func:`.student.ngram_buckets`, :data:`DIM` buckets).
+
+**Predictive interval**: the model's residuals in leave-task-out CV inside the training rows give, per
+candidate, the 10th and 90th percentiles (an 80 % interval) and the smearing factor that turns the
+predicted log into a mean (Duan's estimate: mean of ``exp(residual)``).
+
+**Support**: a request unlike every training row, on which no informative cue (:data:`INFORMATIVE`) that the
+training rows showed fires, gets no prediction from this model. Its similarity is the
+largest cosine between its signed-hashed n-gram sketch (:data:`SKETCH` dims) and a sample of the training
+rows; the model's weight rises linearly from 0 at ``support_lo`` to 1 at ``support_hi`` (the 2nd
+percentile of the training rows' nearest-other-row similarity, fitted with the model), and the rest goes
+to the conservative per-candidate prior (:func:`~litellm_energy_router.energy.profile.chat_output_tokens`:
+a chat-length answer), blended in log space. The interval of the prior is ``PRIOR_BAND`` × the prior.
+
+``max_tokens`` / ``max_completion_tokens`` of the request bound every figure (:func:`bound_tokens`).
+
+``length.npz``: ``W[DIM, K]`` n-gram weights, ``V[F, K]`` dense weights, ``b[K]``, ``r_lo/r_hi/smear[K]``,
+``prior[K]``, ``ref[R, SKETCH]`` (float16, unit rows), ``support[2]``, ``cues_seen[len(DENSE)]``. numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .student import ngram_buckets
+
+LENGTH_FILE = "length.npz"
+DIM, SKETCH = 2**12, 512
+NGRAMS, TAIL_CHARS, CUE_CHARS = (3, 4), 600, 4000
+PRIOR_BAND = (0.25, 2.5)  # the chat prior's 80 % interval, × the prior (chat answers span two orders of magnitude)
+
+CUES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((n, re.compile(p, re.I | re.M)) for n, p in (
+    ("code", r"\b(write|implement|complete|create|fix)\b[^.?!\n]{0,40}\b(function|program|script|class|method|code|query)\b"
+             r"|```|\bdef \w+\(|\bassert \w+\(|\b(python|javascript|sql|java|c\+\+)\b"),
+    ("choice", r"answer with (only )?(the|a|one) (letter|option|number|choice)|\b(choose|select|pick) (the |one )?(correct|best|right)?"
+               r" ?(answer|option|choice)|^\s*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$"),
+    ("short", r"\b(one|single) word\b|\byes or no\b|\btrue or false\b|\bshort answer\b|\bbriefly\b|\bone sentence\b"
+              r"|\bonly (the|give|with) (answer|number|letter|name)|\bwithout (any )?explanation\b|\bsingle (choice|letter)\b"),
+    ("long", r"\b(explain|describe|discuss|elaborate|essay|in detail|step[- ]by[- ]step|story|article|blog|poem|report"
+             r"|summari[sz]e|outline|compare)\b"),
+    ("math", r"\b(solve|calculate|compute|how many|how much)\b|\d\s*[-+*/^=]\s*\d"),
+    ("question", r"\?\s*\Z"),
+    ("fill", r"_{2,}|\bblank\b"),
+))  # fmt: skip
+LENGTH_RE = re.compile(r"\b(\d{1,4})\s*(words?|sentences?|paragraphs?|lines?|bullet points?|bullets?|items?|tokens?)\b", re.I)
+#: tokens per requested unit (a word ~1.3 tokens, a sentence ~25, a paragraph ~100, a line ~12, an item ~20)
+UNIT_TOKENS = {"word": 1.3, "sentence": 25.0, "paragraph": 100.0, "line": 12.0, "bullet point": 20.0, "bullet": 20.0,
+               "item": 20.0, "token": 1.0}  # fmt: skip
+DENSE = [*(n for n, _ in CUES), "asked_length", "asked_length_log", "turns_log", "prompt_tokens_log", "chars_log"]
+#: the flags that inform a length on their own: one of them on, and seen in :data:`MIN_CUE_ROWS` training rows,
+#: gives the model full weight whatever the n-gram support (a closing "?" says little about a length)
+INFORMATIVE = np.array([n in ("code", "choice", "short", "long", "math", "fill", "asked_length") for n in DENSE])
+MIN_CUE_ROWS = 30
+_BLANK = re.compile(r"\n\s*\n")
+
+
+def dense_features(text: str, prompt_tokens: float) -> np.ndarray:
+    """The cue flags and numeric features of one request (:data:`DENSE`, in that order)."""
+    tail = text[-CUE_CHARS:]
+    f = [1.0 if p.search(tail) else 0.0 for _, p in CUES]
+    asked = 0.0
+    for m in LENGTH_RE.finditer(tail):
+        unit = m.group(2).lower().rstrip("s")
+        asked = max(asked, float(m.group(1)) * UNIT_TOKENS.get(unit, UNIT_TOKENS.get(unit + "s", 1.0)))
+    turns = len([b for b in _BLANK.split(text) if b.strip()])
+    f += [1.0 if asked else 0.0, math.log1p(asked), math.log1p(max(turns - 1, 0)), math.log1p(max(prompt_tokens, 0.0)),
+          math.log1p(len(text))]  # fmt: skip
+    return np.asarray(f, dtype=np.float64)
+
+
+def buckets(text: str) -> np.ndarray:
+    return ngram_buckets(text or "", NGRAMS, DIM, TAIL_CHARS)
+
+
+def sketch(idx: np.ndarray) -> np.ndarray:
+    """Unit signed-hash sketch (:data:`SKETCH` dims) of a bucket set, for the support similarity."""
+    v = np.zeros(SKETCH)
+    if len(idx):
+        sign = np.where((idx * 2654435761 >> 13) & 1, 1.0, -1.0)
+        np.add.at(v, idx % SKETCH, sign)
+        v /= max(float(np.linalg.norm(v)), 1e-12)
+    return v
+
+
+@dataclass
+class LengthPrediction:
+    """Output tokens per request and candidate: ``mean``, 80 % interval ``lo``/``hi`` ``[n, K]``, the model's
+    ``weight[n]`` against the prior (1: the model alone, 0: the prior alone) and ``support[n]`` (cosine)."""
+
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    weight: np.ndarray
+    support: np.ndarray
+
+    def source(self, i: int) -> str:
+        w = float(self.weight[i])
+        return "length_model" if w >= 1.0 else "prior" if w <= 0.0 else "length_model+prior"
+
+
+class LengthModel:
+    """The served cross-task length model (module docstring). ``prior`` alone (``W`` None) is the model of a
+    checkpoint whose table has no output tokens: every request gets the prior."""
+
+    def __init__(self, prior: Sequence[float], W: np.ndarray | None = None, V: np.ndarray | None = None,
+                 b: np.ndarray | None = None, r_lo: np.ndarray | None = None, r_hi: np.ndarray | None = None,
+                 smear: np.ndarray | None = None, ref: np.ndarray | None = None,
+                 support: Sequence[float] = (1.0, 1.0), cues_seen: np.ndarray | None = None) -> None:  # fmt: skip
+        self.prior = np.asarray(prior, dtype=np.float64)
+        K = len(self.prior)
+        self.W, self.V, self.b = W, V, b
+        z = np.zeros(K)
+        self.r_lo = z if r_lo is None else np.asarray(r_lo, dtype=np.float64)
+        self.r_hi = z if r_hi is None else np.asarray(r_hi, dtype=np.float64)
+        self.smear = np.ones(K) if smear is None else np.asarray(smear, dtype=np.float64)
+        self.ref = np.zeros((0, SKETCH), dtype=np.float16) if ref is None else np.asarray(ref, dtype=np.float16)
+        self._ref = self.ref.astype(np.float32)  # once, not per request
+        self.support_lo, self.support_hi = (float(support[0]), float(support[1]))
+        self.cues_seen = np.zeros(len(DENSE), dtype=bool) if cues_seen is None else np.asarray(cues_seen, dtype=bool)
+        if W is not None and (np.shape(W) != (DIM, K) or np.shape(V) != (len(DENSE), K)):
+            raise ValueError(f"length model: weights {np.shape(W)} / {np.shape(V)} do not fit {K} candidates")
+
+    @property
+    def n_candidates(self) -> int:
+        return len(self.prior)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LengthModel":
+        with np.load(path, allow_pickle=False) as z:
+            if "W" not in z:
+                return cls(z["prior"])
+            return cls(z["prior"], z["W"], z["V"], z["b"], z["r_lo"], z["r_hi"], z["smear"], z["ref"], z["support"].tolist(),
+                       z["cues_seen"])
+
+    def save(self, path: str | Path) -> None:
+        if self.W is None:
+            np.savez(path, prior=self.prior)
+            return
+        np.savez(path, prior=self.prior, W=self.W, V=self.V, b=self.b, r_lo=self.r_lo, r_hi=self.r_hi,
+                 smear=self.smear, ref=self.ref, support=np.array([self.support_lo, self.support_hi]),
+                 cues_seen=self.cues_seen)  # fmt: skip
+
+    def log_mu(self, texts: Sequence[str | None], prompt_tokens: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(predicted log1p(tokens) ``[n, K]``, support cosine ``[n]``, a seen informative cue fires ``[n]``)."""
+        n, K = len(texts), self.n_candidates
+        mu, sup, cue = np.zeros((n, K)), np.zeros(n), np.zeros(n, dtype=bool)
+        for i, (t, p) in enumerate(zip(texts, prompt_tokens)):
+            idx, d = buckets(t or ""), dense_features(t or "", float(p))
+            mu[i] = self.W[idx].sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
+            cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
+            if len(self.ref):
+                sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))
+        return mu, sup, cue
+
+    def predict(self, texts: Sequence[str | None], prompt_tokens: Sequence[float],
+                prior: np.ndarray | None = None) -> LengthPrediction:  # fmt: skip
+        """``prior`` (tokens per candidate): the one to blend toward (default: the model's own)."""
+        n, K = len(texts), self.n_candidates
+        prior = self.prior if prior is None else np.asarray(prior, dtype=np.float64)
+        lp = np.log1p(np.broadcast_to(prior, (n, K)))
+        lo_p, hi_p = np.log1p(prior * PRIOR_BAND[0]), np.log1p(prior * PRIOR_BAND[1])
+        if self.W is None:
+            w, sup, mu = np.zeros(n), np.zeros(n), lp
+        else:
+            mu, sup, cue = self.log_mu(texts, prompt_tokens)
+            span = max(self.support_hi - self.support_lo, 1e-9)
+            w = np.where(cue, 1.0, np.clip((sup - self.support_lo) / span, 0.0, 1.0))
+        ww = w[:, None]
+        mean = np.expm1(ww * (mu + np.log(self.smear)) + (1 - ww) * lp)
+        lo = np.expm1(ww * (mu + self.r_lo) + (1 - ww) * lo_p)
+        hi = np.expm1(ww * (mu + self.r_hi) + (1 - ww) * hi_p)
+        return LengthPrediction(np.maximum(mean, 0.0), np.maximum(lo, 0.0), np.maximum(hi, 0.0), w, sup)
+
+
+def bound_tokens(tokens: np.ndarray, max_tokens: Sequence[float | None] | float | None) -> np.ndarray:
+    """``tokens[n, K]`` capped at each request's ``max_tokens`` (None: no cap): a request never writes more."""
+    if max_tokens is None:
+        return tokens
+    cap = np.array([np.inf if v is None or v <= 0 else float(v) for v in np.atleast_1d(np.asarray(max_tokens, dtype=object))])
+    return np.minimum(tokens, cap[:, None] if tokens.ndim == 2 else cap)
+
+
+def request_max_tokens(request_kwargs: dict | None) -> int | None:
+    """The request's bound on output tokens (``max_completion_tokens``, else ``max_tokens``), or None;
+    anything not a positive integer is ignored (a hostile value never lowers Ê below a real answer's)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        v = (request_kwargs or {}).get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def request_tokens(est, length: "LengthModel | None", candidates: Sequence[str], texts: Sequence[str | None],
+                   tasks: Sequence[str | None], prompt_tokens: Sequence[float], offset: np.ndarray | None = None,
+                   max_tokens: Sequence[int | None] | None = None) -> tuple[np.ndarray, list[dict]]:  # fmt: skip
+    """Expected output tokens ``[n, K]`` per request and candidate, and per request a note for the decision's
+    metadata. A task the energy estimate ``est`` (:class:`.checkpoint.EnergyEstimate`) holds: its per-task mean
+    (+ ``offset``, the per-task token model). Any other request (no task tag, or a tag never seen): ``length``'s
+    prediction, or the estimate's conservative prior without one; never the other tasks' mean. ``max_tokens``
+    bounds each request's figures."""
+    n, K = len(texts), len(candidates)
+    fb = est.unknown_task_tokens()
+    out = np.empty((n, K))
+    for i, task in enumerate(tasks):
+        table = est.output_tokens.get(task or "", fb)
+        out[i] = [table.get(c, fb[c]) for c in candidates]
+    if offset is not None:
+        out = np.maximum(out + offset, 0.0)
+    lo, hi = out.copy(), out.copy()
+    source = ["task_mean" if est.knows_task(t) else "prior" for t in tasks]
+    support = [None] * n
+    unk = [i for i in range(n) if source[i] == "prior"]
+    if unk and length is not None:
+        pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], np.array([fb[c] for c in candidates]))
+        out[unk], lo[unk], hi[unk] = pred.mean, pred.lo, pred.hi
+        for j, i in enumerate(unk):
+            source[i], support[i] = pred.source(j), round(float(pred.support[j]), 4)
+    elif unk:
+        lo[unk] = out[unk] * PRIOR_BAND[0]
+        hi[unk] = out[unk] * PRIOR_BAND[1]
+    caps = list(max_tokens) if max_tokens is not None else [None] * n
+    out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
+    notes = [{"output_tokens_source": source[i], "support": support[i], "max_tokens": caps[i],
+              "output_tokens": {c: [round(float(lo[i, k]), 1), round(float(out[i, k]), 1), round(float(hi[i, k]), 1)]
+                                for k, c in enumerate(candidates)}}
+             for i in range(n)]  # fmt: skip
+    if any(s == "prior" for s in source):
+        for i in range(n):
+            if source[i] == "prior":
+                notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
+    return out, notes
+
+
+def bounded_energy(E: np.ndarray, tokens: np.ndarray | None, j_out: np.ndarray | None, max_tokens: int | None) -> np.ndarray:
+    """``E`` (J) less the output tokens a request's ``max_tokens`` rules out (per candidate J/output token ``j_out``)."""
+    if max_tokens is None or tokens is None or j_out is None:
+        return E
+    return E - j_out * np.maximum(np.asarray(tokens) - float(max_tokens), 0.0)

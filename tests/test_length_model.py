@@ -1,0 +1,80 @@
+"""The cross-task output-length model: a rule learned across tasks carries to a task the table never held,
+``max_tokens`` bounds the estimate, and an unknown task never inherits another task's mean length."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from litellm_energy_router.router.checkpoint import EnergyEstimate
+from litellm_energy_router.router.length_model import LengthModel, bounded_energy, request_max_tokens, request_tokens
+from litellm_energy_router.training.data import TableMatrix
+from litellm_energy_router.training.length_fit import fit_length_model
+
+WORDS = "apple river stone cloud music paper light garden window engine forest yellow".split()
+
+
+def _planted(n: int = 240, seed: int = 0) -> TableMatrix:
+    """Three tasks; in each, half the queries ask for code (≈300 output tokens), half for a letter (≈2)."""
+    rng = np.random.default_rng(seed)
+    code = np.arange(n) % 2 == 0
+    topic = lambda: " ".join(rng.choice(WORDS, size=5))  # noqa: E731
+    texts = [f"Task {i % 3}: write a function that sorts the {topic()}." if c else
+             f"Task {i % 3}: which is heavier, the {topic()}?\nA) one\nB) two\nAnswer with the letter." for i, c in enumerate(code)]  # fmt: skip
+    T = np.where(code[:, None], 300.0, 2.0) * np.exp(rng.normal(0, 0.1, (n, 2)))
+    return TableMatrix(candidates=["a", "b"], ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+                       tasks=np.array([f"t{i % 3}" for i in range(n)], dtype=object), texts=texts,
+                       prompt_tokens=np.full(n, 20.0), Y=np.ones((n, 2)), E=T * 0.1, T=T)  # fmt: skip
+
+
+def test_learns_a_planted_rule_across_tasks_and_serves_it_from_its_file(tmp_path):
+    m = _planted()
+    lm, info = fit_length_model(m.subset(np.flatnonzero(m.tasks != "t2")))  # t2 is never seen
+    assert "code" in info["cues_seen"] and "choice" in info["cues_seen"]
+    lm.save(tmp_path / "length.npz")
+    served = LengthModel.load(tmp_path / "length.npz")
+    held = m.subset(np.flatnonzero(m.tasks == "t2"))
+    pred = served.predict(held.texts, held.prompt_tokens)
+    code = np.array(["function" in t for t in held.texts])
+    assert (pred.weight == 1.0).all()  # a seen cue fires on every held-out query
+    ratio = pred.mean / held.T
+    assert np.all((ratio > 0.5) & (ratio < 2.0)), ratio  # each within 2x of its own length, long and short alike
+    assert (pred.lo <= pred.mean).all() and (pred.mean <= pred.hi).all()
+    assert ((pred.lo[code] < held.T[code]) & (held.T[code] < pred.hi[code])).mean() > 0.6  # the 80 % interval covers
+    np.testing.assert_allclose(pred.mean, lm.predict(held.texts, held.prompt_tokens).mean)
+
+
+def test_unknown_task_does_not_inherit_another_tasks_mean_length():
+    m = _planted()
+    lm, _ = fit_length_model(m)
+    est = EnergyEstimate(j_per_prompt_token={"a": 0.01, "b": 0.02}, j_per_output_token={"a": 0.1, "b": 0.2},
+                         output_tokens={"t0": {"a": 2.0, "b": 2.0}}, output_tokens_any={"a": 2.0, "b": 2.0},
+                         output_tokens_prior={"a": 430.0, "b": 400.0}, prior_source="chat-length prior")  # fmt: skip
+    novel = "Zzqx vortal plinth 97 ~~ ## qwv jjj kkk"  # unlike every training row, no cue
+    T, notes = request_tokens(est, lm, ["a", "b"], [novel, novel], ["t0", "never-seen"], [20, 20])
+    assert T[0].tolist() == [2.0, 2.0] and notes[0]["output_tokens_source"] == "task_mean"
+    assert notes[1]["output_tokens_source"] == "prior" and notes[1]["prior"] == "chat-length prior"
+    np.testing.assert_allclose(T[1], [430.0, 400.0], rtol=1e-6)  # the prior, not the seen task's 2 tokens
+    T0, notes0 = request_tokens(est, None, ["a", "b"], [novel], ["never-seen"], [20])  # no length model: the prior
+    np.testing.assert_allclose(T0[0], [430.0, 400.0])
+    assert est.estimate(["a", "b"], [20], ["never-seen"])[0, 0] == 20 * 0.01 + 430.0 * 0.1
+
+
+def test_max_tokens_bounds_the_estimate():
+    est = EnergyEstimate(j_per_prompt_token={"a": 0.0}, j_per_output_token={"a": 1.0}, output_tokens={},
+                         output_tokens_any={"a": 5.0}, output_tokens_prior={"a": 430.0})  # fmt: skip
+    T, notes = request_tokens(est, None, ["a"], ["hi", "hi"], [None, None], [3, 3], max_tokens=[64, None])
+    assert T[:, 0].tolist() == [64.0, 430.0] and notes[0]["output_tokens"]["a"][2] == 64.0
+    assert bounded_energy(np.array([430.0]), np.array([430.0]), np.array([1.0]), 64)[0] == 64.0
+    assert request_max_tokens({"max_tokens": 50, "max_completion_tokens": 20}) == 20
+    assert request_max_tokens({"max_tokens": "9"}) is None and request_max_tokens({"max_tokens": True}) is None
+    assert request_max_tokens({"max_tokens": -1}) is None and request_max_tokens(None) is None
+
+
+def test_a_table_without_output_tokens_gives_the_prior_alone(tmp_path):
+    m = _planted()
+    m.T[:] = np.nan
+    lm, info = fit_length_model(m)
+    assert lm.W is None and "prior only" in info["model"]
+    lm.save(tmp_path / "length.npz")
+    pred = LengthModel.load(tmp_path / "length.npz").predict(["write a function"], [5])
+    assert pred.source(0) == "prior" and pred.mean[0, 0] > 100
