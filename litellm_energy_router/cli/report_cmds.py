@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from ..table.ledger import BY
-from . import ConfigOpt, DbOpt, console, db_url, fail
+from .common import ConfigOpt, DbOpt, console, db_url, fail
 from .table_cmds import _store
 
 COLUMNS = [("requests", "requests", "d"), ("tokens", None, "d"), ("J measured", "joules_measured", ".1f"),
