@@ -84,7 +84,7 @@ def test_read_only_open_refuses_a_missing_table(tmp_path):
         ({"score": -0.1}, "score", "greater than or equal to 0"),
         ({"candidate": "nobody"}, "candidate", "unknown candidate"),
         ({"query_id": "q-missing"}, "query_id", "unknown query"),
-        ({"energy_method": "guess"}, "energy_method", "nvml_counter"),
+        ({"energy_method": "NVML counter!"}, "energy_method", "should match pattern"),
         ({"source": "elsewhere"}, "source", "tournament"),
     ],
 )

@@ -78,6 +78,8 @@ def report_cmd(
         fail(f"--by {by!r}: expected one of {', '.join(BY)}")
     if fmt not in ("table", "csv", "json"):
         fail(f"--format {fmt!r}: expected table, csv or json")
+    if plot is not None and not plot.resolve().parent.is_dir():
+        fail(f"--plot {plot}: its directory does not exist")
     url = db_url(db, config)
     lo, hi = _since(since), _since(until)
     with _store(url) as store:
