@@ -176,6 +176,29 @@ def fmt(v) -> str:
     return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
 
 
+def summary_tables(rows: list[dict], has_tokens: dict) -> str:
+    """The README's table (task hidden; the static methods are the same with an unseen tag shown) and the
+    (d) table (both tags), markdown."""
+    by = {(r["matrix"], r["task"], r["tag"], r["method"]): r for r in rows}
+    tasks = list(dict.fromkeys((r["matrix"], r["task"]) for r in rows))
+    d = lambda v: f"[{v[0]:+.3f}, {v[1]:+.3f}]"  # noqa: E731
+    out = ["| matrix | held-out task (judged) | router AIQ | pooled prior AIQ | kNN AIQ | router − pooled | router − kNN "
+           "| router acc / J at λ | router Ê / E per candidate |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for m, t in tasks:
+        R, P, K = (by[(m, t, "hidden", x)] for x in ("router", "pooled_prior", "knn"))
+        ratio = ", ".join(f"{x:.2f}" for x in R["e_ratio"]) if has_tokens[m] else "–"
+        out.append(f"| {m} | {t} ({R['n']}) | {fmt(R['aiq'])} | {fmt(P['aiq'])} | {fmt(K['aiq'])} | {d(P['d_aiq'])} | "
+                   f"{d(K['d_aiq'])} | {R['acc'][0]:.3f} / {R['j'][0]:.1f} | {ratio} |")  # fmt: skip
+    out += ["", "| matrix | task | tag | method | AIQ | router − method | acc at λ | J/query at λ | Ê / E per candidate |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (m, t, tag, meth), r in by.items():
+        if meth == "router" and any(k[:3] == (m, t, tag) and k[3].startswith("after_") for k in by) or meth.startswith("after_"):
+            ratio = ", ".join(f"{x:.2f}" for x in r["e_ratio"]) if has_tokens[m] else "–"
+            out.append(f"| {m} | {t} | {tag} | {meth} | {fmt(r['aiq'])} | {d(r['d_aiq'])} | {fmt(r['acc'])} | "
+                       f"{fmt(r['j'])} | {ratio} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def verdict(rows: list[dict], has_tokens: dict) -> str:
     """The done-when checks: router's AIQ ≥ pooled prior's and kNN's within the paired interval (the upper
     end of router − method ≥ 0), and RouterBench's Ê / E per candidate within 1.5×."""
@@ -228,6 +251,7 @@ def main() -> None:
                     f"{r['e_ratio'] if has_tokens[name] else '-'} |")  # fmt: skip
             if a.out:
                 a.out.write_text(json.dumps(rows, indent=1))
+    print("\n" + summary_tables(rows, has_tokens) + "\n")
     print(f"{verdict(rows, has_tokens)} held_out={len({(r['matrix'], r['task']) for r in rows})} "
           f"seconds={time.time() - t0:.0f}")
 
