@@ -297,10 +297,11 @@ class MatrixFactorization(Baseline):
 
 
 def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedder | None = None, seed: int = 0,
-                    partial: TableMatrix | None = None, **_context: Any) -> Any:  # fmt: skip
+                    partial: TableMatrix | None = None, profile: Any = None, **_context: Any) -> Any:  # fmt: skip
     """Fit the registered scorer kind ``name`` (a built-in baseline: hyperparameters by inner CV; or a
     plugin's) on ``m`` (plus ``partial``: queries only partial feedback labels, weighted, for a predictor
     that ``accepts_partial``) and write it as a checkpoint: ``baseline.npz`` with its ``export_arrays()``
+    (``profile``: the energy profile for candidates whose rows cannot fit J/token; None = the bundled one)
     and the task prior, the manifest's ``scorer`` = ``name`` (served by the kind's ``load``, e.g.
     :mod:`litellm_energy_router.router.baseline_scorers`). Returns the directory. The generic ``export``
     of the registry (:class:`~litellm_energy_router.plugins.ScorerSpec`)."""
@@ -314,11 +315,11 @@ def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedd
     b = b.fit(concat_rows(m, partial) if getattr(b, "accepts_partial", False) else m)
     uses = getattr(b, "uses_embeddings", False)
     return write_baseline_checkpoint(name, m, out_dir, b.export_arrays(), dict(getattr(b, "params", {})), emb.name if uses else None,
-                                     b.predict_proba(m))  # fmt: skip
+                                     b.predict_proba(m), profile)  # fmt: skip
 
 
 def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: dict[str, np.ndarray], params: dict[str, Any],
-                              encoder: str | None, P: np.ndarray) -> Any:  # fmt: skip
+                              encoder: str | None, P: np.ndarray, profile: Any = None) -> Any:  # fmt: skip
     """Write a fitted baseline of ``kind`` (its ``arrays`` beyond the task prior, added here; ``P`` its
     predictions on ``m``, for the knob range and the training Brier) as a servable checkpoint."""
     import time
@@ -336,14 +337,14 @@ def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: d
     tasks = m.task_names()
     np.savez(out / BASELINE_FILE, tasks=np.array(tasks, dtype=str), prior=task_prior(m, tasks), prior_any=m.Y.mean(axis=0),
              **arrays)  # fmt: skip
-    est = fit_energy_estimate(m)
+    est = fit_energy_estimate(m, profile)
     grid = lambda_grid(P, est.estimate(m.candidates, m.prompt_tokens, m.tasks), DEFAULT_E_REF_J, 2)
     manifest = Manifest(
         version=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{kind}", candidates=m.candidates, scorer=kind,
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1])}, energy=est,
         baseline={"file": BASELINE_FILE, "kind": kind, "params": params, "encoder": encoder},
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m)},
-        eval={"train_brier": brier(P, m.Y)}, versions=library_versions(), length=attach_length_model(m, out),
+        eval={"train_brier": brier(P, m.Y)}, versions=library_versions(), length=attach_length_model(m, out, profile),
     )  # fmt: skip
     write_manifest(out, manifest)
     return out

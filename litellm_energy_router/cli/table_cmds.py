@@ -108,6 +108,31 @@ def import_routerbench_cmd(
     _import_routerbench(db_url(db, config), files, energy_profile, models)
 
 
+@table_app.command("import-matrix")
+def import_matrix_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                help="matrix: .jsonl / .csv (documented form) or LLMRouter's train.json (.gz allowed)"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+    energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", exists=True, dir_okay=False,
+                                                  help="J/token profile YAML holding every candidate (default: bundled)"),
+    model_map: Optional[List[str]] = typer.Option(None, "--map", help="model=candidate (repeatable or comma-separated); "
+                                                  "default: each model is its own candidate"),
+    default_task: Optional[str] = typer.Option(None, "--default-task", help="LLMRouter: task of a question without one"),
+) -> None:
+    """Import a (query, task, per-model score) matrix; energy is estimated from the profile (energy_method=estimate)."""
+    from ..profiling.matrix_import import import_matrix, parse_map
+
+    url, mapping = db_url(db, config), parse_map(model_map) or None
+    profile = load_profile(energy_profile)
+    with _store(url) as store, progress_bar() as bar:
+        task = bar.add_task("importing the matrix", total=None)
+        summary = import_matrix(store, file, profile, mapping, default_task=default_task,
+                                profile_origin=str(energy_profile or "bundled energy profile"),
+                                progress=lambda n: bar.advance(task, n))  # fmt: skip
+    console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
+
+
 @table_app.command("export")
 def export_cmd(out: Path = typer.Argument(..., help=".csv or .parquet"), db: Optional[str] = DbOpt,
                config: Optional[Path] = ConfigOpt) -> None:  # fmt: skip
