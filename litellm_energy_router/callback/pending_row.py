@@ -51,6 +51,10 @@ class PendingRow:
     site: str | None = None
     estimate_j: float | None = None
     reference_j: float | None = None
+    # the online state (router/adapt.py): the request's context keys, and the output tokens the router expected
+    # of the served candidate
+    context: str | None = None
+    expected_tokens: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
@@ -133,7 +137,19 @@ def extract_row(
         **attribution(slo), model_group=str(group)[:200] if group else None,
         site=str(info[SITE_KEY])[:100] if info.get(SITE_KEY) else None,
         estimate_j=_num(figures.get("joules_estimate")), reference_j=_num(figures.get("joules_reference_estimate")),
+        **_adapt_fields(decision, candidate),
     )  # fmt: skip
+
+
+def _adapt_fields(decision: Decision | None, candidate: str) -> dict[str, Any]:
+    """The request's context (this process's decision, never request metadata) and the output tokens the router
+    expected of ``candidate`` (from the decision's energy note)."""
+    if decision is None or decision.fallback is not None:
+        return {}
+    ctx = (decision.adapt or {}).get("context")
+    toks = ((decision.energy_note or {}).get("output_tokens") or {}).get(candidate)
+    exp = _num(toks[1]) if isinstance(toks, (list, tuple)) and len(toks) == 3 else None
+    return {"context": str(ctx)[:64] if ctx else None, "expected_tokens": exp}
 
 
 def _num(v: Any) -> float | None:
