@@ -132,9 +132,9 @@ class EnergyRouterCore:
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
         self.adapt.bind(self.runtime.model)
-        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx)
         max_tokens = request_max_tokens(request_kwargs)
-        E_all = bounded_energy(E_all, scored.tokens, scored.j_out, max_tokens)
+        E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
+        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all)
         P, E = P_all[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, knob)[0])
         j, propensity = explore_pick(self._rng, self.settings.router.epsilon, j_best,

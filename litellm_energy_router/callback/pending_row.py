@@ -51,10 +51,10 @@ class PendingRow:
     site: str | None = None
     estimate_j: float | None = None
     reference_j: float | None = None
-    # the online state (router/adapt.py): the request's context keys, and the output tokens the router expected
-    # of the served candidate
+    # the online state (router/adapt.py): the request's context keys, and the checkpoint's estimate (J) of the
+    # served candidate before the online correction
     context: str | None = None
-    expected_tokens: float | None = None
+    checkpoint_j: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
@@ -142,14 +142,12 @@ def extract_row(
 
 
 def _adapt_fields(decision: Decision | None, candidate: str) -> dict[str, Any]:
-    """The request's context (this process's decision, never request metadata) and the output tokens the router
-    expected of ``candidate`` (from the decision's energy note)."""
-    if decision is None or decision.fallback is not None:
+    """The request's context and the checkpoint's estimate for ``candidate`` (J), from this process's decision,
+    never from request metadata."""
+    if decision is None or decision.fallback is not None or not decision.adapt:
         return {}
-    ctx = (decision.adapt or {}).get("context")
-    toks = ((decision.energy_note or {}).get("output_tokens") or {}).get(candidate)
-    exp = _num(toks[1]) if isinstance(toks, (list, tuple)) and len(toks) == 3 else None
-    return {"context": str(ctx)[:64] if ctx else None, "expected_tokens": exp}
+    ctx = decision.adapt.get("context")
+    return {"context": str(ctx)[:64] if ctx else None, "checkpoint_j": _num((decision.adapt.get("checkpoint_j") or {}).get(candidate))}
 
 
 def _num(v: Any) -> float | None:

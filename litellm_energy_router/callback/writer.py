@@ -200,7 +200,7 @@ class TableWriter:
         for row, e in settled:
             if row.status == "success":  # the serving router's online energy state (router/adapt.py)
                 ADAPT.observe(row.candidate, row.prompt_tokens, row.completion_tokens, e.energy_j, row.context,
-                              row.expected_tokens)  # fmt: skip
+                              row.checkpoint_j)  # fmt: skip
             rec = self.builder.record(row, e)
             if rec is not None:
                 self._ready.append(rec)

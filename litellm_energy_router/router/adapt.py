@@ -16,10 +16,12 @@ the energy callback's writer thread feeds it (after each row's energy settled, o
   rows', :mod:`.length_model`): ``w = clip((s - SUPPORT_LO) / (SUPPORT_HI - SUPPORT_LO), 0, 1)``,
   ``P' = w * P + (1 - w) * prior``; thresholds fitted by leave-task-out CV on the development rows
   (``training/support_fit.py``, numbers in docs/training.md). A request with a task tag the scorer knows keeps
-  ``w = 1``; without a support figure (a checkpoint without a length model) too.
+  ``w = 1``; without a support figure (a checkpoint without a length model) too. Before any labelled row was
+  read (an empty table) there is no prior to blend toward: ``P`` stands, the metadata says ``prior_level: none``.
 * The decision's ``adapt`` metadata: ``context`` (its keys), ``support`` (cosine), ``weight`` (``w``),
   ``unsure`` (``w < 1``: the router blended toward the prior), ``prior_level`` (the level the prior came from),
-  ``online_rows`` (production rows behind the energy correction, per candidate).
+  ``online_rows`` (production rows behind the energy correction), ``checkpoint_j`` (Ê per candidate before the
+  correction, J: what the next rows are compared with).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .context import Context, ContextPrior, request_context
 from .online import OnlineEnergy, explore_weights
 
 log = logging.getLogger("litellm_energy_router")
-SUPPORT_LO, SUPPORT_HI = 0.20, 0.45  # cosine: no support at or below LO, full support from HI (docs/training.md)
+SUPPORT_LO, SUPPORT_HI = 0.45, 0.70  # cosine: no support at or below LO, full support from HI (docs/training.md)
 
 
 def support_weight(similarity: float | None, task_known: bool = False, lo: float = SUPPORT_LO,
@@ -55,6 +57,11 @@ class Adaptation:
         self.prior: ContextPrior | None = None
         self.last_run_id = -1
         self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget everything learned (tests; a new pool)."""
+        with self._lock:
+            self.version, self.energy, self.prior, self.last_run_id = None, None, None, -1
 
     def bind(self, model: Any) -> None:
         """Follow the serving scorer ``model``: new energy state on a new checkpoint version; a context prior for
@@ -83,10 +90,11 @@ class Adaptation:
 
         return request_context(text, metadata_dicts(request_kwargs), model_group, messages)
 
-    def apply(self, scored: Any, ctx: Context | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:
+    def apply(self, scored: Any, ctx: Context | None, E: np.ndarray | None = None,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:  # fmt: skip
         """(``P'[K]``, ``Ê'[K]`` J, exploration weights ``[K]`` or None, the decision's ``adapt`` metadata) of one
-        scored request (:class:`.runtime.Scored`)."""
-        P, E = scored.P, scored.E
+        scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``)."""
+        P, E = scored.P, (scored.E if E is None else E)
         if not self.enabled or ctx is None or scored.version != self.version:
             return P, E, None, None
         energy, prior = self.energy, self.prior
@@ -95,27 +103,31 @@ class Adaptation:
         sim = note.get("support")
         w = support_weight(sim, note.get("output_tokens_source") == "task_mean")
         info: dict[str, Any] = {"context": str(ctx), "support": sim, "weight": round(w, 4), "unsure": w < 1.0}
-        if w < 1.0 and prior is not None:
+        if w < 1.0 and prior is not None and prior.rows > 0:
             pi, _, level = prior.detail(ctx)
             P = w * P + (1.0 - w) * pi
             info["prior_level"] = level.split(":")[0]
+        elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
+            info["prior_level"] = "none"
         explore = None
         if energy is not None:
-            E = energy.adjust(E, scored.tokens, ekey)
+            info["checkpoint_j"] = {c: round(float(e), 3) for c, e in zip(scored.candidates, E)}
+            E = energy.adjust(E, ekey)
             explore = explore_weights(energy.uncertainty(ekey))
             info["online_rows"] = int(energy.rows)
         return P, E, explore, info
 
     def observe(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
-                context: str | None, expected_tokens: float | None = None) -> None:  # fmt: skip
-        """One settled production row (writer thread): tokens, joules (J) or None, its context string."""
+                context: str | None, estimate_j: float | None = None) -> None:  # fmt: skip
+        """One settled production row (writer thread): tokens, joules (J) or None, its context string, the
+        checkpoint's estimate (J) at decision time."""
         energy = self.energy
         if not self.enabled or energy is None:
             return
         try:
             ctx = Context.parse(context)
             energy.update(candidate, prompt_tokens, output_tokens, joules, (ctx.key or ctx.cluster) if ctx else None,
-                          expected_tokens)  # fmt: skip
+                          estimate_j)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the writer thread must not lose the row for this
             log.debug("energy-router: online update skipped: %s", e)
 

@@ -180,6 +180,11 @@ class ContextPrior:
         return used
 
     @property
+    def rows(self) -> float:
+        """Labelled rows (weighted) in the pool, all candidates."""
+        return float(self._pool[0].sum())
+
+    @property
     def n_keys(self) -> int:
         return len(self._keys)
 

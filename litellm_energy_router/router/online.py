@@ -1,24 +1,24 @@
 """Production corrects the energy estimate between retrains: :class:`OnlineEnergy`.
 
-Each settled production row (measured joules, or without a meter the token-based estimate; its prompt and
-output tokens) updates, per candidate and per context key (:mod:`.context`), two exponentially weighted
-ratios of sums (``window`` rows: every update multiplies the older sums by ``1 - 1/window``):
+Each settled production row updates, per candidate and per context key (:mod:`.context`), an exponentially
+weighted ratio of sums (``window`` rows: every update multiplies the older sums by ``1 - 1/window``)::
 
-* ``rho`` — output tokens written / output tokens the checkpoint expected for those requests (the decision's
-  expected tokens; without them, the checkpoint's unknown-task prior of the candidate);
-* ``r`` — joules measured / joules the checkpoint's J per token give for the tokens actually processed
-  (``prompt_tokens * j_prompt + output_tokens * j_out``); a row without joules updates ``rho`` only.
+    q = sum(joules measured) / sum(joules the checkpoint estimated for those requests)
 
-**Shrinkage** (the stated rule): with ``n`` the (decayed) row count of a level, its value enters as
-``(n * observed + N0 * parent) / (n + N0)``: the candidate's rows shrink toward the checkpoint (ratio 1), a
-context's rows toward the candidate's. So after ``n`` rows the estimate has moved ``n / (n + N0)`` of the way
-to what production measured: with :data:`N0` = 4, 80 % after 16 rows, 90 % after 36.
+Joules measured: the meter's (J); without them (no meter, or it had no answer) the token-based figure of the
+row's own tokens, ``prompt_tokens * j_prompt + output_tokens * j_out`` (so the output tokens production writes
+correct a wrong length prior even without a meter). Joules estimated: the decision's checkpoint estimate for
+the served candidate (before any online correction); without it, the checkpoint's J/token with its unknown-task
+prior of the output tokens.
 
-``adjust(E, tokens, context) -> E'`` for one request, ``E[K]`` the checkpoint's Ê (J) and ``tokens[K]`` its
-expected output tokens: ``E' = r' * (E + j_out * tokens * (rho' - 1))`` (the prompt part ``E - j_out *
-tokens`` scaled by ``r'`` only). ``uncertainty(context)[K] = N0 / (n + N0)``, 1 for a candidate production has
-never priced, feeds the exploration (:func:`explore_weights`). Thread-safe (the writer thread updates, the
-event loop reads); numpy only; memory bounded (:data:`MAX_KEYS` context keys, least recently updated dropped).
+**Shrinkage** (the stated rule): with ``n`` the (decayed) row count of a level, its ratio enters as
+``(n * q + N0 * parent) / (n + N0)``: the candidate's rows shrink toward the checkpoint (ratio 1), a context's
+rows toward the candidate's. ``adjust(E, context) -> E' = q' * E``. So for requests like those seen, after ``n``
+rows of a context Ê is within ``N0 / (n + N0)`` of the way back from the measured joules (at most; the
+candidate level closes part of the rest): with :data:`N0` = 4, 80 % of the gap closed after 16 rows, 90 %
+after 36. ``uncertainty(context)[K] = N0 / (n + N0)`` (1 for a candidate production has never priced) feeds
+the exploration (:func:`explore_weights`). Thread-safe (the writer thread updates, the event loop reads); numpy
+only; memory bounded (:data:`MAX_KEYS` context keys, least recently updated dropped).
 """
 
 from __future__ import annotations
@@ -36,17 +36,15 @@ EXPLORE_FLOOR = 0.1  # every candidate keeps this share of a uniform exploration
 
 
 class _Sums:
-    """Decayed sums of one (key, candidate): n rows, tokens out / expected, joules measured / modelled."""
+    """Decayed sums of one (key, candidate): rows, joules measured, joules estimated."""
 
-    __slots__ = ("n", "t_out", "t_exp", "n_j", "j_meas", "j_model")
+    __slots__ = ("n", "j_meas", "j_est")
 
     def __init__(self) -> None:
-        self.n = self.t_out = self.t_exp = self.n_j = self.j_meas = self.j_model = 0.0
+        self.n = self.j_meas = self.j_est = 0.0
 
-    def add(self, t_out: float, t_exp: float, j_meas: float | None, j_model: float, decay: float) -> None:
-        self.n, self.t_out, self.t_exp = self.n * decay + 1, self.t_out * decay + t_out, self.t_exp * decay + t_exp
-        if j_meas is not None:
-            self.n_j, self.j_meas, self.j_model = self.n_j * decay + 1, self.j_meas * decay + j_meas, self.j_model * decay + j_model
+    def add(self, j_meas: float, j_est: float, decay: float) -> None:
+        self.n, self.j_meas, self.j_est = self.n * decay + 1, self.j_meas * decay + j_meas, self.j_est * decay + j_est
 
 
 def shrink(n: float, observed: float, parent: float, n0: float = N0) -> float:
@@ -78,51 +76,48 @@ class OnlineEnergy:
         self.rows = 0
 
     def update(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
-               context: str | None = None, expected_tokens: float | None = None) -> bool:  # fmt: skip
-        """Account one settled row (tokens; joules in J, None when unknown). ``context``: its context key
-        (:attr:`.context.Context.key`), or None. False (nothing learned) for an unknown candidate or bad numbers."""
+               context: str | None = None, estimate_j: float | None = None) -> bool:  # fmt: skip
+        """Account one settled row: tokens, ``joules`` (J; None: the token-based figure), ``context`` (its key,
+        :attr:`.context.Context.key` or cluster; None: the candidate level only), ``estimate_j`` (J: the checkpoint's
+        estimate at decision time). False (nothing learned) for an unknown candidate or bad numbers."""
         k = self.ix.get(candidate)
         if k is None or not _ok(prompt_tokens) or not _ok(output_tokens):
             return False
-        t_exp = float(expected_tokens) if _ok(expected_tokens) and expected_tokens > 0 else float(self.prior_tokens[k])
-        j_model = float(prompt_tokens) * self.j_prompt[k] + float(output_tokens) * self.j_out[k]
-        j = float(joules) if _ok(joules) and j_model > 0 else None
+        pt = float(prompt_tokens)
+        j = float(joules) if _ok(joules) else pt * self.j_prompt[k] + float(output_tokens) * self.j_out[k]
+        est = float(estimate_j) if _ok(estimate_j) else pt * self.j_prompt[k] + self.prior_tokens[k] * self.j_out[k]
+        if est <= 0:
+            return False
         with self._lock:
-            self._cand[k].add(float(output_tokens), max(t_exp, 1.0), j, j_model, self.decay)
+            self._cand[k].add(j, est, self.decay)
             if context:
                 sums = self._ctx.pop(context, None) or [_Sums() for _ in self.candidates]
-                sums[k].add(float(output_tokens), max(t_exp, 1.0), j, j_model, self.decay)
+                sums[k].add(j, est, self.decay)
                 self._ctx[context] = sums
                 while len(self._ctx) > MAX_KEYS:
                     self._ctx.popitem(last=False)
             self.rows += 1
         return True
 
-    def ratios(self, context: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(``rho'[K]`` output-token ratio, ``r'[K]`` joule ratio, ``n[K]`` rows of the most specific level) shrunk
-        as in the module docstring."""
+    def ratios(self, context: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(``q'[K]`` measured / estimated joules, shrunk as in the module docstring; ``n[K]`` rows of the most
+        specific level)."""
         K = len(self.candidates)
-        rho, r, n = np.ones(K), np.ones(K), np.zeros(K)
+        q, n = np.ones(K), np.zeros(K)
         with self._lock:
             ctx = self._ctx.get(context) if context else None
             for k in range(K):
-                levels = [self._cand[k]] + ([ctx[k]] if ctx is not None else [])
-                for s in levels:
+                for s in [self._cand[k]] + ([ctx[k]] if ctx is not None else []):
                     if s.n > 0:
-                        rho[k] = shrink(s.n, s.t_out / max(s.t_exp, 1e-9), rho[k], self.n0)
-                    if s.n_j > 0 and s.j_model > 0:
-                        r[k] = shrink(s.n_j, s.j_meas / s.j_model, r[k], self.n0)
+                        q[k] = shrink(s.n, s.j_meas / s.j_est, q[k], self.n0)
                 n[k] = ctx[k].n if ctx is not None else self._cand[k].n
-        return rho, r, n
+        return q, n
 
-    def adjust(self, E: np.ndarray, tokens: np.ndarray | None, context: str | None = None) -> np.ndarray:
-        """``E'[K]`` (J) from the checkpoint's ``E[K]`` (J) and expected output ``tokens[K]`` (module docstring);
-        ``E`` unchanged before any row."""
+    def adjust(self, E: np.ndarray, context: str | None = None) -> np.ndarray:
+        """``E'[K] = q'[K] * E[K]`` (J), ``E`` the checkpoint's Ê (J); unchanged before any row."""
         if self.rows == 0:
             return E
-        rho, r, _ = self.ratios(context)
-        t = np.asarray(tokens, dtype=float) if tokens is not None else self.prior_tokens
-        return np.maximum(r * (np.asarray(E, dtype=float) + self.j_out * t * (rho - 1.0)), 0.0)
+        return self.ratios(context)[0] * np.asarray(E, dtype=float)
 
     def uncertainty(self, context: str | None = None) -> np.ndarray:
         """``[K]`` in (0, 1]: ``n0 / (n + n0)`` of each candidate's row count (its context's, when it has rows)."""
