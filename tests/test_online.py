@@ -11,17 +11,27 @@ import litellm
 import numpy as np
 import pytest
 from litellm import Router
+from router_fixtures import CANDS, planted_rows
 
 from litellm_energy_router.callback import EnergyLogger
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.meter import RequestEnergy
 from litellm_energy_router.router.adapt import ADAPT, support_weight
-from litellm_energy_router.router.context import N0_CTX, Context, ContextPrior, request_context
-from litellm_energy_router.router.online import N0, OnlineEnergy, explore_pick, explore_weights
+from litellm_energy_router.router.context import (
+    N0_CTX,
+    Context,
+    ContextPrior,
+    request_context,
+)
+from litellm_energy_router.router.online import (
+    N0,
+    OnlineEnergy,
+    explore_pick,
+    explore_weights,
+)
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
 from litellm_energy_router.table import make_query, open_store
-from router_fixtures import CANDS, planted_rows
 
 FAR = "写一首关于秋天的诗，并解释其中的意象。请用七言绝句。"  # nothing like the planted rows (support ≈ 0.16)
 NEAR = "Tell me about rivers number 5"
@@ -128,7 +138,7 @@ def test_unseen_context_falls_back_to_its_parent_and_a_context_gets_its_own_prio
     assert level == app.key and own.tolist() == [30, 30]
     parent = cp.prior(Context(None, app.cluster))
     assert abs(p[0] - 1.0) <= N0_CTX / (30 + N0_CTX) * abs(parent[0] - 1.0) + 1e-9  # 75 % its own after 30 rows
-    assert p[0] > 0.9 > 0.1 > p[1] and pool[0] < 0.1
+    assert p[0] > 0.9 and p[1] < 0.1 and pool[0] < 0.1
 
 
 def test_context_comes_from_authenticated_fields_only():
@@ -156,7 +166,7 @@ def test_prior_fitted_from_tournament_and_production_rows(any_url):
     assert cp.fit_rows(store.iter_runs()) == 90
     store.close()
     task = cp.detail(Context("task:synthetic", "cl:99"))
-    assert task[2] == "task:synthetic" and task[0][1] > 0.7 > 0.3 > task[0][0]
+    assert task[2] == "task:synthetic" and task[0][1] > 0.7 and task[0][0] < 0.3
     p, own, level = cp.detail(ctx)
     assert level == ctx.key and own[0] == 30 and p[0] > 0.9
 

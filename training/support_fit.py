@@ -101,9 +101,9 @@ def report(m: Any, k: int = 20, shrink: float = 5.0, n_boot: int = 1000) -> str:
     """Markdown: per held-out task, the rule chosen on the other tasks and its Brier / accuracy against the
     pooled prior and the scorer alone (differences with bootstrap 95 % intervals); then in-distribution."""
     lto = leave_task_out(m, k, shrink)
-    lines = ["| held-out task | rule (lo, hi) chosen on the others | support median | w = 0 share | Brier: prior / scorer / blend "
-             "| blend − prior Brier [95 % CI] | argmax accuracy: prior / scorer / blend | blend − prior accuracy [95 % CI] |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    head = ("| held-out task | rule (lo, hi) chosen on the others | support median | w = 0 share | Brier: prior / scorer / blend "
+            "| blend − prior Brier [95 % CI] | argmax accuracy: prior / scorer / blend | blend − prior accuracy [95 % CI] |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for t, f in lto.items():
         lo, hi = choose_rule([g for u, g in lto.items() if u != t])
         Pp, Pb = np.broadcast_to(f["prior"], f["P"].shape), blend(f["P"], f["prior"], f["s"], lo, hi)
@@ -121,10 +121,10 @@ def report(m: Any, k: int = 20, shrink: float = 5.0, n_boot: int = 1000) -> str:
     db = boot_ci(bb - bs, n_boot)
     da = boot_ci(acc_rows(Pb, d["Y"]) - acc_rows(d["P"], d["Y"]), n_boot)
     lines += ["", f"Rule chosen on all held-out tasks: lo = {lo:.2f}, hi = {hi:.2f}.",
-              f"In-distribution (5 random folds, tags hidden, n={m.n}): support median {np.median(d['s']):.3f}, "
+              (f"In-distribution (5 random folds, tags hidden, n={m.n}): support median {np.median(d['s']):.3f}, "
               f"w < 1 for {np.mean(w < 1):.3f} of rows; Brier scorer {bs.mean():.4f}, blend {bb.mean():.4f}, "
               f"blend − scorer {db[0]:+.4f} [{db[1]:+.4f}, {db[2]:+.4f}]; argmax accuracy blend − scorer "
-              f"{da[0]:+.4f} [{da[1]:+.4f}, {da[2]:+.4f}]."]  # fmt: skip
+              f"{da[0]:+.4f} [{da[1]:+.4f}, {da[2]:+.4f}].")]  # fmt: skip
     return "\n".join(lines)
 
 

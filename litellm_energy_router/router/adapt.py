@@ -44,7 +44,7 @@ def support_weight(similarity: float | None, task_known: bool = False, lo: float
     """The scorer's weight against the context prior (module docstring); 1 for a known task or no figure."""
     if task_known or similarity is None:
         return 1.0
-    return float(np.clip((float(similarity) - lo) / max(hi - lo, 1e-9), 0.0, 1.0))
+    return min(max((float(similarity) - lo) / max(hi - lo, 1e-9), 0.0), 1.0)
 
 
 class Adaptation:

@@ -54,7 +54,7 @@ class Context:
         return "|".join(self.keys)
 
     @classmethod
-    def parse(cls, s: str | None) -> "Context | None":
+    def parse(cls, s: str | None) -> Context | None:
         parts = [p for p in (s or "").split("|") if p]
         if not parts or not parts[-1].startswith("cl:") or len(parts) > 2:
             return None
@@ -131,7 +131,7 @@ class ContextPrior:
         self._keys: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
-    def update(self, context: "Context | Sequence[str] | str | None", candidate: str, correct: float,
+    def update(self, context: Context | Sequence[str] | str | None, candidate: str, correct: float,
                weight: float = 1.0) -> bool:  # fmt: skip
         """Add one labelled row (``correct`` in [0, 1], ``weight`` ≥ 0, e.g. an inverse propensity) to the pool
         and to every level of ``context``. False for an unknown candidate or a bad number."""
@@ -149,7 +149,7 @@ class ContextPrior:
                 self._keys.popitem(last=False)
         return True
 
-    def detail(self, context: "Context | Sequence[str] | str | None") -> tuple[np.ndarray, np.ndarray, str]:
+    def detail(self, context: Context | Sequence[str] | str | None) -> tuple[np.ndarray, np.ndarray, str]:
         """(``prior[K]`` in [0, 1], rows of the most specific level that has any ``[K]``, that level's key or "pool")."""
         with self._lock:
             n, s = self._pool
@@ -163,7 +163,7 @@ class ContextPrior:
                 own, level = a[0].copy(), key
         return p, own, level
 
-    def prior(self, context: "Context | Sequence[str] | str | None") -> np.ndarray:
+    def prior(self, context: Context | Sequence[str] | str | None) -> np.ndarray:
         """``prior[K]``: each candidate's expected correctness in this context (an unseen one: its parent's)."""
         return self.detail(context)[0]
 
@@ -189,7 +189,7 @@ class ContextPrior:
         return len(self._keys)
 
 
-def _keys(context: "Context | Sequence[str] | str | None") -> tuple[str, ...]:
+def _keys(context: Context | Sequence[str] | str | None) -> tuple[str, ...]:
     if context is None:
         return ()
     if isinstance(context, Context):

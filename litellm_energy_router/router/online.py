@@ -38,7 +38,7 @@ EXPLORE_FLOOR = 0.1  # every candidate keeps this share of a uniform exploration
 class _Sums:
     """Decayed sums of one (key, candidate): rows, joules measured, joules estimated."""
 
-    __slots__ = ("n", "j_meas", "j_est")
+    __slots__ = ("j_est", "j_meas", "n")
 
     def __init__(self) -> None:
         self.n = self.j_meas = self.j_est = 0.0
