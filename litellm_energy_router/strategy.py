@@ -73,8 +73,7 @@ class EnergyRouterCore:
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
         self.accounting = Accounting(self.settings)
-        self.adapt = ADAPT  # what production teaches between retrains (router/adapt.py)
-        self.adapt.enabled = rs.online
+        self.adapt = ADAPT  # what production teaches between retrains (router/adapt.py); router.online: used or not
         if rs.online and rs.context_refresh_s > 0:
             start_refresh(self.adapt, self.runtime, self.settings.table.url, rs.context_refresh_s)
 
@@ -134,7 +133,7 @@ class EnergyRouterCore:
         self.adapt.bind(self.runtime.model)
         max_tokens = request_max_tokens(request_kwargs)
         E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
-        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all)
+        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0)
         P, E = P_all[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, knob)[0])
         j, propensity = explore_pick(self._rng, self.settings.router.epsilon, j_best,
@@ -168,7 +167,7 @@ class EnergyRouterCore:
         if text is None:
             return None
         group = next((d.get("model_name") for d in deployments if d.get("model_name")), None)
-        ctx = self.adapt.context(text, request_kwargs, messages, group) if self.adapt.enabled else None
+        ctx = self.adapt.context(text, request_kwargs, messages, group) if self.settings.router.online else None
         return text, knob, by_cand, ctx
 
     def _account(self, dep: Any, decision: Decision | None) -> tuple[Any, Decision | None]:

@@ -90,10 +90,11 @@ class Adaptation:
 
         return request_context(text, metadata_dicts(request_kwargs), model_group, messages)
 
-    def apply(self, scored: Any, ctx: Context | None, E: np.ndarray | None = None,
+    def apply(self, scored: Any, ctx: Context | None, E: np.ndarray | None = None, explore: bool = True,
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:  # fmt: skip
         """(``P'[K]``, ``Ê'[K]`` J, exploration weights ``[K]`` or None, the decision's ``adapt`` metadata) of one
-        scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``)."""
+        scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``);
+        ``explore``: compute the exploration weights (False: ε = 0, None)."""
         P, E = scored.P, (scored.E if E is None else E)
         if not self.enabled or ctx is None or scored.version != self.version:
             return P, E, None, None
@@ -109,13 +110,13 @@ class Adaptation:
             info["prior_level"] = level.split(":")[0]
         elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
             info["prior_level"] = "none"
-        explore = None
+        weights = None
         if energy is not None:
             info["checkpoint_j"] = {c: round(float(e), 3) for c, e in zip(scored.candidates, E)}
             E = energy.adjust(E, ekey)
-            explore = explore_weights(energy.uncertainty(ekey))
+            weights = explore_weights(energy.uncertainty(ekey)) if explore else None
             info["online_rows"] = int(energy.rows)
-        return P, E, explore, info
+        return P, E, weights, info
 
     def observe(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
                 context: str | None, estimate_j: float | None = None) -> None:  # fmt: skip
