@@ -42,6 +42,9 @@ class Decision:
         energy_note: how the output tokens behind ``energy_j`` were estimated: ``output_tokens_source``
             (task_mean, length_model, prior or length_model+prior: the router was unsure of the length),
             ``output_tokens`` per candidate as [80 % low, expected, 80 % high], ``support``, ``max_tokens``.
+        adapt: what the online state did (:mod:`~litellm_energy_router.router.adapt`): ``context`` (its hashed
+            keys), ``support`` (cosine), ``weight`` of the scorer against the context prior, ``unsure`` (True:
+            the router had little support and blended toward the prior), ``prior_level``, ``online_rows``.
     """
 
     candidate: str | None
@@ -57,6 +60,7 @@ class Decision:
     latency_ms: float | None = None
     figures: dict[str, Any] | None = None
     energy_note: dict[str, Any] | None = None
+    adapt: dict[str, Any] | None = None
 
     def as_metadata(self) -> dict[str, Any]:
         """A plain dict (what ``dataclasses.asdict`` gives, without its recursive deep copy: this runs
@@ -65,6 +69,8 @@ class Decision:
         d["scores"], d["energy_j"] = dict(self.scores), dict(self.energy_j)
         if self.energy_note is not None:
             d["energy_note"] = dict(self.energy_note)
+        if self.adapt is not None:
+            d["adapt"] = dict(self.adapt)
         return d
 
     @classmethod

@@ -80,6 +80,8 @@ class RouterSettings(_Section):
     fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")
     match_by: Literal["id", "name"] = "name"
     epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")
+    online: bool = Field(True, description="learn between retrains: Ê from settled rows, a prior per context (router/adapt.py)")
+    context_refresh_s: float = Field(300.0, ge=0, description="seconds between reads of new table rows for the context prior; 0 = never")
 
 
 class EnergySettings(_Section):

@@ -47,8 +47,11 @@ from .deployments import CandidateMap, deployment_keys
 from .figures import Accounting, headers
 from .knob import Knob, KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
+from .router.adapt import ADAPT, start_refresh
+from .router.context import Context
 from .router.decide import decide
 from .router.length_model import bounded_energy, request_max_tokens
+from .router.online import explore_pick
 from .router.request_text import query_text
 from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
@@ -70,6 +73,9 @@ class EnergyRouterCore:
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
         self.accounting = Accounting(self.settings)
+        self.adapt = ADAPT  # what production teaches between retrains (router/adapt.py); router.online: used or not
+        if rs.online and rs.context_refresh_s > 0:
+            start_refresh(self.adapt, self.runtime, self.settings.table.url, rs.context_refresh_s)
 
     # -- request → knob, text ---------------------------------------------------------------------
     def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
@@ -115,21 +121,23 @@ class EnergyRouterCore:
 
     def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob, t0: float,
                by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
-               request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision]:  # fmt: skip
+               request_kwargs: Mapping[str, Any] | None = None, ctx: Context | None = None) -> tuple[Any, Decision]:  # fmt: skip
         """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
-        (``by_cand``: :meth:`pool`, when the caller mapped it already), on Ê bounded by the request's
-        ``max_tokens``, then ε-exploration (``router.epsilon``) and a deployment of the chosen candidate."""
+        (``by_cand``: :meth:`pool`, when the caller mapped it already), on P and Ê adapted to the request's
+        context ``ctx`` (:mod:`.router.adapt`), Ê bounded by its ``max_tokens``, then ε-exploration
+        (``router.epsilon``, spread by energy uncertainty) and a deployment of the chosen candidate."""
         by_cand = self.pool(deployments) if by_cand is None else by_cand
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
+        self.adapt.bind(self.runtime.model)
         max_tokens = request_max_tokens(request_kwargs)
         E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
-        P, E = scored.P[avail][None, :], E_all[avail][None, :]
+        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0)
+        P, E = P_all[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, knob)[0])
-        eps = self.settings.router.epsilon
-        j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
-        propensity = (1 - eps) * (j == j_best) + eps / len(avail)
+        j, propensity = explore_pick(self._rng, self.settings.router.epsilon, j_best,
+                                     explore[avail] if explore is not None else None, len(avail))  # fmt: skip
         cand = scored.candidates[avail[j]]
         dep = self._rng.choice(by_cand[cand])
         dt = time.perf_counter() - t0
@@ -137,18 +145,18 @@ class EnergyRouterCore:
         DECISION_SECONDS.observe(dt)
         return dep, Decision(
             candidate=cand, deployment_id=_dep_id(dep),
-            scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
+            scores={scored.candidates[i]: round(float(P_all[i]), 5) for i in range(len(scored.candidates))},
             energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
             energy_note=_note(scored.note, max_tokens),
             lambda_=None if knob.target_accuracy is not None else knob.lambda_, target_accuracy=knob.target_accuracy,
             max_energy_j=knob.max_energy_j,
             propensity=round(propensity, 6),
-            router_version=scored.version, latency_ms=round(dt * 1000, 3),
+            router_version=scored.version, latency_ms=round(dt * 1000, 3), adapt=adapt,
         )  # fmt: skip
 
     def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
-              request_kwargs: Mapping[str, Any] | None) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]]] | None:  # fmt: skip
-        """(text, knob, deployments by candidate) to route on, or ``None`` to pass the request through
+              request_kwargs: Mapping[str, Any] | None) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None] | None:  # fmt: skip
+        """(text, knob, deployments by candidate, context) to route on, or ``None`` to pass the request through
         unrouted (a model group that is not the router's pool, or no text). The knob is checked first: an
         invalid one is refused whichever model group the request is for."""
         knob = self.knob(request_kwargs)
@@ -156,7 +164,11 @@ class EnergyRouterCore:
         if not by_cand:
             return None
         text = query_text(messages, prompt=(request_kwargs or {}).get("prompt"), input=input)
-        return None if text is None else (text, knob, by_cand)
+        if text is None:
+            return None
+        group = next((d.get("model_name") for d in deployments if d.get("model_name")), None)
+        ctx = self.adapt.context(text, request_kwargs, messages, group) if self.settings.router.online else None
+        return text, knob, by_cand, ctx
 
     def _account(self, dep: Any, decision: Decision | None) -> tuple[Any, Decision | None]:
         """Attach the decision-time energy and carbon figures (:mod:`.figures`); never fails the request."""
@@ -184,7 +196,7 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))
+            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3]))
         except KnobError:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -201,7 +213,7 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))
+            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3]))
         except KnobError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -51,6 +51,10 @@ class PendingRow:
     site: str | None = None
     estimate_j: float | None = None
     reference_j: float | None = None
+    # the online state (router/adapt.py): the request's context keys, and the checkpoint's estimate (J) of the
+    # served candidate before the online correction
+    context: str | None = None
+    checkpoint_j: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
@@ -133,7 +137,17 @@ def extract_row(
         **attribution(slo), model_group=str(group)[:200] if group else None,
         site=str(info[SITE_KEY])[:100] if info.get(SITE_KEY) else None,
         estimate_j=_num(figures.get("joules_estimate")), reference_j=_num(figures.get("joules_reference_estimate")),
+        **_adapt_fields(decision, candidate),
     )  # fmt: skip
+
+
+def _adapt_fields(decision: Decision | None, candidate: str) -> dict[str, Any]:
+    """The request's context and the checkpoint's estimate for ``candidate`` (J), from this process's decision,
+    never from request metadata."""
+    if decision is None or decision.fallback is not None or not decision.adapt:
+        return {}
+    ctx = decision.adapt.get("context")
+    return {"context": str(ctx)[:64] if ctx else None, "checkpoint_j": _num((decision.adapt.get("checkpoint_j") or {}).get(candidate))}
 
 
 def _num(v: Any) -> float | None:

@@ -56,7 +56,7 @@ class RecordBuilder:
                 prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
                 energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
                 energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=call_id,
-                status=row.status, created=row.end_s, router_version=row.router_version, **figures,
+                status=row.status, created=row.end_s, router_version=row.router_version, context=row.context, **figures,
             )  # fmt: skip
         except ValidationError as err:
             msg = one_line(err, f"row for call {row.call_id!r}")

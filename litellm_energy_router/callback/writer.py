@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from ..energy.meter import RequestEnergy, RequestEnergyMeter
 from ..metrics import WRITER_QUEUE_DEPTH
+from ..router.adapt import ADAPT
 from ..shadow_queue import ShadowQueue
 from ..table import open_store
 from .accounting import RowAccounting
@@ -197,6 +198,9 @@ class TableWriter:
             return
         settled, self._pending = self.settler.settle(self._pending, final=final)
         for row, e in settled:
+            if row.status == "success":  # the serving router's online energy state (router/adapt.py)
+                ADAPT.observe(row.candidate, row.prompt_tokens, row.completion_tokens, e.energy_j, row.context,
+                              row.checkpoint_j)  # fmt: skip
             rec = self.builder.record(row, e)
             if rec is not None:
                 self._ready.append(rec)

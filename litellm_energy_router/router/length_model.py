@@ -93,7 +93,7 @@ def sketch(idx: np.ndarray) -> np.ndarray:
     v = np.zeros(SKETCH)
     if len(idx):
         sign = np.where((idx * 2654435761 >> 13) & 1, 1.0, -1.0)
-        np.add.at(v, idx % SKETCH, sign)
+        v += np.bincount(idx % SKETCH, weights=sign, minlength=SKETCH)  # = np.add.at, a fraction of its cost
         v /= max(float(np.linalg.norm(v)), 1e-12)
     return v
 

@@ -83,6 +83,7 @@ class Run(_Row):
     energy_reference_j: float | None = Field(None, ge=0, description="router's estimate for the reference deployment, J")
     co2e_g: float | None = Field(None, ge=0, description="grams CO2e of energy_j (x PUE x grid intensity)")
     site: str | None = Field(None, max_length=100, description="site of the deployment that served it")
+    context: str | None = Field(None, max_length=64, description="hashed context keys of a production run (router/context.py)")
 
 
 def text_hash(text: str, salt: str = "") -> str:

@@ -1,0 +1,183 @@
+"""What the serving router learns between retrains, and how a decision uses it: :class:`Adaptation`.
+
+One per process (:data:`ADAPT`): the router's decision path (:mod:`litellm_energy_router.strategy`) reads it,
+the energy callback's writer thread feeds it (after each row's energy settled, off the event loop).
+
+* **Energy** (:class:`.online.OnlineEnergy`): settled production rows correct Ê per candidate and per context
+  (the context key, else the text cluster); rebuilt when the checkpoint changes (a new checkpoint was fitted
+  on those rows).
+* **Correctness per context** (:class:`.context.ContextPrior`): fitted at start from the table (streaming:
+  tournament rows under ``task:<task>``, production rows under their stored context, labelled ones only), and
+  from then on from the rows the refresh reads (:meth:`Adaptation.refresh_from`: new labelled rows since the
+  last one read, e.g. ``router.context_refresh_s``).
+* **No support** (the scorer has never seen anything like the request): the scorer's ``P`` is blended toward
+  the context's prior (an unseen context: its cluster's, else the pooled prior) with weight ``w`` from the
+  request's support cosine ``s`` (the largest cosine between its n-gram sketch and the checkpoint's training
+  rows', :mod:`.length_model`): ``w = clip((s - SUPPORT_LO) / (SUPPORT_HI - SUPPORT_LO), 0, 1)``,
+  ``P' = w * P + (1 - w) * prior``; thresholds fitted by leave-task-out CV on the development rows
+  (``training/support_fit.py``, numbers in docs/training.md). A request with a task tag the scorer knows keeps
+  ``w = 1``; without a support figure (a checkpoint without a length model) too. Before any labelled row was
+  read (an empty table) there is no prior to blend toward: ``P`` stands, the metadata says ``prior_level: none``.
+* The decision's ``adapt`` metadata: ``context`` (its keys), ``support`` (cosine), ``weight`` (``w``),
+  ``unsure`` (``w < 1``: the router blended toward the prior), ``prior_level`` (the level the prior came from),
+  ``online_rows`` (production rows behind the energy correction), ``checkpoint_j`` (Ê per candidate before the
+  correction, J: what the next rows are compared with).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .context import Context, ContextPrior, request_context
+from .online import OnlineEnergy, explore_weights
+
+log = logging.getLogger("litellm_energy_router")
+SUPPORT_LO, SUPPORT_HI = 0.45, 0.70  # cosine: no support at or below LO, full support from HI (docs/training.md)
+
+
+def support_weight(similarity: float | None, task_known: bool = False, lo: float = SUPPORT_LO,
+                   hi: float = SUPPORT_HI) -> float:  # fmt: skip
+    """The scorer's weight against the context prior (module docstring); 1 for a known task or no figure."""
+    if task_known or similarity is None:
+        return 1.0
+    return min(max((float(similarity) - lo) / max(hi - lo, 1e-9), 0.0), 1.0)
+
+
+class Adaptation:
+    """The process's online state (module docstring). ``enabled`` False: :meth:`apply` passes P and Ê through."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.version: str | None = None
+        self.energy: OnlineEnergy | None = None
+        self.prior: ContextPrior | None = None
+        self.last_run_id = -1
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget everything learned (tests; a new pool)."""
+        with self._lock:
+            self.version, self.energy, self.prior, self.last_run_id = None, None, None, -1
+
+    def bind(self, model: Any) -> None:
+        """Follow the serving scorer ``model``: new energy state on a new checkpoint version; a context prior for
+        its candidates (kept across versions with the same candidates)."""
+        if model is None or model.version == self.version:
+            return
+        with self._lock:
+            if model.version == self.version:
+                return
+            cands = list(model.candidates)
+            est = getattr(getattr(model, "manifest", None), "energy", None)
+            self.energy = None
+            if est is not None:
+                prior = est.unknown_task_tokens()
+                self.energy = OnlineEnergy(cands, [est.j_per_output_token[c] for c in cands],
+                                           [est.j_per_prompt_token[c] for c in cands], [prior[c] for c in cands])  # fmt: skip
+            if self.prior is None or list(self.prior.candidates) != cands:
+                self.prior, self.last_run_id = ContextPrior(cands), -1
+            self.version = model.version
+
+    @staticmethod
+    def context(text: str | None, request_kwargs: Mapping[str, Any] | None, messages: Any,
+                model_group: str | None) -> Context:  # fmt: skip
+        """The request's :class:`.context.Context` (authenticated fields only)."""
+        from ..knob import metadata_dicts
+
+        return request_context(text, metadata_dicts(request_kwargs), model_group, messages)
+
+    def apply(self, scored: Any, ctx: Context | None, E: np.ndarray | None = None, explore: bool = True,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:  # fmt: skip
+        """(``P'[K]``, ``Ê'[K]`` J, exploration weights ``[K]`` or None, the decision's ``adapt`` metadata) of one
+        scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``);
+        ``explore``: compute the exploration weights (False: ε = 0, None)."""
+        P, E = scored.P, (scored.E if E is None else E)
+        if not self.enabled or ctx is None or scored.version != self.version:
+            return P, E, None, None
+        energy, prior = self.energy, self.prior
+        ekey = ctx.key or ctx.cluster
+        note = scored.note or {}
+        sim = note.get("support")
+        w = support_weight(sim, note.get("output_tokens_source") == "task_mean")
+        info: dict[str, Any] = {"context": str(ctx), "support": sim, "weight": round(w, 4), "unsure": w < 1.0}
+        if w < 1.0 and prior is not None and prior.rows > 0:
+            pi, _, level = prior.detail(ctx)
+            P = w * P + (1.0 - w) * pi
+            info["prior_level"] = level.split(":")[0]
+        elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
+            info["prior_level"] = "none"
+        weights = None
+        if energy is not None:
+            info["checkpoint_j"] = {c: round(float(e), 3) for c, e in zip(scored.candidates, E)}
+            E = energy.adjust(E, ekey)
+            weights = explore_weights(energy.uncertainty(ekey)) if explore else None
+            info["online_rows"] = int(energy.rows)
+        return P, E, weights, info
+
+    def observe(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
+                context: str | None, estimate_j: float | None = None) -> None:  # fmt: skip
+        """One settled production row (writer thread): tokens, joules (J) or None, its context string, the
+        checkpoint's estimate (J) at decision time."""
+        energy = self.energy
+        if not self.enabled or energy is None:
+            return
+        try:
+            ctx = Context.parse(context)
+            energy.update(candidate, prompt_tokens, output_tokens, joules, (ctx.key or ctx.cluster) if ctx else None,
+                          estimate_j)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - the writer thread must not lose the row for this
+            log.debug("energy-router: online update skipped: %s", e)
+
+    def refresh_from(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Add table rows (streamed, run id order) newer than the last read to the context prior; returns rows used."""
+        prior = self.prior
+        if prior is None:
+            return 0
+        used = 0
+
+        def fresh() -> Iterable[Mapping[str, Any]]:
+            for r in rows:
+                rid = int(r.get("id", -1))
+                if rid > self.last_run_id:
+                    self.last_run_id = rid
+                    yield r
+
+        used = prior.fit_rows(fresh())
+        return used
+
+    def refresh_table(self, url: str) -> int:
+        """:meth:`refresh_from` the table at ``url`` (runs after the last id read); logs and returns rows used."""
+        from ..table import open_store
+
+        store = open_store(url, create=False)
+        try:
+            n = self.refresh_from(store.iter_runs(since_id=self.last_run_id))
+        finally:
+            store.close()
+        log.info("energy-router: context prior: %d labelled rows read (%d contexts)", n, self.prior.n_keys if self.prior else 0)
+        return n
+
+
+def start_refresh(adapt: Adaptation, runtime: Any, url: str, every_s: float) -> None:
+    """A daemon thread: once ``runtime``'s scorer serves, fit the context prior from the table at ``url``, then
+    read its new rows every ``every_s`` seconds (off the event loop; a table error is logged, retried next turn)."""
+    import time
+
+    def run() -> None:
+        while True:
+            runtime.wait_ready(every_s)
+            try:
+                adapt.bind(runtime.model)
+                adapt.refresh_table(url)
+            except Exception as e:  # noqa: BLE001 - the prior waits for the next turn, routing goes on
+                log.info("energy-router: context prior not refreshed: %s", str(e).splitlines()[0] if str(e) else e)
+            time.sleep(every_s)
+
+    threading.Thread(target=run, name="energy-router-context", daemon=True).start()
+
+
+ADAPT = Adaptation()

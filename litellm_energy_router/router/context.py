@@ -1,0 +1,200 @@
+"""A request's context and the correctness prior learned per context: :class:`Context`, :class:`ContextPrior`.
+
+**Context** (what the proxy knows of a request, never what a caller claims): LiteLLM's authenticated
+``user_api_key_*`` fields (key hash or alias, team id, user id) and the authenticated key's tags
+(``user_api_key_metadata.tags``: the key's own metadata, written by the proxy), the model group, and a hash of
+the system prompt. They hash into one **context key** ``ctx:<16 hex>`` (no name, no prompt text kept). Below
+it every request has a **text cluster** ``cl:<b>``: a SimHash bucket (:data:`CLUSTER_BITS` bits: the signs of
+fixed random projections of the request's hashed byte-n-gram sketch, :func:`.length_model.sketch`), the same
+in every process and after every retrain. Levels, most specific first: context key → cluster → pool. A request
+with nothing but its model group known has no context key (the model group alone is the pool): cluster → pool.
+Tournament rows have the context ``task:<task>`` → cluster → pool (:func:`table_context`).
+
+**ContextPrior**: per level key and candidate, the (weighted) count ``n`` and sum of correctness scores (in
+[0, 1]). ``prior(context)[K]``: the pool's mean (``POOL_ALPHA`` pseudo-rows at 0.5), then each level from the
+cluster down shrunk toward its parent by its row count: ``(sum + N0_CTX * parent) / (n + N0_CTX)``. An unseen
+key has ``n = 0`` and takes its parent's value; after ``n`` rows a context is ``n / (n + N0_CTX)`` its own (with
+:data:`N0_CTX` = 10: 75 % after 30 rows). Fitted from tournament and production rows (:meth:`ContextPrior.fit_rows`,
+streaming) and updated as labels arrive (:meth:`ContextPrior.update`). Thread-safe; memory bounded
+(:data:`MAX_CONTEXTS` keys, least recently updated dropped). numpy only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .length_model import SKETCH, buckets, sketch
+
+N0_CTX = 10.0  # pseudo-rows of the parent level in a context's prior
+POOL_ALPHA = 2.0  # pseudo-rows at 0.5 in the pool's prior
+MAX_CONTEXTS = 20_000
+CLUSTER_BITS = 4  # 16 text clusters
+_PROJ = np.random.default_rng(20240522).standard_normal((SKETCH, CLUSTER_BITS)).astype(np.float32)
+_AUTH_FIELDS = ("user_api_key_hash", "user_api_key_alias", "user_api_key_team_id", "user_api_key_user_id")
+
+
+@dataclass(frozen=True)
+class Context:
+    """``key`` (``ctx:…``, ``task:…`` or None) and ``cluster`` (``cl:…``); :attr:`keys` most specific first."""
+
+    key: str | None
+    cluster: str
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, self.cluster) if self.key else (self.cluster,)
+
+    def __str__(self) -> str:  # what the table's ``context`` column and the decision's metadata hold
+        return "|".join(self.keys)
+
+    @classmethod
+    def parse(cls, s: str | None) -> Context | None:
+        parts = [p for p in (s or "").split("|") if p]
+        if not parts or not parts[-1].startswith("cl:") or len(parts) > 2:
+            return None
+        return cls(parts[0] if len(parts) == 2 else None, parts[-1])
+
+
+def text_cluster(text: str | None) -> str:
+    """``cl:<b>``: the SimHash bucket of the text's byte-n-gram sketch."""
+    v = sketch(buckets(text or "")).astype(np.float32) @ _PROJ
+    return "cl:" + str(int(np.dot(v > 0, 1 << np.arange(CLUSTER_BITS))))
+
+
+def system_prompt(messages: Any) -> str | None:
+    """The text of the first system (or developer) message, if any."""
+    for m in messages if isinstance(messages, (list, tuple)) else ():
+        if isinstance(m, Mapping) and m.get("role") in ("system", "developer"):
+            c = m.get("content")
+            if isinstance(c, list):
+                c = " ".join(p.get("text", "") for p in c if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+            return c if isinstance(c, str) and c else None
+    return None
+
+
+def request_context(text: str | None, metadata: Sequence[Mapping[str, Any]] = (), model_group: str | None = None,
+                    messages: Any = None) -> Context:  # fmt: skip
+    """The context of a request: ``metadata`` are its metadata dicts (only the authenticated ``user_api_key_*``
+    fields are read, and the tags of the key's own metadata), ``model_group`` the group routed, ``messages``
+    its messages (for the system prompt)."""
+    parts = []
+    for md in metadata:
+        for f in _AUTH_FIELDS:
+            v = md.get(f)
+            if v not in (None, ""):
+                parts.append(f"{f}={str(v)[:200]}")
+        key_md = md.get("user_api_key_metadata")
+        tags = key_md.get("tags") if isinstance(key_md, Mapping) else None
+        if isinstance(tags, (list, tuple)):
+            parts.append("tags=" + ",".join(sorted(str(t)[:100] for t in tags[:20])))
+    sp = system_prompt(messages)
+    if sp:
+        parts.append("system=" + hashlib.sha256(sp[:8192].encode("utf-8", "replace")).hexdigest())
+    key = None
+    if parts:
+        parts.append(f"group={model_group or ''}")
+        key = "ctx:" + hashlib.sha256("\x00".join(parts).encode("utf-8", "replace")).hexdigest()[:16]
+    return Context(key, text_cluster(text))
+
+
+def table_context(row: Mapping[str, Any]) -> Context | None:
+    """The context of a table row: a production row's stored ``context``; any other row ``task:<task>`` and
+    the cluster of its text (None: a row with neither)."""
+    if row.get("source") == "production":
+        return Context.parse(row.get("context"))
+    text, task = row.get("text"), row.get("task")
+    if not text:
+        return None
+    return Context(f"task:{task}" if task else None, text_cluster(text))
+
+
+class ContextPrior:
+    """The hierarchical correctness prior per context (module docstring).
+
+    Args:
+        candidates: names, in the order of :meth:`prior`'s output.
+        n0: pseudo-rows of the parent level (:data:`N0_CTX`).
+    """
+
+    def __init__(self, candidates: Sequence[str], *, n0: float = N0_CTX, max_keys: int = MAX_CONTEXTS) -> None:
+        self.candidates = tuple(candidates)
+        self.ix = {c: i for i, c in enumerate(self.candidates)}
+        self.n0, self.max_keys = float(n0), max_keys
+        K = len(self.candidates)
+        self._pool = np.zeros((2, K))  # [n, sum]
+        self._keys: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def update(self, context: Context | Sequence[str] | str | None, candidate: str, correct: float,
+               weight: float = 1.0) -> bool:  # fmt: skip
+        """Add one labelled row (``correct`` in [0, 1], ``weight`` ≥ 0, e.g. an inverse propensity) to the pool
+        and to every level of ``context``. False for an unknown candidate or a bad number."""
+        k = self.ix.get(candidate)
+        if k is None or not (0.0 <= float(correct) <= 1.0) or not (weight >= 0 and np.isfinite(weight)):
+            return False
+        with self._lock:
+            self._pool[:, k] += (weight, weight * correct)
+            for key in _keys(context):
+                a = self._keys.pop(key, None)
+                a = np.zeros((2, len(self.candidates))) if a is None else a
+                a[:, k] += (weight, weight * correct)
+                self._keys[key] = a
+            while len(self._keys) > self.max_keys:
+                self._keys.popitem(last=False)
+        return True
+
+    def detail(self, context: Context | Sequence[str] | str | None) -> tuple[np.ndarray, np.ndarray, str]:
+        """(``prior[K]`` in [0, 1], rows of the most specific level that has any ``[K]``, that level's key or "pool")."""
+        with self._lock:
+            n, s = self._pool
+            p = (s + POOL_ALPHA * 0.5) / (n + POOL_ALPHA)
+            own, level = n.copy(), "pool"
+            for key in reversed(_keys(context)):  # from the cluster down to the context key
+                a = self._keys.get(key)
+                if a is None:
+                    continue
+                p = (a[1] + self.n0 * p) / (a[0] + self.n0)
+                own, level = a[0].copy(), key
+        return p, own, level
+
+    def prior(self, context: Context | Sequence[str] | str | None) -> np.ndarray:
+        """``prior[K]``: each candidate's expected correctness in this context (an unseen one: its parent's)."""
+        return self.detail(context)[0]
+
+    def fit_rows(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Add table rows (dicts as :meth:`~litellm_energy_router.table.SQLStore.iter_runs` yields them, read one
+        at a time): those with a score and a context (:func:`table_context`). Returns the rows used."""
+        used = 0
+        for r in rows:
+            if r.get("score") is None or r.get("status") == "failure":
+                continue
+            ctx = table_context(r)
+            if ctx is not None and self.update(ctx, str(r.get("candidate")), float(r["score"])):
+                used += 1
+        return used
+
+    @property
+    def rows(self) -> float:
+        """Labelled rows (weighted) in the pool, all candidates."""
+        return float(self._pool[0].sum())
+
+    @property
+    def n_keys(self) -> int:
+        return len(self._keys)
+
+
+def _keys(context: Context | Sequence[str] | str | None) -> tuple[str, ...]:
+    if context is None:
+        return ()
+    if isinstance(context, Context):
+        return context.keys
+    if isinstance(context, str):
+        c = Context.parse(context)
+        return c.keys if c is not None else (context,)
+    return tuple(context)

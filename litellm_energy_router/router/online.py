@@ -1,0 +1,153 @@
+"""Production corrects the energy estimate between retrains: :class:`OnlineEnergy`.
+
+Each settled production row updates, per candidate and per context key (:mod:`.context`), an exponentially
+weighted ratio of sums (``window`` rows: every update multiplies the older sums by ``1 - 1/window``)::
+
+    q = sum(joules measured) / sum(joules the checkpoint estimated for those requests)
+
+Joules measured: the meter's (J); without them (no meter, or it had no answer) the token-based figure of the
+row's own tokens, ``prompt_tokens * j_prompt + output_tokens * j_out`` (so the output tokens production writes
+correct a wrong length prior even without a meter). Joules estimated: the decision's checkpoint estimate for
+the served candidate (before any online correction); without it, the checkpoint's J/token with its unknown-task
+prior of the output tokens.
+
+**Shrinkage** (the stated rule): with ``n`` the (decayed) row count of a level, its ratio enters as
+``(n * q + N0 * parent) / (n + N0)``: the candidate's rows shrink toward the checkpoint (ratio 1), a context's
+rows toward the candidate's. ``adjust(E, context) -> E' = q' * E``. So for requests like those seen, after ``n``
+rows of a context Ê is within ``N0 / (n + N0)`` of the way back from the measured joules (at most; the
+candidate level closes part of the rest): with :data:`N0` = 4, 80 % of the gap closed after 16 rows, 90 %
+after 36. ``uncertainty(context)[K] = N0 / (n + N0)`` (1 for a candidate production has never priced) feeds
+the exploration (:func:`explore_weights`). Thread-safe (the writer thread updates, the event loop reads); numpy
+only; memory bounded (:data:`MAX_KEYS` context keys, least recently updated dropped).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+
+N0 = 4.0  # pseudo-rows of the parent level (checkpoint, then candidate) in every shrunk ratio
+WINDOW = 500.0  # rows: older rows' weight decays by 1 - 1/WINDOW per update of the same key
+MAX_KEYS = 10_000  # context keys kept (per state); the least recently updated beyond it are dropped
+EXPLORE_FLOOR = 0.1  # every candidate keeps this share of a uniform exploration (propensities never 0)
+
+
+class _Sums:
+    """Decayed sums of one (key, candidate): rows, joules measured, joules estimated."""
+
+    __slots__ = ("j_est", "j_meas", "n")
+
+    def __init__(self) -> None:
+        self.n = self.j_meas = self.j_est = 0.0
+
+    def add(self, j_meas: float, j_est: float, decay: float) -> None:
+        self.n, self.j_meas, self.j_est = self.n * decay + 1, self.j_meas * decay + j_meas, self.j_est * decay + j_est
+
+
+def shrink(n: float, observed: float, parent: float, n0: float = N0) -> float:
+    """``(n * observed + n0 * parent) / (n + n0)``: a level's value shrunk toward its parent by its row count."""
+    return (n * observed + n0 * parent) / (n + n0)
+
+
+class OnlineEnergy:
+    """Per candidate (and context key) corrections of Ê from settled production rows (module docstring).
+
+    Args:
+        candidates: names, in the order of the ``E``/``tokens`` arrays passed to :meth:`adjust`.
+        j_out: the checkpoint's J per output token per candidate (J/token).
+        j_prompt: its J per prompt token per candidate (J/token).
+        prior_tokens: the checkpoint's output tokens for a request it knows nothing of, per candidate (the
+            expected tokens of a row whose decision did not say).
+    """
+
+    def __init__(self, candidates: Sequence[str], j_out: Sequence[float], j_prompt: Sequence[float],
+                 prior_tokens: Sequence[float], *, n0: float = N0, window: float = WINDOW) -> None:  # fmt: skip
+        self.candidates = tuple(candidates)
+        self.ix = {c: i for i, c in enumerate(self.candidates)}
+        self.j_out, self.j_prompt = np.asarray(j_out, dtype=float), np.asarray(j_prompt, dtype=float)
+        self.prior_tokens = np.asarray(prior_tokens, dtype=float)
+        self.n0, self.decay = float(n0), 1.0 - 1.0 / float(window)
+        self._cand = [_Sums() for _ in self.candidates]
+        self._ctx: OrderedDict[str, list[_Sums]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.rows = 0
+
+    def update(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
+               context: str | None = None, estimate_j: float | None = None) -> bool:  # fmt: skip
+        """Account one settled row: tokens, ``joules`` (J; None: the token-based figure), ``context`` (its key,
+        :attr:`.context.Context.key` or cluster; None: the candidate level only), ``estimate_j`` (J: the checkpoint's
+        estimate at decision time). False (nothing learned) for an unknown candidate or bad numbers."""
+        k = self.ix.get(candidate)
+        if k is None or not _ok(prompt_tokens) or not _ok(output_tokens):
+            return False
+        pt = float(prompt_tokens)
+        j = float(joules) if _ok(joules) else pt * self.j_prompt[k] + float(output_tokens) * self.j_out[k]
+        est = float(estimate_j) if _ok(estimate_j) else pt * self.j_prompt[k] + self.prior_tokens[k] * self.j_out[k]
+        if est <= 0:
+            return False
+        with self._lock:
+            self._cand[k].add(j, est, self.decay)
+            if context:
+                sums = self._ctx.pop(context, None) or [_Sums() for _ in self.candidates]
+                sums[k].add(j, est, self.decay)
+                self._ctx[context] = sums
+                while len(self._ctx) > MAX_KEYS:
+                    self._ctx.popitem(last=False)
+            self.rows += 1
+        return True
+
+    def ratios(self, context: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(``q'[K]`` measured / estimated joules, shrunk as in the module docstring; ``n[K]`` rows of the most
+        specific level)."""
+        K = len(self.candidates)
+        q, n = np.ones(K), np.zeros(K)
+        with self._lock:
+            ctx = self._ctx.get(context) if context else None
+            for k in range(K):
+                for s in [self._cand[k]] + ([ctx[k]] if ctx is not None else []):
+                    if s.n > 0:
+                        q[k] = shrink(s.n, s.j_meas / s.j_est, q[k], self.n0)
+                n[k] = ctx[k].n if ctx is not None else self._cand[k].n
+        return q, n
+
+    def adjust(self, E: np.ndarray, context: str | None = None) -> np.ndarray:
+        """``E'[K] = q'[K] * E[K]`` (J), ``E`` the checkpoint's Ê (J); unchanged before any row."""
+        if self.rows == 0:
+            return E
+        return self.ratios(context)[0] * np.asarray(E, dtype=float)
+
+    def uncertainty(self, context: str | None = None) -> np.ndarray:
+        """``[K]`` in (0, 1]: ``n0 / (n + n0)`` of each candidate's row count (its context's, when it has rows)."""
+        with self._lock:
+            ctx = self._ctx.get(context) if context else None
+            n = np.array([max(self._cand[k].n, ctx[k].n if ctx is not None else 0.0) for k in range(len(self.candidates))])
+        return self.n0 / (n + self.n0)
+
+
+def explore_weights(uncertainty: np.ndarray, floor: float = EXPLORE_FLOOR) -> np.ndarray:
+    """The exploration distribution over the available candidates: ``floor`` spread uniformly, the rest in
+    proportion to each one's energy ``uncertainty`` (so the candidates production has priced least are tried
+    most). Sums to 1, every entry ≥ ``floor / K`` (logged propensities stay exact and never 0)."""
+    u = np.asarray(uncertainty, dtype=float)
+    K = len(u)
+    if K == 0:
+        return u
+    share = u / u.sum() if u.sum() > 0 else np.full(K, 1.0 / K)
+    return floor / K + (1.0 - floor) * share
+
+
+def _ok(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
+
+
+def explore_pick(rng: Any, epsilon: float, j_best: int, weights: np.ndarray | None, k: int) -> tuple[int, float]:
+    """(the index chosen among ``k`` available candidates, its exact propensity): ``j_best`` with probability
+    ``1 - epsilon``, else a draw from ``weights`` (:func:`explore_weights`, renormalised; None: uniform)."""
+    q = np.full(k, 1.0 / k) if weights is None or len(weights) != k else np.asarray(weights, dtype=float) / np.sum(weights)
+    j = j_best
+    if epsilon > 0 and rng.random() < epsilon:
+        j = int(min(np.searchsorted(np.cumsum(q), rng.random() * q.sum(), side="right"), k - 1))
+    return j, float((1 - epsilon) * (j == j_best) + epsilon * q[j])

@@ -1,0 +1,241 @@
+"""Routing traffic the table has never seen (router/online.py, router/context.py, router/adapt.py): production
+rows correct Ê within the stated number of rows (through a real litellm.Router, the energy callback's writer
+thread and a real table); an unseen context falls back to its parent; a context gets its own prior after tens of
+rows (online and from table rows); far from every training query the router blends toward the prior and says so."""
+
+from __future__ import annotations
+
+import time
+
+import litellm
+import numpy as np
+import pytest
+from litellm import Router
+from router_fixtures import CANDS, planted_rows
+
+from litellm_energy_router.callback import EnergyLogger
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.energy.meter import RequestEnergy
+from litellm_energy_router.router.adapt import ADAPT, support_weight
+from litellm_energy_router.router.context import (
+    N0_CTX,
+    Context,
+    ContextPrior,
+    request_context,
+)
+from litellm_energy_router.router.online import (
+    N0,
+    OnlineEnergy,
+    explore_pick,
+    explore_weights,
+)
+from litellm_energy_router.settings import Settings
+from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
+from litellm_energy_router.table import make_query, open_store
+
+FAR = "写一首关于秋天的诗，并解释其中的意象。请用七言绝句。"  # nothing like the planted rows (support ≈ 0.16)
+NEAR = "Tell me about rivers number 5"
+
+
+@pytest.fixture(autouse=True)
+def fresh_adapt():
+    ADAPT.reset()
+    ADAPT.enabled = True
+    yield
+    ADAPT.reset()
+
+
+@pytest.fixture
+def backend():
+    with LocalBackend(delay_s=0.0) as b:
+        yield b
+
+
+def settings(ckpt, url, tmp_path, **router):
+    return Settings.model_validate({
+        "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, "context_refresh_s": 0, **router},
+        "candidates": [{"name": c} for c in CANDS], "knob": {"lambda": 0.0}, "table": {"url": url},
+        "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
+    })  # fmt: skip
+
+
+def deps(backend, group="pool"):
+    return [{"model_name": group, "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+             "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+
+
+class ScaledMeter:
+    """Measured joules: ``scale`` × what the checkpoint's J/token give for the tokens actually processed."""
+
+    name, method = "scaled", "simulated"
+
+    def __init__(self, est, scale):
+        self.est, self.scale, self.seen = est, scale, []
+
+    def request_started(self, request_id, t_s):
+        pass
+
+    def energy_for_request(self, usage, *, final=False):
+        j = self.scale * (usage.prompt_tokens * self.est.j_per_prompt_token[usage.candidate]
+                          + usage.completion_tokens * self.est.j_per_output_token[usage.candidate])  # fmt: skip
+        self.seen.append((usage.candidate, j))
+        return RequestEnergy(energy_j=j, method="simulated")
+
+    def close(self):
+        pass
+
+
+def test_online_energy_closes_the_gap_by_the_stated_rule():
+    """After n rows of one context Ê is within N0 / (n + N0) of its first gap to the measured joules."""
+    jo, jp = np.array([0.5, 2.0]), np.array([0.01, 0.05])
+    oe = OnlineEnergy(["a", "b"], jo, jp, [400, 400])
+    E = 100 * jp + 200 * jo  # the checkpoint's Ê: 100 prompt tokens, 200 output tokens expected
+    measured = 3.0 * (100 * jp[0] + 350 * jo[0])  # 350 tokens written, at 3x the checkpoint's J/token
+    assert np.array_equal(oe.adjust(E, "ctx:x"), E)  # nothing learned yet: unchanged
+    for n in range(1, 41):
+        oe.update("a", 100, 350, measured, "ctx:x", estimate_j=E[0])
+        gap = abs(oe.adjust(E, "ctx:x")[0] - measured) / abs(E[0] - measured)
+        assert gap <= N0 / (n + N0) + 1e-9
+    assert oe.adjust(E, "ctx:x")[1] == E[1]  # a candidate with no rows keeps the checkpoint's
+    assert oe.adjust(E, "ctx:other")[0] > E[0]  # another context: the candidate level's correction
+    u = oe.uncertainty("ctx:x")
+    assert u[0] < N0 / 30 and u[1] == 1.0  # priced by 40 rows vs never priced
+    tok = OnlineEnergy(["a"], [0.5], [0.01], [400])  # no meter: the rows' own tokens price them
+    for _ in range(16):
+        tok.update("a", 100, 20, None, "ctx:y")
+    assert tok.adjust(np.array([201.0]), "ctx:y")[0] < 0.2 * 201 + 0.8 * (1 + 20 * 0.5) + 1e-9
+
+
+def test_exploration_covers_uncertain_candidates_with_exact_propensities():
+    import random
+
+    q = explore_weights(np.array([0.1, 1.0, 1.0]))
+    assert q.sum() == pytest.approx(1.0) and q[0] < q[1] == q[2] and q.min() > 0
+    rng, eps, counts, props = random.Random(1), 0.5, np.zeros(3), {}
+    for _ in range(4000):
+        j, p = explore_pick(rng, eps, 0, q, 3)
+        counts[j] += 1
+        props[j] = p
+    expected = (1 - eps) * np.array([1, 0, 0]) + eps * q
+    assert np.allclose([props[j] for j in range(3)], expected)
+    assert np.allclose(counts / counts.sum(), expected, atol=0.03)  # the logged propensity is what happens
+
+
+def test_unseen_context_falls_back_to_its_parent_and_a_context_gets_its_own_prior():
+    cp = ContextPrior(["small", "large"])
+    app = request_context(NEAR, [{"user_api_key_alias": "app-A"}], "pool", [{"role": "system", "content": "Be brief."}])
+    other_cluster = "cl:0" if app.cluster != "cl:0" else "cl:1"
+    for _ in range(50):  # the pool: large right, small wrong
+        cp.update(Context("ctx:elsewhere", other_cluster), "large", 1.0)
+        cp.update(Context("ctx:elsewhere", other_cluster), "small", 0.0)
+    pool = cp.prior(None)
+    assert np.array_equal(cp.prior(app), pool)  # unseen context and cluster: the pool's
+    assert np.array_equal(cp.prior(Context("ctx:new", other_cluster)), cp.prior(Context(None, other_cluster)))
+    for n in range(1, 31):  # the app's own traffic: small right, large wrong
+        cp.update(app, "small", 1.0)
+        cp.update(app, "large", 0.0)
+    p, own, level = cp.detail(app)
+    assert level == app.key and own.tolist() == [30, 30]
+    parent = cp.prior(Context(None, app.cluster))
+    assert abs(p[0] - 1.0) <= N0_CTX / (30 + N0_CTX) * abs(parent[0] - 1.0) + 1e-9  # 75 % its own after 30 rows
+    assert p[0] > 0.9 and p[1] < 0.1 and pool[0] < 0.1
+
+
+def test_context_comes_from_authenticated_fields_only():
+    a = request_context("q", [{"user_api_key_alias": "app-A", "tags": ["caller-said"], "team": "x"}], "pool")
+    b = request_context("q", [{"user_api_key_alias": "app-A", "tags": ["other"], "requester_metadata": {"a": 1}}], "pool")
+    assert a == b and a.key.startswith("ctx:") and "app-A" not in str(a)
+    c = request_context("q", [{"user_api_key_alias": "app-A", "user_api_key_metadata": {"tags": ["prod"]}}], "pool")
+    assert c.key != a.key  # the key's own tags count
+    assert request_context("q", [{"energy_router": {"lambda": 1}}], "pool").key is None  # nothing known: cluster only
+
+
+def test_prior_fitted_from_tournament_and_production_rows(any_url):
+    store = open_store(any_url)
+    ctx = Context("ctx:00aa11bb22cc33dd", "cl:3")
+    qs, runs = [], []
+    for i in range(30):
+        qs += [make_query(f"t{i}", "synthetic", f"Give a proof about birds number {i}", source="tournament"),
+               make_query(f"prod-{i}", "production", f"app question {i}", source="production")]  # fmt: skip
+        for c, ok in (("small", 0.0), ("large", 1.0)):
+            runs.append({"query_id": f"t{i}", "candidate": c, "source": "tournament", "score": ok})
+        runs.append({"query_id": f"prod-{i}", "candidate": "small", "source": "production", "score": 1.0,
+                     "call_id": f"call-{i}", "status": "success", "context": str(ctx)})  # fmt: skip
+    store.write(qs, runs, candidates=[{"name": c} for c in ("small", "large")])
+    cp = ContextPrior(["small", "large"])
+    assert cp.fit_rows(store.iter_runs()) == 90
+    store.close()
+    task = cp.detail(Context("task:synthetic", "cl:99"))
+    assert task[2] == "task:synthetic" and task[0][1] > 0.7 and task[0][0] < 0.3
+    p, own, level = cp.detail(ctx)
+    assert level == ctx.key and own[0] == 30 and p[0] > 0.9
+
+
+def test_no_support_blends_toward_the_prior_and_says_so(planted_ckpt, sqlite_url, tmp_path, backend):
+    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))
+    dl = deps(backend)
+    md = {"user_api_key_alias": "app-A"}
+    _, near = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
+    assert near.adapt["unsure"] is False and near.adapt["weight"] == 1.0
+    raw = core.runtime.score_sync(FAR)
+    _, bare = core.choose_sync(dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": md})
+    w = support_weight(raw.note["support"])
+    assert bare.adapt["unsure"] is True and bare.adapt["weight"] == pytest.approx(w, abs=1e-4) and w < 1
+    assert bare.adapt["prior_level"] == "none"  # an empty table: no prior yet, the scorer's P stands
+    assert [bare.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5)
+    store = open_store(sqlite_url)
+    store.write(*planted_rows(40)[1:], candidates=planted_rows(40)[0])  # tournament rows: large right on every query
+    store.close()
+    assert ADAPT.refresh_table(sqlite_url) == 120
+    _, far = core.choose_sync(dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": md})
+    assert far.adapt["prior_level"] == "pool"
+    pool = ADAPT.prior.prior(None)
+    assert [far.scores[c] for c in CANDS] == pytest.approx(w * raw.P + (1 - w) * pool, abs=1e-5)
+    assert far.candidate == "large"
+    ctx = Context.parse(far.adapt["context"])
+    for _ in range(30):  # this app's labelled rows: small is right for it, large is not
+        ADAPT.prior.update(ctx, "small", 1.0)
+        ADAPT.prior.update(ctx, "medium", 0.0)
+        ADAPT.prior.update(ctx, "large", 0.0)
+    _, again = core.choose_sync(dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": md})
+    assert again.adapt["prior_level"] == "ctx" and again.candidate == "small"
+    _, other = core.choose_sync(dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}})
+    assert other.adapt["prior_level"] == "cl" and other.candidate == "small"  # app-B: the cluster's, app-A's rows in it
+
+
+@pytest.mark.litellm_integration
+@pytest.mark.usefixtures("fresh_litellm_callbacks")
+def test_production_rows_correct_the_estimate_through_the_callback(planted_ckpt, sqlite_url, tmp_path, backend):
+    """Real Router + strategy + EnergyLogger: each settled row (measured 4x the checkpoint's J/token) reaches the
+    serving router's online state off the event loop; after n rows its Ê is within N0/(n+N0) of the gap."""
+    s = settings(planted_ckpt, sqlite_url, tmp_path)
+    core = EnergyRouterCore(s)
+    est = core.runtime.model.manifest.energy
+    meter = ScaledMeter(est, 4.0)
+    logger = EnergyLogger(s, meter=meter)
+    litellm.callbacks = [logger]
+    router = Router(model_list=deps(backend))
+    router.register_plugin(EnergyRoutingStrategy(router, core=core))
+    md = {"user_api_key_alias": "app-A"}
+    msgs = [{"role": "user", "content": FAR}]
+    try:
+        first = core.choose_sync(deps(backend), msgs, request_kwargs={"metadata": dict(md)})[1]
+        n = 16
+        for i in range(n):
+            router.completion(model="pool", messages=msgs, metadata=dict(md))
+        deadline = time.monotonic() + 60
+        while logger.writer.submitted < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert logger.flush(30)
+        served = {c for c, _ in meter.seen}
+        assert served == {first.candidate} and ADAPT.energy.rows == n
+        measured = meter.seen[-1][1]
+        last = core.choose_sync(deps(backend), msgs, request_kwargs={"metadata": dict(md)})[1]
+        c = first.candidate
+        assert abs(last.energy_j[c] - measured) <= N0 / (n + N0) * abs(first.energy_j[c] - measured) + 0.01
+        store = open_store(sqlite_url)
+        rows = list(store.iter_runs())
+        store.close()
+        assert len(rows) == n and {r["context"] for r in rows} == {first.adapt["context"]}
+    finally:
+        logger.close()
