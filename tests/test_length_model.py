@@ -78,3 +78,21 @@ def test_a_table_without_output_tokens_gives_the_prior_alone(tmp_path):
     lm.save(tmp_path / "length.npz")
     pred = LengthModel.load(tmp_path / "length.npz").predict(["write a function"], [5])
     assert pred.source(0) == "prior" and pred.mean[0, 0] > 100
+
+
+def test_known_task_prices_a_candidate_without_its_rows_with_the_length_model():
+    """A task known from a few production rows of candidate "a" only: "b" gets the length model, not the prior."""
+    m = _planted()
+    lm, _ = fit_length_model(m.subset(np.flatnonzero(m.tasks != "t2")))
+    est = EnergyEstimate(j_per_prompt_token={"a": 0.01, "b": 0.02}, j_per_output_token={"a": 0.1, "b": 0.2},
+                         output_tokens={"t2": {"a": 5.0}}, output_tokens_any={"a": 100.0, "b": 100.0},
+                         output_tokens_prior={"a": 430.0, "b": 400.0}, prior_source="chat-length prior")  # fmt: skip
+    held = m.subset(np.flatnonzero((m.tasks == "t2") & np.array(["letter" in t for t in m.texts])))
+    T, notes = request_tokens(est, lm, ["a", "b"], held.texts, list(held.tasks), held.prompt_tokens)
+    assert (T[:, 0] == 5.0).all()  # the task's own mean where the candidate has rows
+    ratio = T[:, 1] / held.T[:, 1]
+    assert np.all((ratio > 0.5) & (ratio < 2.0)), ratio  # ≈2 tokens from the length model, not 400 from the prior
+    assert all(n["output_tokens_source"] == "task_mean" and n["length_model_for"] == ["b"] for n in notes)
+    T0, notes0 = request_tokens(est, None, ["a", "b"], held.texts[:1], ["t2"], [20])  # no length model: the prior
+    assert T0[0].tolist() == [5.0, 400.0] and notes0[0]["prior_for"] == ["b"]
+    assert notes0[0]["output_tokens"]["b"] == [100.0, 400.0, 1000.0]  # the prior's band

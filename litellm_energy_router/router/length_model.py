@@ -211,39 +211,47 @@ def request_tokens(est, length: "LengthModel | None", candidates: Sequence[str],
                    max_tokens: Sequence[int | None] | None = None) -> tuple[np.ndarray, list[dict]]:  # fmt: skip
     """Expected output tokens ``[n, K]`` per request and candidate, and per request a note for the decision's
     metadata. A task the energy estimate ``est`` (:class:`.checkpoint.EnergyEstimate`) holds: its per-task mean
-    (+ ``offset``, the per-task token model). Any other request (no task tag, or a tag never seen): ``length``'s
-    prediction, or the estimate's conservative prior without one; never the other tasks' mean. ``max_tokens``
-    bounds each request's figures."""
+    (+ ``offset``, the per-task token model) for each candidate with rows of that task; a candidate without
+    (a task known from a few production rows of other candidates) is priced like any other request, its
+    columns listed in the note's ``length_model_for``. Any other request (no task tag, or a tag never seen):
+    ``length``'s prediction, or the estimate's conservative prior without one; never the other tasks' mean.
+    ``max_tokens`` bounds each request's figures."""
     n, K = len(texts), len(candidates)
     fb = est.unknown_task_tokens()
     out = np.empty((n, K))
+    gap = np.zeros((n, K), dtype=bool)  # no row of the request's task for this candidate: the prior / length model
     for i, task in enumerate(tasks):
         table = est.output_tokens.get(task or "", fb)
         out[i] = [table.get(c, fb[c]) for c in candidates]
+        gap[i] = [table is fb or c not in table for c in candidates]
     if offset is not None:
         out = np.maximum(out + offset, 0.0)
     lo, hi = out.copy(), out.copy()
     source = ["task_mean" if est.knows_task(t) else "prior" for t in tasks]
     support = [None] * n
-    unk = [i for i in range(n) if source[i] == "prior"]
+    unk = [i for i in range(n) if gap[i].any()]
     if unk and length is not None:
         pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], np.array([fb[c] for c in candidates]))
-        out[unk], lo[unk], hi[unk] = pred.mean, pred.lo, pred.hi
+        g = gap[unk]
+        out[unk], lo[unk], hi[unk] = (np.where(g, p, a[unk]) for p, a in ((pred.mean, out), (pred.lo, lo), (pred.hi, hi)))
         for j, i in enumerate(unk):
-            source[i], support[i] = pred.source(j), round(float(pred.support[j]), 4)
+            support[i] = round(float(pred.support[j]), 4)
+            if source[i] == "prior":
+                source[i] = pred.source(j)
     elif unk:
-        lo[unk] = out[unk] * PRIOR_BAND[0]
-        hi[unk] = out[unk] * PRIOR_BAND[1]
+        lo[unk] = np.where(gap[unk], out[unk] * PRIOR_BAND[0], lo[unk])
+        hi[unk] = np.where(gap[unk], out[unk] * PRIOR_BAND[1], hi[unk])
     caps = list(max_tokens) if max_tokens is not None else [None] * n
     out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
     notes = [{"output_tokens_source": source[i], "support": support[i], "max_tokens": caps[i],
               "output_tokens": {c: [round(float(lo[i, k]), 1), round(float(out[i, k]), 1), round(float(hi[i, k]), 1)]
                                 for k, c in enumerate(candidates)}}
              for i in range(n)]  # fmt: skip
-    if any(s == "prior" for s in source):
-        for i in range(n):
-            if source[i] == "prior":
-                notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
+    for i in unk:
+        if source[i] == "task_mean":
+            notes[i]["length_model_for" if length is not None else "prior_for"] = [c for c, g in zip(candidates, gap[i]) if g]
+        elif source[i] == "prior":
+            notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
     return out, notes
 
 
