@@ -85,15 +85,51 @@ def brier(P: np.ndarray, Y: np.ndarray) -> float:
 
 def task_prior(train: TableMatrix, tasks: Sequence[str], alpha: float = 1.0) -> np.ndarray:
     """``P[n, K]``: each candidate's training accuracy on the row's task, smoothed toward its overall
-    accuracy with ``alpha`` pseudo-rows (unknown task → overall accuracy)."""
+    accuracy with ``alpha`` pseudo-rows (unknown task → overall accuracy). A task's rows count by their
+    effective number ``(Σw)² / Σw²`` (tournament rows: their number; IPS-weighted production rows: about their
+    number, not their weight sum, so one explored row does not outweigh the pseudo-rows)."""
     W = label_weights(train)
     Yw = W * np.nan_to_num(train.Y)
     glob = Yw.sum(axis=0) / np.maximum(W.sum(axis=0), 1e-12)
     table = {}
     for t in train.task_names():
         rows = train.tasks == t
-        table[t] = (Yw[rows].sum(axis=0) + alpha * glob) / (W[rows].sum(axis=0) + alpha)
+        sw, sw2 = W[rows].sum(axis=0), (W[rows] ** 2).sum(axis=0)
+        n_eff = sw**2 / np.maximum(sw2, 1e-12)
+        table[t] = (n_eff * Yw[rows].sum(axis=0) / np.maximum(sw, 1e-12) + alpha * glob) / (n_eff + alpha)
     return np.stack([table.get(t, glob) for t in tasks]) if len(tasks) else np.zeros((0, train.K))
+
+
+PSEUDO_ROWS = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 50.0)  # the grid pseudo_rows_cv chooses from
+CV_ROWS = (1, 2, 3, 5, 10, 20, 50)  # rows of a new task a candidate may have
+
+
+def pseudo_rows_cv(train: TableMatrix, grid: Sequence[float] = PSEUDO_ROWS, ns: Sequence[int] = CV_ROWS,
+                   reps: int = 50, seed: int = 0) -> tuple[float, dict[float, float]]:  # fmt: skip
+    """The pseudo-rows ``alpha`` of :func:`task_prior` (and of a context's rows in the context prior), chosen by
+    **leave-task-out** CV on ``train``'s labelled rows: each task in turn plays a new one; for each candidate
+    ``n`` of its rows (``ns``, ``reps`` draws) are shrunk toward the other tasks' pooled rate,
+    ``(n·mean + alpha·parent) / (n + alpha)``, and scored by squared error against the task's rate on all its
+    rows. Returns (best alpha, mean squared error per alpha); a table with one task: (1.0, {})."""
+    tasks = train.task_names()
+    if len(tasks) < 2:
+        return 1.0, {}
+    W = label_weights(train)
+    Yw, a = W * np.nan_to_num(train.Y), np.asarray(grid, dtype=float)
+    rng, loss, cnt = np.random.default_rng(seed), np.zeros(len(a)), 0
+    for t in tasks:
+        rows = train.tasks == t
+        parent = Yw[~rows].sum(axis=0) / np.maximum(W[~rows].sum(axis=0), 1e-12)
+        for k in range(train.K):
+            y = np.nan_to_num(train.Y[rows & (W[:, k] > 0), k])
+            for n in (n for n in ns if 2 * n <= len(y)):
+                m_n = y[rng.integers(0, len(y), (reps, n))].mean(axis=1)[:, None]
+                loss += (((n * m_n + a * parent[k]) / (n + a) - y.mean()) ** 2).mean(axis=0)
+                cnt += 1
+    if not cnt:
+        return 1.0, {}
+    mse = {float(x): float(v / cnt) for x, v in zip(a, loss)}
+    return min(mse, key=mse.get), mse
 
 
 class Baseline(ABC):
@@ -166,13 +202,21 @@ class Baseline(ABC):
 
 
 class TaskPrior(Baseline):
-    """Per-task mean accuracy of each candidate: what knowing only the task buys."""
+    """Per-task mean accuracy of each candidate: what knowing only the task buys. ``alpha`` (pseudo-rows of
+    the pooled rate): fixed, or None (default) for :func:`pseudo_rows_cv` on the complete rows."""
+
+    grid = {"alpha": [None]}
 
     def _fit(self, train: TableMatrix, X: np.ndarray | None, **params: Any) -> None:
         self._train = train
+        alpha = params.get("alpha")
+        if alpha is None:
+            full = train if train.W is None else train.subset(np.flatnonzero(np.isfinite(train.Y).all(axis=1)))
+            alpha = pseudo_rows_cv(full, seed=self.seed)[0]
+        self.alpha = self.params["alpha"] = float(alpha)
 
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
-        return task_prior(self._train, list(test.tasks))
+        return task_prior(self._train, list(test.tasks), self.alpha)
 
 
 class KNN(Baseline):
@@ -335,8 +379,8 @@ def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: d
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tasks = m.task_names()
-    np.savez(out / BASELINE_FILE, tasks=np.array(tasks, dtype=str), prior=task_prior(m, tasks), prior_any=m.Y.mean(axis=0),
-             **arrays)  # fmt: skip
+    prior = task_prior(m, tasks, float(params.get("alpha") or 1.0))
+    np.savez(out / BASELINE_FILE, tasks=np.array(tasks, dtype=str), prior=prior, prior_any=m.Y.mean(axis=0), **arrays)
     est = fit_energy_estimate(m, profile)
     grid = lambda_grid(P, est.estimate(m.candidates, m.prompt_tokens, m.tasks), DEFAULT_E_REF_J, 2)
     manifest = Manifest(
