@@ -239,3 +239,30 @@ def test_production_rows_correct_the_estimate_through_the_callback(planted_ckpt,
         assert len(rows) == n and {r["context"] for r in rows} == {first.adapt["context"]}
     finally:
         logger.close()
+
+
+def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule(planted_ckpt, sqlite_url, tmp_path,
+                                                                                  backend):  # fmt: skip
+    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))
+    dl = deps(backend)
+    store = open_store(sqlite_url)
+    store.write(*planted_rows(40)[1:], candidates=planted_rows(40)[0])
+    store.close()
+    ADAPT.bind(core.runtime.model)
+    ADAPT.refresh_table(sqlite_url)
+    raw = core.runtime.score_sync(NEAR)
+    md = {"user_api_key_alias": "app-A"}
+    _, first = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
+    assert first.adapt["weight"] == 1.0 and "context_rows" not in first.adapt
+    assert [first.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5)  # no own rows yet: the scorer's P
+    ctx = Context.parse(first.adapt["context"])
+    for _ in range(12):  # app-A's labels: "small" is always right for it
+        ADAPT.prior.update(ctx, "small", 1.0)
+    _, later = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
+    n0 = ADAPT.prior.n0
+    want = raw.P.copy()
+    want[CANDS.index("small")] = (12.0 + n0 * raw.P[CANDS.index("small")]) / (12.0 + n0)
+    assert later.adapt["context_rows"] == 12 and later.adapt["weight"] == 1.0
+    assert [later.scores[c] for c in CANDS] == pytest.approx(want, abs=1e-5)
+    _, other = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}})
+    assert [other.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5)  # another app: not moved

@@ -33,7 +33,8 @@ class ServedCall:
 
 
 async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings,
-                 concurrency: int, progress: Callable[[int], None] | None) -> tuple[list[ServedCall], Any]:  # fmt: skip
+                 concurrency: int, progress: Callable[[int], None] | None,
+                 metadata: dict[str, Any] | None = None) -> tuple[list[ServedCall], Any]:  # fmt: skip
     import litellm
 
     from ..callback import EnergyLogger
@@ -55,7 +56,8 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
         async def one(i: int, prompt: str) -> None:
             async with sem:
                 t = time.perf_counter()
-                resp = await router.acompletion(model=MODEL_GROUP, messages=[{"role": "user", "content": prompt}])
+                kw = {"metadata": dict(metadata)} if metadata else {}
+                resp = await router.acompletion(model=MODEL_GROUP, messages=[{"role": "user", "content": prompt}], **kw)
                 hp = resp._hidden_params
                 dep = str(hp.get("model_id"))
                 served.append(ServedCall(i, str(hp["litellm_call_id"]), dep, by_id.get(dep, dep),
@@ -75,15 +77,17 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
 
 
 def serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings, *,
-          concurrency: int = 8, progress: Callable[[int], None] | None = None) -> tuple[list[ServedCall], dict[str, int]]:  # fmt: skip
-    """Send every prompt through the router; wait until the callback wrote every row to the table.
+          concurrency: int = 8, progress: Callable[[int], None] | None = None,
+          metadata: dict[str, Any] | None = None) -> tuple[list[ServedCall], dict[str, int]]:  # fmt: skip
+    """Send every prompt through the router; wait until the callback wrote every row to the table. ``metadata``:
+    every request's (the fields a proxy would set for the caller's key, e.g. ``user_api_key_alias``: one app).
     Returns the calls (in prompt order) and the writer's counts (submitted, written, spooled)."""
     import litellm
 
     litellm.suppress_debug_info = True
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    served, logger = asyncio.run(_serve(prompts, candidates, api_base, settings, concurrency, progress))
+    served, logger = asyncio.run(_serve(prompts, candidates, api_base, settings, concurrency, progress, metadata))
     logger.flush(120)
     counts = {"submitted": logger.writer.submitted, "written": logger.writer.written, "spooled": logger.writer.spooled}
     logger.close()

@@ -11,15 +11,21 @@ the energy callback's writer thread feeds it (after each row's energy settled, o
   from then on from the rows the refresh reads (:meth:`Adaptation.refresh_from`: new labelled rows since the
   last one read, e.g. ``router.context_refresh_s``).
 * **No support** (the scorer has never seen anything like the request): the scorer's ``P`` is blended toward
-  the context's prior (an unseen context: its cluster's, else the pooled prior) with weight ``w`` from the
+  the prior of the levels above the context key (its cluster's, else the pooled prior) with weight ``w`` from the
   request's support cosine ``s`` (the largest cosine between its n-gram sketch and the checkpoint's training
   rows', :mod:`.length_model`): ``w = clip((s - SUPPORT_LO) / (SUPPORT_HI - SUPPORT_LO), 0, 1)``,
   ``P' = w * P + (1 - w) * prior``; thresholds fitted by leave-task-out CV on the development rows
   (``training/support_fit.py``, numbers in docs/training.md). A request with a task tag the scorer knows keeps
   ``w = 1``; without a support figure (a checkpoint without a length model) too. Before any labelled row was
   read (an empty table) there is no prior to blend toward: ``P`` stands, the metadata says ``prior_level: none``.
+* **The context's own rows** (any support): the labelled rows of the request's context key shrink that ``P``
+  toward them, ``(sum + n0 * P) / (n + n0)`` per candidate (:meth:`.context.ContextPrior.on_top`): an app whose
+  traffic the table never held is learned from its own labels. ``n0``: the checkpoint's ``context_n0`` (a
+  ``task_prior`` checkpoint: its leave-task-out ``alpha``, ``training/baselines.pseudo_rows_cv``), else
+  :data:`.context.N0_CTX`.
 * The decision's ``adapt`` metadata: ``context`` (its keys), ``support`` (cosine), ``weight`` (``w``),
   ``unsure`` (``w < 1``: the router blended toward the prior), ``prior_level`` (the level the prior came from),
+  ``context_rows`` (the context's own labelled rows, when it has any),
   ``online_rows`` (production rows behind the energy correction), ``checkpoint_j`` (Ê per candidate before the
   correction, J: what the next rows are compared with).
 """
@@ -32,7 +38,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .context import Context, ContextPrior, request_context
+from .context import N0_CTX, Context, ContextPrior, request_context
 from .online import OnlineEnergy, explore_weights
 
 log = logging.getLogger("litellm_energy_router")
@@ -45,6 +51,14 @@ def support_weight(similarity: float | None, task_known: bool = False, lo: float
     if task_known or similarity is None:
         return 1.0
     return min(max((float(similarity) - lo) / max(hi - lo, 1e-9), 0.0), 1.0)
+
+
+def context_n0(model: Any) -> float:
+    """Pseudo-rows of a context's own rows: the checkpoint's ``context_n0``, else a ``task_prior`` checkpoint's
+    cross-validated ``alpha``, else :data:`.context.N0_CTX`."""
+    man = getattr(model, "manifest", None)
+    v = getattr(man, "context_n0", None) or ((getattr(man, "baseline", None) or {}).get("params") or {}).get("alpha")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else N0_CTX
 
 
 class Adaptation:
@@ -78,8 +92,9 @@ class Adaptation:
                 prior = est.unknown_task_tokens()
                 self.energy = OnlineEnergy(cands, [est.j_per_output_token[c] for c in cands],
                                            [est.j_per_prompt_token[c] for c in cands], [prior[c] for c in cands])  # fmt: skip
-            if self.prior is None or list(self.prior.candidates) != cands:
-                self.prior, self.last_run_id = ContextPrior(cands), -1
+            n0 = context_n0(model)
+            if self.prior is None or list(self.prior.candidates) != cands or self.prior.n0 != n0:
+                self.prior, self.last_run_id = ContextPrior(cands, n0=n0), -1
             self.version = model.version
 
     @staticmethod
@@ -104,10 +119,16 @@ class Adaptation:
         sim = note.get("support")
         w = support_weight(sim, note.get("output_tokens_source") == "task_mean")
         info: dict[str, Any] = {"context": str(ctx), "support": sim, "weight": round(w, 4), "unsure": w < 1.0}
-        if w < 1.0 and prior is not None and prior.rows > 0:
-            pi, _, level = prior.detail(ctx)
-            P = w * P + (1.0 - w) * pi
-            info["prior_level"] = level.split(":")[0]
+        if prior is not None and prior.rows > 0:
+            level = "pool"
+            if w < 1.0:  # toward the levels above the context key (cluster, pool)
+                pi, _, level = prior.detail(ctx.cluster)
+                P = w * P + (1.0 - w) * pi
+            P, own = prior.on_top(P, ctx.key)  # the context's own labelled rows, whatever the support
+            if own.any():
+                level, info["context_rows"] = "ctx", int(own.sum())
+            if w < 1.0:
+                info["prior_level"] = level.split(":")[0]
         elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
             info["prior_level"] = "none"
         weights = None

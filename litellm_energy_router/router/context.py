@@ -31,7 +31,7 @@ import numpy as np
 
 from .length_model import SKETCH, buckets, sketch
 
-N0_CTX = 10.0  # pseudo-rows of the parent level in a context's prior
+N0_CTX = 10.0  # pseudo-rows of the parent level in a context's prior (a checkpoint may carry its own: Adaptation.bind)
 POOL_ALPHA = 2.0  # pseudo-rows at 0.5 in the pool's prior
 MAX_CONTEXTS = 20_000
 CLUSTER_BITS = 4  # 16 text clusters
@@ -162,6 +162,16 @@ class ContextPrior:
                 p = (a[1] + self.n0 * p) / (a[0] + self.n0)
                 own, level = a[0].copy(), key
         return p, own, level
+
+    def on_top(self, parent: np.ndarray, key: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """(``P[K]``: the context ``key``'s own labelled rows shrunk toward ``parent`` (a scorer's ``P``),
+        ``(sum + n0 * parent) / (n + n0)``; its rows ``n[K]``). No key, or no rows: ``parent`` unchanged."""
+        with self._lock:
+            a = self._keys.get(key) if key else None
+            a = None if a is None else a.copy()
+        if a is None:
+            return parent, np.zeros(len(self.candidates))
+        return (a[1] + self.n0 * np.asarray(parent, dtype=float)) / (a[0] + self.n0), a[0]
 
     def prior(self, context: Context | Sequence[str] | str | None) -> np.ndarray:
         """``prior[K]``: each candidate's expected correctness in this context (an unseen one: its parent's)."""
