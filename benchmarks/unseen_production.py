@@ -92,34 +92,89 @@ def _serving_checkpoint(train: TableMatrix, tmp: Path, profile: Any) -> Path:
 
 
 def serve_production(url: str, train: TableMatrix, pool: TableMatrix, task: str, ns: list[int], tmp: Path, a: Any,
-                     profile: Any, profile_path: Path | None, log: Any) -> Iterator[tuple[int, str]]:  # fmt: skip
-    """Serve the pool's first ``ns[-1]`` queries (seeded order) in steps; yields (N, table url) after each
-    step, the table then holding N labelled production rows of ``task``."""
+                     profile: Any, profile_path: Path | None, log: Any) -> Iterator[tuple[int, str, Any]]:  # fmt: skip
+    """Serve the pool's first ``ns[-1]`` queries (seeded order) in steps, every request from one app (the key
+    alias ``app-<task>``: its context); yields (N, table url, the served checkpoint's runtime) after each step,
+    the table then holding N labelled production rows of ``task`` and the process's online state
+    (:data:`~litellm_energy_router.router.adapt.ADAPT`) what a serving process would hold: Ê corrected by the
+    settled rows (the callback's writer thread), the context prior read from the table after the labels."""
     from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
     from litellm_energy_router.demo.loop import label_production
     from litellm_energy_router.demo.serve import serve
+    from litellm_energy_router.router.adapt import ADAPT
+    from litellm_energy_router.router.runtime import RouterRuntime
     from litellm_energy_router.settings import Settings
 
     url_d = _table_without(url, task, tmp / "table.db")
+    ck = _serving_checkpoint(train, tmp, profile)
     settings = Settings.model_validate({
         "table": {"url": url_d},
-        "router": {"checkpoint": str(_serving_checkpoint(train, tmp, profile)), "epsilon": a.epsilon, "timeout_ms": 5000},
+        "router": {"checkpoint": str(ck), "epsilon": a.epsilon, "timeout_ms": 5000, "context_refresh_s": 0},
         "knob": {"lambda": a.lam}, "energy": {"meter": "estimate", "profile": str(profile_path) if profile_path else None},
         "privacy": {"store_text": True}, "writer": {"spool_dir": str(tmp / "spool"), "flush_interval_s": 0.2, "task": task},
     })  # fmt: skip
+    rt = RouterRuntime(ck, background=False)
+    ADAPT.reset()
+    ADAPT.enabled = True
+    ADAPT.bind(rt.model)  # a process that just started: the context prior read from the table's rows
+    ADAPT.refresh_table(url_d)
     order = np.random.default_rng(0).permutation(pool.n)[: ns[-1]]
     recs = _replay_records(pool.subset(order), profile)
     done = 0
-    with LocalBackend(ReplayAnswers(recs)) as backend:
-        for n in ns:
-            step = recs[done:n]
-            calls, counts = serve([r.prompt for r in step], pool.candidates, backend.base_url, settings, concurrency=8)
-            label_production(url_d, calls, lambda i, c, off=done: recs[off + i].answers[c][0])
-            served = np.bincount([pool.candidates.index(c.candidate) for c in calls], minlength=pool.K).tolist()
-            log(f"    (d) served {n} production requests (written {counts['written']}, per candidate {served}, "
-                f"replay misses {backend.answers.unknown})")  # fmt: skip
-            done = n
-            yield n, url_d
+    try:
+        with LocalBackend(ReplayAnswers(recs)) as backend:
+            for n in ns:
+                step = recs[done:n]
+                calls, counts = serve([r.prompt for r in step], pool.candidates, backend.base_url, settings, concurrency=8,
+                                      metadata={"user_api_key_alias": app_of(task)})  # fmt: skip
+                label_production(url_d, calls, lambda i, c, off=done: recs[off + i].answers[c][0])
+                ADAPT.refresh_table(url_d)  # the labels, as the process's next refresh reads them
+                served = np.bincount([pool.candidates.index(c.candidate) for c in calls], minlength=pool.K).tolist()
+                log(f"    (d) served {n} production requests (written {counts['written']}, per candidate {served}, "
+                    f"replay misses {backend.answers.unknown}, online rows {ADAPT.energy.rows if ADAPT.energy else 0})")  # fmt: skip
+                done = n
+                yield n, url_d, rt
+    finally:
+        rt.close()
+        ADAPT.reset()
+
+
+def app_of(task: str) -> str:
+    return f"app-{task}"
+
+
+def online_after(rt: Any, ev: TableMatrix, task: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """What the serving process decides on for the judged queries ``ev`` (tag hidden, from the task's app):
+    ``online``: the checkpoint's P and Ê through :meth:`~litellm_energy_router.router.adapt.Adaptation.apply`
+    (Ê corrected by the settled rows, P by the context's labels); ``ctxprior``: the context prior alone
+    (context → cluster → pool) with that Ê."""
+    from litellm_energy_router.demo.serve import MODEL_GROUP
+    from litellm_energy_router.router.adapt import ADAPT
+    from litellm_energy_router.router.context import request_context
+
+    P, Pc, E = (np.empty((ev.n, ev.K)) for _ in range(3))
+    md = [{"user_api_key_alias": app_of(task)}]
+    for i, text in enumerate(ev.texts):
+        scored = rt.score_sync(text, None)
+        ctx = request_context(text, md, MODEL_GROUP, [{"role": "user", "content": text}])
+        P[i], E[i], _, _ = ADAPT.apply(scored, ctx, scored.E, explore=False)
+        Pc[i] = ADAPT.prior.prior(ctx)
+    return {"online": (P, E), "ctxprior": (Pc, E)}
+
+
+def full_rows_router(train: TableMatrix, pool: TableMatrix, ev: TableMatrix, task: str, lm: Any,
+                     profile: Any) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(P, Ê) of the router trained with the task's complete tournament rows (the served pool's, tag shown):
+    ``task_prior`` on the table + the pool, energy estimate refitted on both (the task's own mean lengths)."""
+    from litellm_energy_router.training.energy_fit import fit_energy_estimate
+
+    both = concat_rows(train, pool)
+    est = fit_energy_estimate(both, profile)
+    jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
+    jo = np.array([est.j_per_output_token[c] for c in train.candidates])
+    m = with_tag(ev, task)
+    T, _ = request_tokens(est, lm, m.candidates, m.texts, list(m.tasks), m.prompt_tokens)
+    return make_baseline("task_prior", seed=0).fit(both).predict_proba(m), m.prompt_tokens[:, None] * jp + T * jo
 
 
 def refit_after_production(url_d: str, train: TableMatrix, ev: TableMatrix, task: str, lm: Any,
@@ -129,7 +184,7 @@ def refit_after_production(url_d: str, train: TableMatrix, ev: TableMatrix, task
     output length as the checkpoint has it (the task's mean once it holds the task, else ``lm`` / the prior)."""
     with open_store(url_d) as s:
         pairs = load_pairs(s, candidates=train.candidates)
-    prior = make_baseline("task_prior", embedder=HashEmbedder(), seed=0).fit(concat_rows(train, partial_only(pairs, train)))
+    prior = make_baseline("task_prior", seed=0).fit(concat_rows(train, partial_only(pairs, train)))
     est = fit_energy_from_pairs(pairs, profile)
     jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
     jo = np.array([est.j_per_output_token[c] for c in train.candidates])

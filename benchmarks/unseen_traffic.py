@@ -63,9 +63,11 @@ from litellm_energy_router.training.evaluate import Curve, aiq, sweep_lambda
 from litellm_energy_router.training.length_fit import fit_length_model
 
 try:
-    from benchmarks.unseen_production import HashEmbedder, refit_after_production, serve_production, with_tag
+    from benchmarks.unseen_production import (HashEmbedder, full_rows_router, online_after, refit_after_production,
+                                              serve_production, with_tag)  # fmt: skip
 except ImportError:  # run as a script: benchmarks/ is on sys.path
-    from unseen_production import HashEmbedder, refit_after_production, serve_production, with_tag
+    from unseen_production import (HashEmbedder, full_rows_router, online_after, refit_after_production, serve_production,
+                                   with_tag)  # fmt: skip
 
 NS = (25, 50, 100, 200)
 LLM_PROFILE = Path(__file__).resolve().parent.parent / "config_examples" / "energy_profile_llmrouter.yaml"
@@ -119,6 +121,11 @@ def judge(methods: dict, ev: TableMatrix, lam: float, e_ref: float, n_boot: int,
         out[name] = {k: (float(r["full"][j]), float(lo[j]), float(hi[j])) for j, k in enumerate(("aiq", "acc", "j"))}
         out[name]["d_aiq"] = tuple(float(x) for x in np.percentile(d, [2.5, 97.5]))
         out[name]["e_ratio"] = (r["e_hat"] / ev.E.mean(axis=0)).round(2).tolist()
+        if "full" in rows:  # against the router trained with the task's complete rows: paired
+            f, b = rows["full"], r["boot"]
+            pct = lambda x: tuple(float(v) for v in np.percentile(x, [2.5, 97.5]))  # noqa: E731
+            out[name]["vs_full"] = {"d_aiq": pct(b[:, 0] - f["boot"][:, 0]), "d_acc": pct(b[:, 1] - f["boot"][:, 1]),
+                                    "j_ratio": (float(r["full"][2] / f["full"][2]), *pct(b[:, 2] / f["boot"][:, 2]))}  # fmt: skip
     return out
 
 
@@ -134,7 +141,8 @@ def static_methods(train: TableMatrix, ev: TableMatrix, profile, log) -> dict[st
     emb = HashEmbedder()
     fits = {n: make_baseline(k, embedder=emb, seed=0, **kw).fit(train) for n, k, kw in (
         ("prior", "task_prior", {}), ("knn", "knn", {"k": 40, "shrink": 10.0}), ("logreg", "logreg", {"C": 1.0}))}  # fmt: skip
-    log(f"    fitted on {train.n} queries in {time.time() - t0:.0f} s (length model: {info.get('model')})")
+    log(f"    fitted on {train.n} queries in {time.time() - t0:.0f} s (length model: {info.get('model')}; pseudo-rows "
+        f"by leave-task-out CV: {fits['prior'].params['alpha']})")  # fmt: skip
     jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
     jo = np.array([est.j_per_output_token[c] for c in train.candidates])
     out = {}
@@ -160,11 +168,15 @@ def held_out(name: str, url: str, m: TableMatrix, t: str, a, profile, profile_pa
     e_ref = float(train.E.mean(axis=0).max())
     if do_d:
         ns = [n for n in NS if n <= pool.n][: a.max_steps]
+        for tag in ("shown", "hidden"):
+            methods[tag]["full"] = full_rows_router(train, pool, ev, t, lm, profile)
         with tempfile.TemporaryDirectory(prefix="unseen-d-") as tmp:
-            for n, url_d in serve_production(url, train, pool, t, ns, Path(tmp), a, profile, profile_path, log):
+            for n, url_d, rt in serve_production(url, train, pool, t, ns, Path(tmp), a, profile, profile_path, log):
                 P, E = refit_after_production(url_d, train, ev, t, lm, profile)
                 for tag in ("shown", "hidden"):
                     methods[tag][f"after_{n}"] = (P[tag], E[tag])
+                for k, v in online_after(rt, ev, t).items():
+                    methods["hidden"][f"{k}_{n}"] = v
     out = []
     for tag in ("shown", "hidden"):
         res = judge(methods[tag], with_tag(ev, ev.tasks[0] if tag == "shown" else UNKNOWN_TASK), a.lam, e_ref, a.boot, 0)
@@ -192,11 +204,42 @@ def summary_tables(rows: list[dict], has_tokens: dict) -> str:
     out += ["", "| matrix | task | tag | method | AIQ | router − method | acc at λ | J/query at λ | Ê / E per candidate |",
             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for (m, t, tag, meth), r in by.items():
-        if meth == "router" and any(k[:3] == (m, t, tag) and k[3].startswith("after_") for k in by) or meth.startswith("after_"):
+        if meth == "router" and any(k[:3] == (m, t, tag) and k[3].startswith("after_") for k in by) or meth.startswith(
+                ("after_", "online_", "full")):
             ratio = ", ".join(f"{x:.2f}" for x in r["e_ratio"]) if has_tokens[m] else "–"
             out.append(f"| {m} | {t} | {tag} | {meth} | {fmt(r['aiq'])} | {d(r['d_aiq'])} | {fmt(r['acc'])} | "
                        f"{fmt(r['j'])} | {ratio} |")  # fmt: skip
     return "\n".join(out)
+
+
+def online_table(rows: list[dict]) -> str:
+    """(d) through the online path against the router trained with the task's complete rows (``full``), task
+    hidden: per N, the online router's AIQ, J/query and accuracy at λ (paired with ``full``), the context
+    prior's AIQ, and the refitted lookup's (tag shown), markdown."""
+    by = {(r["matrix"], r["task"], r["tag"], r["method"]): r for r in rows}
+    d = lambda v: f"[{v[0]:+.3f}, {v[1]:+.3f}]"  # noqa: E731
+    out = ["| matrix | task | N | online AIQ | online − full | J online / full at λ | acc online − full | "
+           "ctx prior AIQ | ctx prior − full | refit (tag shown) AIQ | full AIQ / acc / J |", "|---" * 11 + "|"]  # fmt: skip
+    for (m, t, tag, meth), r in by.items():
+        if tag != "hidden" or not meth.startswith("online_"):
+            continue
+        n = meth.split("_")[1]
+        c, f, rf = by[(m, t, "hidden", f"ctxprior_{n}")], by[(m, t, "hidden", "full")], by.get((m, t, "shown", f"after_{n}"))
+        j = r["vs_full"]["j_ratio"]
+        out.append(f"| {m} | {t} | {n} | {fmt(r['aiq'])} | {d(r['vs_full']['d_aiq'])} | {j[0]:.2f} [{j[1]:.2f}, {j[2]:.2f}] | "
+                   f"{d(r['vs_full']['d_acc'])} | {fmt(c['aiq'])} | {d(c['vs_full']['d_aiq'])} | "
+                   f"{fmt(rf['aiq']) if rf else '–'} | {f['aiq'][0]:.3f} / {f['acc'][0]:.3f} / {f['j'][0]:.1f} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def online_verdict(rows: list[dict], n: int = 50) -> str:
+    """At N = ``n``: J/query at λ within 10 % of ``full``'s with accuracy not below it beyond the interval; the
+    context prior's AIQ not below ``full``'s beyond the interval."""
+    on = [r for r in rows if r["method"] == f"online_{n}"]
+    cp = [r for r in rows if r["method"] == f"ctxprior_{n}"]
+    j_ok = sum(abs(r["vs_full"]["j_ratio"][0] - 1) <= 0.1 and r["vs_full"]["d_acc"][1] >= 0 for r in on)
+    c_ok = sum(r["vs_full"]["d_aiq"][1] >= 0 for r in cp)
+    return f"online{n}_j_within_10pct_acc_not_below={j_ok}/{len(on)} ctxprior{n}_reaches_lookup={c_ok}/{len(cp)}"
 
 
 def verdict(rows: list[dict], has_tokens: dict) -> str:
@@ -252,7 +295,9 @@ def main() -> None:
             if a.out:
                 a.out.write_text(json.dumps(rows, indent=1))
     print("\n" + summary_tables(rows, has_tokens) + "\n")
-    print(f"{verdict(rows, has_tokens)} held_out={len({(r['matrix'], r['task']) for r in rows})} "
+    if any(r["method"].startswith("online_") for r in rows):
+        print(online_table(rows) + "\n")
+    print(f"{verdict(rows, has_tokens)} {online_verdict(rows)} held_out={len({(r['matrix'], r['task']) for r in rows})} "
           f"seconds={time.time() - t0:.0f}")
 
 
