@@ -109,7 +109,8 @@ def serve_production(url: str, train: TableMatrix, pool: TableMatrix, task: str,
     ck = _serving_checkpoint(train, tmp, profile)
     settings = Settings.model_validate({
         "table": {"url": url_d},
-        "router": {"checkpoint": str(ck), "epsilon": a.epsilon, "timeout_ms": 5000, "context_refresh_s": 0},
+        "router": {"checkpoint": str(ck), "epsilon": a.epsilon, "timeout_ms": 5000, "context_refresh_s": 0,
+                   "context_rows": True},
         "knob": {"lambda": a.lam}, "energy": {"meter": "estimate", "profile": str(profile_path) if profile_path else None},
         "privacy": {"store_text": True}, "writer": {"spool_dir": str(tmp / "spool"), "flush_interval_s": 0.2, "task": task},
     })  # fmt: skip
@@ -157,7 +158,7 @@ def online_after(rt: Any, ev: TableMatrix, task: str) -> dict[str, tuple[np.ndar
     for i, text in enumerate(ev.texts):
         scored = rt.score_sync(text, None)
         ctx = request_context(text, md, MODEL_GROUP, [{"role": "user", "content": text}])
-        P[i], E[i], _, _ = ADAPT.apply(scored, ctx, scored.E, explore=False)
+        P[i], E[i], _, _ = ADAPT.apply(scored, ctx, scored.E, explore=False, own_rows=True)
         Pc[i] = ADAPT.prior.prior(ctx)
     return {"online": (P, E), "ctxprior": (Pc, E)}
 

@@ -82,6 +82,8 @@ class RouterSettings(_Section):
     epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")
     online: bool = Field(True, description="learn between retrains: Ê from settled rows, a prior per context (router/adapt.py)")
     context_refresh_s: float = Field(300.0, ge=0, description="seconds between reads of new table rows for the context prior; 0 = never")
+    context_rows: bool = Field(False, description="a context's own labelled rows move P on every request, not only without "
+                               "support (router/adapt.py); off: mixed results in docs/unseen_traffic.md")
 
 
 class EnergySettings(_Section):

@@ -133,7 +133,8 @@ class EnergyRouterCore:
         self.adapt.bind(self.runtime.model)
         max_tokens = request_max_tokens(request_kwargs)
         E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
-        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0)
+        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0,
+                                                          self.settings.router.context_rows)  # fmt: skip
         P, E = P_all[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, knob)[0])
         j, propensity = explore_pick(self._rng, self.settings.router.epsilon, j_best,

@@ -243,7 +243,7 @@ def test_production_rows_correct_the_estimate_through_the_callback(planted_ckpt,
 
 def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule(planted_ckpt, sqlite_url, tmp_path,
                                                                                   backend):  # fmt: skip
-    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))
+    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path, context_rows=True))
     dl = deps(backend)
     store = open_store(sqlite_url)
     store.write(*planted_rows(40)[1:], candidates=planted_rows(40)[0])
@@ -266,3 +266,6 @@ def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule
     assert [later.scores[c] for c in CANDS] == pytest.approx(want, abs=1e-5)
     _, other = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}})
     assert [other.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5)  # another app: not moved
+    plain = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))  # router.context_rows off (the default)
+    _, off = plain.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
+    assert [off.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5) and "context_rows" not in off.adapt

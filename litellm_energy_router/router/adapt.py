@@ -18,7 +18,8 @@ the energy callback's writer thread feeds it (after each row's energy settled, o
   (``training/support_fit.py``, numbers in docs/training.md). A request with a task tag the scorer knows keeps
   ``w = 1``; without a support figure (a checkpoint without a length model) too. Before any labelled row was
   read (an empty table) there is no prior to blend toward: ``P`` stands, the metadata says ``prior_level: none``.
-* **The context's own rows** (any support): the labelled rows of the request's context key shrink that ``P``
+* **The context's own rows** (any support; ``router.context_rows``, off by default: mixed results,
+  docs/unseen_traffic.md): the labelled rows of the request's context key shrink that ``P``
   toward them, ``(sum + n0 * P) / (n + n0)`` per candidate (:meth:`.context.ContextPrior.on_top`): an app whose
   traffic the table never held is learned from its own labels. ``n0``: the checkpoint's ``context_n0`` (a
   ``task_prior`` checkpoint: its leave-task-out ``alpha``, ``training/baselines.pseudo_rows_cv``), else
@@ -106,9 +107,11 @@ class Adaptation:
         return request_context(text, metadata_dicts(request_kwargs), model_group, messages)
 
     def apply(self, scored: Any, ctx: Context | None, E: np.ndarray | None = None, explore: bool = True,
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:  # fmt: skip
+              own_rows: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:  # fmt: skip
         """(``P'[K]``, ``Ê'[K]`` J, exploration weights ``[K]`` or None, the decision's ``adapt`` metadata) of one
         scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``);
+        ``own_rows``: the context's own labels move P on any request (``router.context_rows``), else only as the
+        most specific level of the no-support blend;
         ``explore``: compute the exploration weights (False: ε = 0, None)."""
         P, E = scored.P, (scored.E if E is None else E)
         if not self.enabled or ctx is None or scored.version != self.version:
@@ -119,7 +122,7 @@ class Adaptation:
         sim = note.get("support")
         w = support_weight(sim, note.get("output_tokens_source") == "task_mean")
         info: dict[str, Any] = {"context": str(ctx), "support": sim, "weight": round(w, 4), "unsure": w < 1.0}
-        if prior is not None and prior.rows > 0:
+        if prior is not None and prior.rows > 0 and own_rows:
             level = "pool"
             if w < 1.0:  # toward the levels above the context key (cluster, pool)
                 pi, _, level = prior.detail(ctx.cluster)
@@ -129,6 +132,10 @@ class Adaptation:
                 level, info["context_rows"] = "ctx", int(own.sum())
             if w < 1.0:
                 info["prior_level"] = level.split(":")[0]
+        elif w < 1.0 and prior is not None and prior.rows > 0:
+            pi, _, level = prior.detail(ctx)
+            P = w * P + (1.0 - w) * pi
+            info["prior_level"] = level.split(":")[0]
         elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
             info["prior_level"] = "none"
         weights = None
