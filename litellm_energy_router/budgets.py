@@ -10,16 +10,19 @@ caller sends).
 request path) the spend S(t) and the pace B·F(t) are read (F: the elapsed share of the period, by hour,
 weighted by ``pace``, the expected traffic per UTC hour; uniform when unset) and::
 
-    μ ← max(0, μ + η · (ΔS − B·ΔF) / B)
+    z ← z + η · (ΔS − B·ΔF) / B,    μ = max(0, z)
 
 with ΔS, ΔF the changes since the previous tick: the dual (sub)gradient step on the period's constraint
-S(T) ≤ B, whose gradient over one tick is the spend in it minus the budget's share of it. Summed over ticks
-it is η x (how far spend runs ahead of pace, as a share of B) — whatever the tick rate — so μ rises while
-spend runs ahead of pace and falls (to 0 at most) while it runs behind; spend settles on the pace with μ at
-the value that holds it there, the constant λ that spends the budget with the smallest accuracy cost. A cold
-start (μ = 0) ends the period about μ*/η of B over the pace (μ*: that value); μ carries over to the next
-period, which removes that offset. η (``eta``) is in λ units per whole budget of overspend: η = 10 raises
-λ by 0.1 while spend runs 1 % of B ahead.
+S(T) ≤ B, whose gradient over one tick is the spend in it minus the budget's share of it, with the
+projection on μ ≥ 0 taken lazily (dual averaging): z sums the steps unprojected, so within a period
+μ = max(0, z₀ + η (S(t) − B·F(t)) / B) — η times how far spend runs ahead of pace, as a share of B, whatever
+the tick rate. μ rises while spend runs ahead of pace and falls (to 0 at most) while it runs behind;
+spend behind pace is banked, not forgotten (an eager max(0, ·) at every tick would turn the per-tick noise
+of spend into a positive μ and end the period under budget). Spend settles on the pace with μ at the value
+μ* that holds it there: one λ for the whole period, what spends the budget with the smallest accuracy cost
+when the traffic mix does not change. A cold start (z₀ = 0) ends the period about μ*/η of B over budget;
+at a new period z₀ = the last μ (spend and pace start from 0 again), which removes that offset. η (``eta``)
+is in λ units per whole budget of overspend: η = 10 adds 0.1 to λ while spend runs 1 % of B ahead.
 
 **Hard** (``mode: hard``): once the spend reaches B, requests are refused with HTTP 429 (``BudgetExceeded``,
 one line naming the budget) or, with ``hard_action: cheapest``, served by the cheapest candidate in the
@@ -139,6 +142,7 @@ class BudgetState:
     table: float = 0.0  # ledger sum of the period at the last read
     local: float = 0.0  # this process's decision-time estimates since that read started
     mu: float = 0.0
+    z: float = 0.0  # the dual state before the projection: μ = max(0, z)
     period: str = ""
     last_spent: float = 0.0
     last_pace: float = 0.0
@@ -156,10 +160,10 @@ class BudgetState:
         """One multiplier update at ``now_s`` (the module docstring's rule)."""
         start = period_start(now_s, self.cfg.period).strftime("%Y-%m-%d")
         if start != self.period:  # a new period: spend and pace start from 0, μ carries over
-            self.period, self.last_spent, self.last_pace = start, 0.0, 0.0
+            self.period, self.last_spent, self.last_pace, self.z = start, 0.0, 0.0, self.mu
         spent, pace = self.spent, self.cfg.limit * elapsed_share(now_s, self.cfg.period, self.cfg.pace)
-        g = ((spent - self.last_spent) - (pace - self.last_pace)) / self.cfg.limit
-        self.mu = max(0.0, self.mu + self.cfg.eta * g)
+        self.z += self.cfg.eta * ((spent - self.last_spent) - (pace - self.last_pace)) / self.cfg.limit
+        self.mu = max(0.0, self.z)
         self.last_spent, self.last_pace = spent, pace
 
 

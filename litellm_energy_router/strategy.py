@@ -65,7 +65,8 @@ CALLER_ERRORS = (KnobError, BudgetExceeded)  # refused, never failed open
 class EnergyRouterCore:
     """Shared decision path of the strategy, the proxy filter and ``energy-router route``."""
 
-    def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None,
+                 budgets: BudgetBook | None = None) -> None:  # fmt: skip
         self.settings = settings or load_settings()
         rs = self.settings.router
         self.runtime = runtime or RouterRuntime(
@@ -76,7 +77,7 @@ class EnergyRouterCore:
         self._rng = random.Random()
         self.accounting = Accounting(self.settings)
         b = self.settings.budgets
-        self.budgets = BudgetBook(b, self.settings.table.url).start() if b.keys or b.teams else None
+        self.budgets = budgets or (BudgetBook(b, self.settings.table.url).start() if b.keys or b.teams else None)
 
     # -- request → knob, text ---------------------------------------------------------------------
     def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
