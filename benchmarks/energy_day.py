@@ -55,6 +55,10 @@ LAMBDA = 0.05  # the global knob: accuracy per 100 J
 CONCURRENCY = 32
 
 
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()  # the key's hash, as LiteLLM's user_api_key_hash
+
+
 def hourly_traffic() -> list[float]:
     return [1 + 0.8 * math.sin(2 * math.pi * (h - 8) / 24) for h in range(24)]
 
@@ -108,7 +112,10 @@ def make_day(n: int, n_prompts: int, day_start: float, seed: int) -> list[Req]:
     w = hourly_traffic()
     keys, shares = list(KEYS), [s for _, s in KEYS.values()]
     hours = rng.choices(range(24), weights=w, k=n)
-    out = [Req(day_start + h * 3600 + rng.random() * 3600, rng.choices(keys, shares)[0], rng.randrange(n_prompts)) for h in hours]
+    out = [
+        Req(day_start + h * 3600 + rng.random() * 3600, rng.choices(keys, shares)[0], rng.randrange(n_prompts))
+        for h in hours
+    ]
     return sorted(out, key=lambda r: r.t)
 
 
@@ -146,9 +153,11 @@ def settings(workdir: Path, name: str, ckpt: Path, csv: Path, cands: list[str], 
     db = workdir / f"{name}.db"
     db.unlink(missing_ok=True)
     return Settings.model_validate({
-        "table": {"url": f"sqlite:///{db}"}, "router": {"checkpoint": str(ckpt), "timeout_ms": 10000, "cache_size": 8192},
+        "table": {"url": f"sqlite:///{db}"},
+        "router": {"checkpoint": str(ckpt), "timeout_ms": 10000, "cache_size": 8192},
         "candidates": [{"name": c} for c in cands], "knob": {"lambda": LAMBDA, **extra.get("knob", {})},
-        "energy": {"meter": "estimate"}, "writer": {"spool_dir": str(workdir / f"spool-{name}"), "flush_interval_s": 0.2},
+        "energy": {"meter": "estimate"},
+        "writer": {"spool_dir": str(workdir / f"spool-{name}"), "flush_interval_s": 0.2},
         "carbon": {"intensity_csv": str(csv), "sites": {s: {"region": r, "pue": p} for s, (r, p) in SITES.items()}},
         "budgets": extra.get("budgets", {}),
     })  # fmt: skip
@@ -186,8 +195,11 @@ async def _replay(day: list[Req], prompts: list[str], api_base: str, s: Any, rt:
     logger = EnergyLogger(s, accounting=RowAccounting(CarbonModel(s.carbon, provider=provider)))
     litellm.logging_callback_manager._reset_all_callbacks()  # LiteLLM keeps one instance per callback class
     litellm.callbacks = [logger]
-    deps = [{**(d := deployment(api_base, c.name, group=GROUP, id=f"{c.name}@{site}", candidate=True)),
-             "model_info": {**d["model_info"], "energy_router_site": site}} for c in s.candidates for site in SITES]  # fmt: skip
+    deps = []
+    for c in s.candidates:
+        for site in SITES:
+            d = deployment(api_base, c.name, group=GROUP, id=f"{c.name}@{site}", candidate=True)
+            deps.append({**d, "model_info": {**d["model_info"], "energy_router_site": site}})
     router = litellm.Router(model_list=deps, num_retries=0)
     b = s.budgets
     book = BudgetBook(b, s.table.url, clock=clock.now).start() if b.keys or b.teams else None
@@ -199,9 +211,11 @@ async def _replay(day: list[Req], prompts: list[str], api_base: str, s: Any, rt:
     async def one(i: int, r: Req) -> None:
         team = KEYS[r.key][0]
         md = {"user_api_key_alias": r.key, "user_api_key_team_id": team,
-              "user_api_key_hash": hashlib.sha256(r.key.encode()).hexdigest()}  # fmt: skip
+              "user_api_key_hash": _hash(r.key)}  # fmt: skip
         try:
-            resp = await router.acompletion(model=GROUP, messages=[{"role": "user", "content": prompts[r.prompt]}], metadata=md)
+            resp = await router.acompletion(
+                model=GROUP, messages=[{"role": "user", "content": prompts[r.prompt]}], metadata=md
+            )
             dep = str(resp._hidden_params.get("model_id"))
             served[i] = Served(str(resp._hidden_params["litellm_call_id"]), dep, *dep.split("@"))
         finally:
@@ -214,8 +228,11 @@ async def _replay(day: list[Req], prompts: list[str], api_base: str, s: Any, rt:
         tasks.append(asyncio.create_task(one(i, r)))
         if time.time() - last > 5:
             last = time.time()
-            log(f"  {i}/{len(day)} sent, simulated {time.strftime('%H:%M', time.gmtime(r.t))} UTC, {i / (last - t0):.0f} req/s"
-                + (" " + _budget_line(core) if core.budgets else ""))
+            log(
+                f"  {i}/{len(day)} sent, simulated {time.strftime('%H:%M', time.gmtime(r.t))} UTC, "
+                f"{i / (last - t0):.0f} req/s"
+                + (" " + _budget_line(core) if core.budgets else "")
+            )
     await asyncio.gather(*tasks)
     while logger.writer.submitted < len(day):
         await asyncio.sleep(0.05)
@@ -268,6 +285,7 @@ def carbon_lambda(day: list[Req], prompts: list[str], rt: Any, s: Any) -> tuple[
     from litellm_energy_router.energy.carbon import CarbonModel
     from litellm_energy_router.knob import Knob
     from litellm_energy_router.router.decide import decide
+
     reqs = [r for r in day if r.key == "app-b1"]
     cache: dict[int, Any] = {}
     for r in reqs:
@@ -285,6 +303,29 @@ def carbon_lambda(day: list[Req], prompts: list[str], rt: Any, s: Any) -> tuple[
         acc = float(P[rows, decide(P, E, Knob.point(lambda_=mid, objective="carbon"), F)].mean())
         lo, hi = (mid, hi) if acc > target else (lo, mid)
     return (lo + hi) / 2, target
+
+
+def hindsight(day: list[Req], served: list[Served], records: list[Any], rt: Any) -> tuple[float, np.ndarray]:
+    """(the constant λ that, chosen with hindsight, spends on team-a's requests the router's estimated joules
+    of the budgeted run's choices; the recorded correctness of its choices): what the multiplier should match."""
+    from litellm_energy_router.demo.backend import ReplayAnswers
+    from litellm_energy_router.knob import Knob
+    from litellm_energy_router.router.decide import decide
+
+    idx = [i for i, r in enumerate(day) if KEYS[r.key][0] == "team-a"]
+    sc = {p: rt.score_sync(records[p].prompt) for p in {day[i].prompt for i in idx}}
+    P = np.stack([sc[day[i].prompt].P for i in idx])
+    E = np.stack([sc[day[i].prompt].E for i in idx])
+    cands = list(sc[day[idx[0]].prompt].candidates)
+    rows = np.arange(len(idx))
+    spent = float(E[rows, [cands.index(served[i].candidate) for i in idx]].sum())
+    lo, hi = 0.0, 1000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if E[rows, decide(P, E, Knob.point(lambda_=mid))].sum() > spent else (lo, mid)
+    choice = decide(P, E, Knob.point(lambda_=hi))
+    answers = ReplayAnswers(records)
+    return hi, np.array([answers.grade(records[day[i].prompt].prompt, cands[j]) or 0.0 for i, j in zip(idx, choice)])
 
 
 # -- outcome ------------------------------------------------------------------------------------------------
@@ -309,7 +350,7 @@ def outcome(day: list[Req], served: list[Served], records: list[Any], url: str) 
     # ledger check: per (deployment, key) group, the ledger's requests and joules against the served calls' rows
     want: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, (r, sv) in enumerate(zip(day, served)):
-        want[(sv.deployment, hashlib.sha256(r.key.encode()).hexdigest())].append(i)
+        want[(sv.deployment, _hash(r.key))].append(i)
     got = {(x["deployment"], x["key_hash"]): x for x in led}
     mismatch = sum(1 for sv in served if sv.call_id not in rows)
     for k in set(want) | set(got):
@@ -320,11 +361,11 @@ def outcome(day: list[Req], served: list[Served], records: list[Any], url: str) 
         mismatch += max(len(idx), int(x.get("requests", 0))) if bad else 0
     keys = np.array([r.key for r in day])
     spend = {k: float(sum(float(x["joules_measured"]) + float(x["joules_estimated"]) for kk, x in got.items()
-                          if kk[1] == hashlib.sha256(k.encode()).hexdigest())) for k in KEYS}  # fmt: skip
-    co2e_led = {k: float(sum(float(x["co2e_g"]) for kk, x in got.items() if kk[1] == hashlib.sha256(k.encode()).hexdigest()))
+                          if kk[1] == _hash(k))) for k in KEYS}  # fmt: skip
+    co2e_led = {k: float(sum(float(x["co2e_g"]) for kk, x in got.items() if kk[1] == _hash(k)))
                 for k in KEYS}  # fmt: skip
     return {"acc": acc, "joules": joules, "co2e": co2e, "keys": keys, "mismatch": mismatch, "spend": spend,
-            "co2e_ledger": co2e_led, "sites": np.array([sv.site for sv in served])}  # fmt: skip
+            "co2e_ledger": co2e_led, "sites": np.array([sv.site for sv in served]), "served": served}  # fmt: skip
 
 
 def boot(f: Any, n: int, reps: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -334,29 +375,49 @@ def boot(f: Any, n: int, reps: int = 1000, seed: int = 0) -> tuple[float, float]
     return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
 
 
-def report(u: dict[str, Any], b: dict[str, Any], budget: float) -> str:
+def report(u: dict[str, Any], b: dict[str, Any], budget: float, best: tuple[float, np.ndarray]) -> str:
     team_a = np.isin(u["keys"], [k for k, (t, _) in KEYS.items() if t == "team-a"])
     spent = sum(b["spend"][k] for k, (t, _) in KEYS.items() if t == "team-a")
     err = abs(spent - budget) / budget * 100
     ia = np.flatnonzero(team_a)
     cost = 100 * (u["acc"][ia].mean() - b["acc"][ia].mean())
     lo, hi = boot(lambda j: 100 * (u["acc"][ia][j].mean() - b["acc"][ia][j].mean()), len(ia))
-    log(f"team-a: budget {budget / 1e3:.0f} kJ, spent {spent / 1e3:.0f} kJ (unconstrained "
-        f"{sum(u['spend'][k] for k in ('app-a1', 'app-a2')) / 1e3:.0f} kJ): error {err:.2f} %")
-    log(f"team-a accuracy: unconstrained {100 * u['acc'][ia].mean():.2f} %, budgeted {100 * b['acc'][ia].mean():.2f} %: "
-        f"cost {cost:.2f} points, 95 % [{lo:.2f}, {hi:.2f}] ({len(ia)} requests, paired bootstrap)")
+    log(
+        f"team-a: budget {budget / 1e3:.0f} kJ, spent {spent / 1e3:.0f} kJ (unconstrained "
+        f"{sum(u['spend'][k] for k in ('app-a1', 'app-a2')) / 1e3:.0f} kJ): error {err:.2f} %"
+    )
+    log(
+        f"team-a accuracy: unconstrained {100 * u['acc'][ia].mean():.2f} %, "
+        f"budgeted {100 * b['acc'][ia].mean():.2f} %: "
+        f"cost {cost:.2f} points, 95 % [{lo:.2f}, {hi:.2f}] ({len(ia)} requests, paired bootstrap)"
+    )
+    lam, acc = best
+    hlo, hhi = boot(lambda j: 100 * (b["acc"][ia][j].mean() - acc[j].mean()), len(ia))
+    log(
+        f"team-a, a constant λ = {lam:.3f} chosen with hindsight for the same estimated joules: accuracy "
+        f"{100 * acc.mean():.2f} %; the multiplier's - hindsight: {100 * (b['acc'][ia].mean() - acc.mean()):+.2f} "
+        f"points, 95 % [{hlo:+.2f}, {hhi:+.2f}]"
+    )
     ib = np.flatnonzero(u["keys"] == "app-b1")
     saved = 100 * (1 - b["co2e_ledger"]["app-b1"] / u["co2e_ledger"]["app-b1"])
     slo, shi = boot(lambda j: 100 * (1 - b["co2e"][ib][j].sum() / u["co2e"][ib][j].sum()), len(ib))
     dacc = 100 * (b["acc"][ib].mean() - u["acc"][ib].mean())
     alo, ahi = boot(lambda j: 100 * (b["acc"][ib][j].mean() - u["acc"][ib][j].mean()), len(ib))
-    log(f"app-b1 gCO2e: joules objective {u['co2e_ledger']['app-b1']:.2f} g, carbon objective {b['co2e_ledger']['app-b1']:.2f} g: "
-        f"saved {saved:.1f} %, 95 % [{slo:.1f}, {shi:.1f}]; joules {u['joules'][ib].sum() / 1e3:.0f} -> {b['joules'][ib].sum() / 1e3:.0f} kJ; "
-        f"served in north {100 * (u['sites'][ib] == 'north').mean():.0f} % -> {100 * (b['sites'][ib] == 'north').mean():.0f} %")
-    log(f"app-b1 accuracy: joules {100 * u['acc'][ib].mean():.2f} %, carbon {100 * b['acc'][ib].mean():.2f} %: "
-        f"{dacc:+.2f} points, 95 % [{alo:+.2f}, {ahi:+.2f}] ({len(ib)} requests; equal within ±0.5: {abs(dacc) <= 0.5})")
-    return (f"budget_error_pct={err:.2f} acc_cost={cost:.2f} co2e_saved_pct={saved:.1f} "
-            f"ledger_mismatch={u['mismatch'] + b['mismatch']}")
+    log(
+        f"app-b1 gCO2e: joules objective {u['co2e_ledger']['app-b1']:.2f} g, "
+        f"carbon objective {b['co2e_ledger']['app-b1']:.2f} g: saved {saved:.1f} %, 95 % [{slo:.1f}, {shi:.1f}]; "
+        f"joules {u['joules'][ib].sum() / 1e3:.0f} -> {b['joules'][ib].sum() / 1e3:.0f} kJ; "
+        f"served in north {100 * (u['sites'][ib] == 'north').mean():.0f} % -> "
+        f"{100 * (b['sites'][ib] == 'north').mean():.0f} %"
+    )
+    log(
+        f"app-b1 accuracy: joules {100 * u['acc'][ib].mean():.2f} %, carbon {100 * b['acc'][ib].mean():.2f} %: "
+        f"{dacc:+.2f} points, 95 % [{alo:+.2f}, {ahi:+.2f}] ({len(ib)} requests; equal within ±0.5: {abs(dacc) <= 0.5})"
+    )
+    return (
+        f"budget_error_pct={err:.2f} acc_cost={cost:.2f} co2e_saved_pct={saved:.1f} "
+        f"ledger_mismatch={u['mismatch'] + b['mismatch']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,14 +446,18 @@ def main(argv: list[str] | None = None) -> int:
     u = outcome(day, replay(day, records, s_u, rt, day_start, csv), records, s_u.table.url)
     budget = a.budget_fraction * (u["spend"]["app-a1"] + u["spend"]["app-a2"])
     lam_c, p_acc = carbon_lambda(day, [r.prompt for r in records], rt, s_u)
-    log(f"app-b1: carbon λ = {lam_c:.4f} per reference gram matches the joules run's predicted accuracy {100 * p_acc:.2f} %")
+    log(
+        f"app-b1: carbon λ = {lam_c:.4f} per reference gram matches the joules run's predicted accuracy "
+        f"{100 * p_acc:.2f} %"
+    )
     extra = {"knob": {"per_key": {"app-b1": {"objective": "carbon", "lambda": lam_c}}},
-             "budgets": {"refresh_s": 0.25, "teams": {"team-a": {"limit": budget, "pace": hourly_traffic()}}}}  # fmt: skip
+             "budgets": {"refresh_s": 0.25,
+                         "teams": {"team-a": {"limit": budget, "pace": hourly_traffic()}}}}  # fmt: skip
     s_b = settings(a.workdir, "budgeted", ckpt, csv, cands, extra)
     log(f"run 2: team-a soft budget {budget / 1e3:.0f} kJ/day, app-b1 objective carbon")
     b = outcome(day, replay(day, records, s_b, rt, day_start, csv), records, s_b.table.url)
+    line = report(u, b, budget, hindsight(day, b["served"], records, rt))
     rt.close()
-    line = report(u, b, budget)
     log(f"done in {time.time() - t0:.0f} s")
     print(line)
     return 0

@@ -65,8 +65,12 @@ class Budget(BaseModel):
     unit: Literal["joules", "gco2e"] = Field("joules", description="joules (measured + estimated) or grams of CO2e")
     period: Literal["day", "month"] = Field("day", description="UTC day or UTC month")
     mode: Literal["soft", "hard"] = Field("soft", description="soft: the multiplier only; hard: and a cap at the limit")
-    hard_action: Literal["refuse", "cheapest"] = Field("refuse", description="over a hard cap: HTTP 429, or the cheapest candidate")
-    eta: float = Field(10.0, ge=0, le=1e6, allow_inf_nan=False, description="step size η: λ units per whole budget of overspend")
+    hard_action: Literal["refuse", "cheapest"] = Field(
+        "refuse", description="over a hard cap: HTTP 429, or the cheapest candidate"
+    )
+    eta: float = Field(
+        10.0, ge=0, le=1e6, allow_inf_nan=False, description="step size η: λ units per whole budget of overspend"
+    )
     pace: list[float] | None = Field(None, description="24 weights: expected traffic per UTC hour (None: uniform)")
 
     @field_validator("pace")
@@ -82,7 +86,9 @@ class BudgetSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    refresh_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between ledger reads (and μ updates)")
+    refresh_s: float = Field(
+        5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between ledger reads (and μ updates)"
+    )
     keys: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM key alias -> budget")
     teams: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM team alias or team id -> budget")
 
@@ -234,8 +240,8 @@ class BudgetBook:
         if self._engine is None:
             self._engine = open_store(self.url).engine
         with self._engine.connect() as conn:
-            return {id(st): ledger.spend(conn, st.scope, st.name, period_start(now_s, st.cfg.period).strftime("%Y-%m-%d"),
-                                         st.cfg.unit) for st in self.states}  # fmt: skip
+            day = {id(st): period_start(now_s, st.cfg.period).strftime("%Y-%m-%d") for st in self.states}
+            return {id(st): ledger.spend(conn, st.scope, st.name, day[id(st)], st.cfg.unit) for st in self.states}
 
     def tick(self) -> None:
         """Read every budget's spend from the ledger, then update the multipliers (the refresher's step)."""
@@ -246,7 +252,9 @@ class BudgetBook:
         try:
             sums = self._read(now)
         except Exception as e:  # noqa: BLE001 - a table outage keeps the last view (and the local spend)
-            self._warn("budgets", "energy-router: budget spend not refreshed: %s", str(e).splitlines()[0] if str(e) else e)
+            self._warn(
+                "budgets", "energy-router: budget spend not refreshed: %s", str(e).splitlines()[0] if str(e) else e
+            )
             sums = None
         with self._lock:
             for st in self.states:

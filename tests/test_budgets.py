@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from litellm import Router
@@ -26,7 +27,9 @@ from router_fixtures import CANDS
 DAY0 = 1_764_892_800.0  # 2025-12-05 00:00 UTC
 
 
-def plant(url: str, call_id: str, joules: float, *, t: float = DAY0 + 3600, key_alias: str = "svc-a", team: str = "team-1") -> None:
+def plant(
+    url: str, call_id: str, joules: float, *, t: float = DAY0 + 3600, key_alias: str = "svc-a", team: str = "team-1"
+) -> None:
     """One stored production run and its ledger increment (what a proxy's writer commits)."""
     attrs = {"key_hash": "a" * 64, "key_alias": key_alias, "team": team, "team_alias": None, "user_id": "",
              "model_group": "pool", "deployment": "dep-small"}  # fmt: skip
@@ -102,7 +105,9 @@ def test_multiplier_rises_ahead_of_pace_and_decays_to_zero_behind(sqlite_url):
 
 
 def test_own_spend_counts_at_decision_and_once_after_the_write(sqlite_url):
-    book = BudgetBook(BudgetSettings(keys={"svc-a": {"limit": 100.0, "mode": "hard"}}), sqlite_url, clock=lambda: DAY0 + 7200)
+    book = BudgetBook(
+        BudgetSettings(keys={"svc-a": {"limit": 100.0, "mode": "hard"}}), sqlite_url, clock=lambda: DAY0 + 7200
+    )
     st = book.keys["svc-a"]
     [matched] = book.match([{"user_api_key_alias": "svc-a", "user_api_key_team_id": "team-1"}])
     assert matched is st and book.match([{"user_api_key_alias": "other"}]) == []
@@ -113,7 +118,9 @@ def test_own_spend_counts_at_decision_and_once_after_the_write(sqlite_url):
     book.tick()
     assert st.spent == pytest.approx(61.0)  # the ledger's figure replaces the estimate: not counted twice
     book.charge([st], {"joules_estimate": 40.0})
-    with pytest.raises(BudgetExceeded, match=r"^energy-router: budget keys\.svc-a exhausted: 101 of 100 J this day$") as e:
+    with pytest.raises(
+        BudgetExceeded, match=r"^energy-router: budget keys\.svc-a exhausted: 101 of 100 J this day$"
+    ) as e:
         book.apply(Knob.point(lambda_=0.0), [st])
     assert e.value.status_code == 429
     book.close()
@@ -137,7 +144,8 @@ def test_two_writers_share_one_budget_within_one_refresh(pg_url, tmp_path):
     manual.tick()
     assert manual.teams["shared"].spent == pytest.approx(3.0)
     live = BudgetBook(cfg, pg_url, clock=lambda: DAY0 + 3600).start()
-    subprocess.run([sys.executable, "-c", WRITER.format(tests=str(__import__("pathlib").Path(__file__).parent), url=pg_url)],
+    writer = WRITER.format(tests=str(Path(__file__).parent), url=pg_url)
+    subprocess.run([sys.executable, "-c", writer],
                    check=True, timeout=120)  # fmt: skip
     committed = time.monotonic()
     assert manual.teams["shared"].spent == pytest.approx(3.0)  # not yet read
@@ -159,8 +167,9 @@ def test_two_writers_share_one_budget_within_one_refresh(pg_url, tmp_path):
 
 
 def _router(backend, s):
-    ml = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-           "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+    ml = [{"model_name": "pool", "model_info": {"id": f"dep-{c}"},
+           "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"}}
+          for c in CANDS]  # fmt: skip
     router = Router(model_list=ml, num_retries=2)
     strategy = EnergyRoutingStrategy(router, s)
     register_strategy(router, strategy)

@@ -53,15 +53,16 @@ def _hour() -> int:
 @pytest.mark.usefixtures("fresh_litellm_callbacks")
 def test_same_model_in_two_sites_goes_to_the_cleaner_grid_at_that_hour(tmp_path, planted_ckpt):
     csv = tmp_path / "grid.csv"  # north is clean on even hours, south on odd ones
-    csv.write_text("region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},{100 if h % 2 == 0 else 500}\nS,{h},{500 if h % 2 == 0 else 100}\n"
-                                                            for h in range(24)))  # fmt: skip
+    lines = [f"N,{h},{100 if h % 2 == 0 else 500}\nS,{h},{500 if h % 2 == 0 else 100}\n" for h in range(24)]
+    csv.write_text("region,hour,g_co2e_per_kwh\n" + "".join(lines))
     s = Settings.model_validate({
         "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
         "knob": {"lambda": 0.05}, "table": {"url": f"sqlite:///{tmp_path / 't.db'}"},
         "carbon": {"intensity_csv": str(csv), "sites": {"north": {"region": "N"}, "south": {"region": "S"}}},
     })  # fmt: skip
     with LocalBackend() as backend:
-        ml = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+        ml = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c),
+                                                        "api_key": "k"},
                "model_info": {"id": f"{c}@{site}", "energy_router_candidate": c, "energy_router_site": site}}
               for c in CANDS for site in ("north", "south")]  # fmt: skip
         router = Router(model_list=ml)
@@ -73,7 +74,8 @@ def test_same_model_in_two_sites_goes_to_the_cleaner_grid_at_that_hour(tmp_path,
             for i in range(20):
                 md = {"energy_router": {"objective": objective}}
                 h0 = _hour()
-                r = await router.acompletion(model="pool", messages=[{"role": "user", "content": f"Give a proof about glass number {i}"}],
+                msgs = [{"role": "user", "content": f"Give a proof about glass number {i}"}]
+                r = await router.acompletion(model="pool", messages=msgs,
                                              metadata=md)  # fmt: skip
                 out.append((h0, _hour(), r._hidden_params["model_id"]))
             return out
