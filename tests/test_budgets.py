@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from litellm import Router
 
-from litellm_energy_router.budgets import BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
+from litellm_energy_router.budgets import Budget, BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
 from litellm_energy_router.knob import Knob
 from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.settings import ConfigError, Settings, load_settings
@@ -204,3 +204,15 @@ def test_hard_cap_through_a_real_router(planted_ckpt, sqlite_url, action):
             assert r._hidden_params["model_id"] == "dep-small"  # the cheapest candidate
         strategy.core.budgets.close()
         strategy.core.runtime.close()
+
+
+def test_the_docs_budgets_example_is_valid_settings():
+    import re
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "docs/accounting.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "budgets:" in b)
+    s = Settings.model_validate(yaml.safe_load(block)["energy_router"])
+    assert s.budgets.teams["research"].unit == "gco2e" and s.budgets.keys["svc-batch"].mode == "hard"
+    assert s.budgets.refresh_s == BudgetSettings().refresh_s and s.budgets.teams["research"].eta == Budget.model_fields["eta"].default
