@@ -63,6 +63,18 @@ def test_bad_budget_is_one_line_naming_the_field(tmp_path, yaml_budget, field):
     assert "\n" not in msg and msg.startswith(str(cfg)) and field in msg
 
 
+def test_cli_refuses_a_zero_budget_in_one_line(tmp_path, capsys, monkeypatch):
+    from litellm_energy_router.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("energy_router:\n  budgets:\n    keys:\n      svc-a: {limit: 0, unit: gco2e}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["table", "stats", "--config", str(cfg)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "budgets.keys.svc-a.limit' = 0" in err and str(cfg) in err, err
+
+
 def test_pace_shares_follow_the_traffic_profile():
     assert elapsed_share(DAY0 + 6 * 3600, "day") == pytest.approx(0.25)
     night = [0.0] * 12 + [1.0] * 12  # no traffic expected before noon
