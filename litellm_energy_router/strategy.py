@@ -140,7 +140,8 @@ class EnergyRouterCore:
         P, E = scored.P[avail][None, :], E_all[avail][None, :]
         factors, cleanest = None, {}
         if knob.objective == "carbon" and self.accounting.carbon.enabled:
-            factors, cleanest = carbon_factors(self.accounting.carbon, [scored.candidates[j] for j in avail], by_cand, time.time())
+            names = [scored.candidates[j] for j in avail]
+            factors, cleanest = carbon_factors(self.accounting.carbon, names, by_cand, time.time())
         j_best = int(decide(P, E, knob, factors)[0])
         eps = self.settings.router.epsilon
         j = self._rng.randrange(len(avail)) if eps > 0 and self._rng.random() < eps else j_best
@@ -203,7 +204,8 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self._account(request_kwargs, *self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))
+            decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs)
+            return self._account(request_kwargs, *decided)
         except CALLER_ERRORS:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
@@ -220,7 +222,8 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self._account(request_kwargs, *self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))
+            decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs)
+            return self._account(request_kwargs, *decided)
         except CALLER_ERRORS:
             raise
         except Exception as e:  # noqa: BLE001

@@ -64,7 +64,7 @@ class CarbonSettings(BaseModel):
     provider_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the provider's factory")
     reference_g_per_kwh: float = Field(
         400.0, gt=0, le=5000, allow_inf_nan=False,
-        description="grid intensity of the reference gram (objective carbon: λ per e_ref_j joules at this intensity, PUE 1)",
+        description="intensity of the reference gram (objective carbon: λ per e_ref_j joules here, PUE 1), gCO2e/kWh",
     )  # fmt: skip
 
     @model_validator(mode="after")
