@@ -258,9 +258,9 @@ class BudgetBook:
             sums = None
         with self._lock:
             for st in self.states:
-                if sums is not None:
-                    st.local -= seen[id(st)]
+                if sums is not None:  # table first: a lock-free reader may see the spend high, never low
                     st.table = sums[id(st)]
+                    st.local -= seen[id(st)]
                     st.reads += 1
                 st.step(now)
 
