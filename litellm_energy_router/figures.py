@@ -62,6 +62,26 @@ class Accounting:
         }  # fmt: skip
 
 
+def carbon_factors(carbon: CarbonModel, candidates: list[str], by_cand: Mapping[str, list[Mapping[str, Any]]],
+                   t_s: float) -> tuple[list[float], dict[str, Mapping[str, Any]]]:  # fmt: skip
+    """(carbon factor per candidate, its cleanest deployment) for the objective ``carbon``: the lowest
+    :meth:`~.energy.carbon.CarbonModel.factor` among each candidate's deployments now; a candidate none of
+    whose sites has a known intensity weighs 1.0 (the reference intensity) and keeps LiteLLM's spread."""
+    out, cleanest = [], {}
+    memo: dict[str | None, float | None] = {}
+    for c in candidates:
+        best, best_f = None, None
+        for d in by_cand.get(c, ()):
+            site = carbon.site_of(d.get("model_info"))
+            f = memo[site] if site in memo else memo.setdefault(site, carbon.factor(site, t_s))
+            if f is not None and (best_f is None or f < best_f):
+                best, best_f = d, f
+        out.append(1.0 if best_f is None else best_f)
+        if best is not None:
+            cleanest[c] = best
+    return out, cleanest
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else float(f"{v:.6g}")
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional, get_args, get_origin
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
@@ -64,6 +64,7 @@ class Knob(BaseModel):
         lambda_: predicted accuracy (a fraction, 0-1) worth giving up to save ``e_ref_j`` joules per request.
         target_accuracy: when set, the cheapest candidate whose predicted success reaches it (wins over λ).
         max_energy_j: energy budget per request, J (estimated): costlier candidates are not considered.
+        objective: ``joules`` or ``carbon`` (λ in accuracy per reference gram; ``router/decide.py``).
         e_ref_j: the energy unit of λ, J (a setting, never taken from a checkpoint).
     """
 
@@ -80,6 +81,11 @@ class Knob(BaseModel):
     max_energy_j: Optional[float] = _field(
         None, gt=0, le=1e12, scope="request", policy="max_energy_j_range", request_range=(1e-9, 1e9),
         description="energy budget per request, J (estimated): costlier candidates are not considered (none fits: the cheapest)",
+    )  # fmt: skip
+    objective: Literal["joules", "carbon"] = _field(
+        "joules", scope="request",
+        description="what λ and the target weigh against accuracy: joules, or carbon (Ê x PUE x grid intensity of the "
+        "cleanest site serving the candidate now, in reference grams: e_ref_j joules at carbon.reference_g_per_kwh)",
     )  # fmt: skip
     e_ref_j: float = _field(DEFAULT_E_REF_J, gt=0, le=1e12, scope="global",
                             description="the energy unit of lambda, J; fixed in the settings, so λ means the same after every retrain")  # fmt: skip
@@ -219,7 +225,8 @@ def knob_table() -> str:
     rows = ["| field | default | bounds | set per | request range (default policy) | meaning |", "|---|---|---|---|---|---|"]
     for n, fi in FIELDS.items():
         lo, hi, positive = _limits(fi)
-        bounds = f"{'(' if positive else '['}{lo:g}, {hi:g}]"
+        choices = get_args(fi.annotation) if get_origin(fi.annotation) is Literal else ()
+        bounds = " or ".join(choices) if choices else f"{'(' if positive else '['}{lo:g}, {hi:g}]"
         rng = _extra(n).get("request_range")
         rng_s = f"`knob.policy.{_extra(n)['policy']}` = [{rng[0]:g}, {rng[1]:g}]" if rng else "–"
         rows.append(f"| `{_alias(n)}` | {fi.default!r} | {bounds} | {where[_extra(n)['scope']]} | {rng_s} | {fi.description} |")

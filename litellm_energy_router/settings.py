@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
+from .budgets import BudgetSettings
 from .energy.carbon import CarbonSettings
 from .errors import UserError, one_line
 from .knob import KnobSettings
@@ -213,6 +214,7 @@ class Settings(BaseSettings):
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     carbon: CarbonSettings = Field(default_factory=CarbonSettings)
     accounting: AccountingSettings = Field(default_factory=AccountingSettings)
+    budgets: BudgetSettings = Field(default_factory=BudgetSettings)
 
 
 

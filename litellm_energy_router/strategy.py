@@ -15,16 +15,19 @@ Candidates map to deployments by, in order: ``model_info.energy_router_candidate
 ``name`` (candidate name = ``litellm_params.model`` with or without its provider prefix); see
 :mod:`.deployments`.
 
-The knob (λ, target accuracy, energy budget ``max_energy_j``) comes from request metadata
+The knob (λ, target accuracy, energy budget ``max_energy_j``, objective) comes from request metadata
 ``energy_router``, else the caller's key in ``knob.per_key``, else the global ``knob``; λ is in accuracy
-per ``knob.e_ref_j`` joules (fixed in the settings, so it means the same after every retrain). What a
-request may override, within which bounds, is ``knob.policy`` (:mod:`.knob`).
+per ``knob.e_ref_j`` joules (fixed in the settings, so it means the same after every retrain), or per
+reference gram with ``objective: carbon`` (then the chosen candidate's cleanest site serves). What a
+request may override, within which bounds, is ``knob.policy`` (:mod:`.knob`). The key's and team's
+budgets (:mod:`.budgets`) then raise λ by their multipliers, or refuse the request over a hard cap.
 
 Fail-open: a router error, a timeout (``router.timeout_ms``), a missing checkpoint or no candidate in
 the pool → the configured ``router.fallback`` deployment, else LiteLLM's own choice; a warning at
-most once a minute and ``energy_router_fallbacks_total{reason}``. The one request error is an invalid
-request knob (:class:`~.knob.KnobError`, a caller error): raised before any backend call, an HTTP 400
-from the proxy (the filter's pre-call hook), an exception from the SDK.
+most once a minute and ``energy_router_fallbacks_total{reason}``. The request errors are the caller's: an
+invalid request knob (:class:`~.knob.KnobError`, HTTP 400) and a request over a hard budget
+(:class:`~.budgets.BudgetExceeded`, HTTP 429); raised before any backend call, from the proxy's pre-call
+hook, an exception from the SDK.
 
 The decision reaches the energy callback in-process (:data:`~.decision.DECISION_BOOK`), never through
 request metadata: see :mod:`.decision`.
@@ -42,9 +45,10 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from . import litellm_compat
+from .budgets import BudgetBook, BudgetExceeded
 from .decision import DECISION_BOOK, DECISION_KEY, Decision, DecisionBook
 from .deployments import CandidateMap, deployment_keys
-from .figures import Accounting, headers
+from .figures import Accounting, carbon_factors, headers
 from .knob import Knob, KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.adapt import ADAPT, start_refresh
@@ -58,12 +62,14 @@ from .settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
 HEADERS_BOOK = DecisionBook()  # proxy decisions whose figures the response-headers hook has not sent yet
+CALLER_ERRORS = (KnobError, BudgetExceeded)  # refused, never failed open
 
 
 class EnergyRouterCore:
     """Shared decision path of the strategy, the proxy filter and ``energy-router route``."""
 
-    def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None,
+                 budgets: BudgetBook | None = None) -> None:  # fmt: skip
         self.settings = settings or load_settings()
         rs = self.settings.router
         self.runtime = runtime or RouterRuntime(
@@ -76,12 +82,18 @@ class EnergyRouterCore:
         self.adapt = ADAPT  # what production teaches between retrains (router/adapt.py); router.online: used or not
         if rs.online and rs.context_refresh_s > 0:
             start_refresh(self.adapt, self.runtime, self.settings.table.url, rs.context_refresh_s)
+        b = self.settings.budgets
+        self.budgets = budgets or (BudgetBook(b, self.settings.table.url).start() if b.keys or b.teams else None)
 
     # -- request → knob, text ---------------------------------------------------------------------
     def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
         """The request's :class:`~.knob.Knob`: request metadata beats the per-key default, which beats
-        the global one. Raises :class:`~.knob.KnobError` for a request value ``knob.policy`` refuses."""
-        return resolve_knob(self.settings.knob, request_kwargs)
+        the global one; λ raised by its budgets' multipliers. Raises :class:`~.knob.KnobError` for a request
+        value ``knob.policy`` refuses, :class:`~.budgets.BudgetExceeded` over a hard budget that refuses."""
+        knob = resolve_knob(self.settings.knob, request_kwargs)
+        if self.budgets is None:
+            return knob
+        return self.budgets.apply(knob, self.budgets.match(metadata_dicts(request_kwargs)))
 
     def _known(self) -> set[str]:
         model = self.runtime.model
@@ -136,11 +148,15 @@ class EnergyRouterCore:
         P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0,
                                                           self.settings.router.context_rows)  # fmt: skip
         P, E = P_all[avail][None, :], E_all[avail][None, :]
-        j_best = int(decide(P, E, knob)[0])
+        factors, cleanest = None, {}
+        if knob.objective == "carbon" and self.accounting.carbon.enabled:
+            names = [scored.candidates[j] for j in avail]
+            factors, cleanest = carbon_factors(self.accounting.carbon, names, by_cand, time.time())
+        j_best = int(decide(P, E, knob, factors)[0])
         j, propensity = explore_pick(self._rng, self.settings.router.epsilon, j_best,
                                      explore[avail] if explore is not None else None, len(avail))  # fmt: skip
         cand = scored.candidates[avail[j]]
-        dep = self._rng.choice(by_cand[cand])
+        dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])
         dt = time.perf_counter() - t0
         DECISIONS.labels(candidate=cand).inc()
         DECISION_SECONDS.observe(dt)
@@ -171,11 +187,15 @@ class EnergyRouterCore:
         ctx = self.adapt.context(text, request_kwargs, messages, group) if self.settings.router.online else None
         return text, knob, by_cand, ctx
 
-    def _account(self, dep: Any, decision: Decision | None) -> tuple[Any, Decision | None]:
-        """Attach the decision-time energy and carbon figures (:mod:`.figures`); never fails the request."""
+    def _account(self, request_kwargs: Mapping[str, Any] | None, dep: Any,
+                 decision: Decision | None) -> tuple[Any, Decision | None]:  # fmt: skip
+        """Attach the decision-time energy and carbon figures (:mod:`.figures`) and charge them to the request's
+        budgets' local spend; never fails the request."""
         if decision is not None and dep is not None:
             try:
                 decision.figures = self.accounting.estimate(decision, dep)
+                if self.budgets is not None:
+                    self.budgets.charge(self.budgets.match(metadata_dicts(request_kwargs)), decision.figures)
             except Exception as e:  # noqa: BLE001 - accounting must not fail routing
                 self._warn("figures", "energy-router: no energy figures: %s", e)
         return dep, decision
@@ -197,8 +217,9 @@ class EnergyRouterCore:
             scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
-            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3]))
-        except KnobError:
+            decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
+            return self._account(request_kwargs, *decided)
+        except CALLER_ERRORS:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
             return self._failed(deployments, e)
@@ -214,8 +235,9 @@ class EnergyRouterCore:
             scored = self.runtime.score_sync(plan[0])
             if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
                 raise asyncio.TimeoutError()
-            return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3]))
-        except KnobError:
+            decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
+            return self._account(request_kwargs, *decided)
+        except CALLER_ERRORS:
             raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
@@ -353,8 +375,8 @@ class EnergyRouterFilter(CustomLogger):
             attach(request_kwargs, decision)
             if decision is not None and decision.figures and self.core.settings.accounting.headers:
                 HEADERS_BOOK.put(metadata_dicts(request_kwargs)[0], decision)
-        except KnobError:
-            raise  # a caller error: the router raises it as is (status_code 400, no retry)
+        except CALLER_ERRORS:
+            raise  # a caller error: the router raises it as is (status_code 400 or 429)
         except Exception as e:  # noqa: BLE001 - e.g. a bad config: never fail the request
             FALLBACKS.labels(reason="error").inc()
             log.warning("energy-router: filter error %s", e)
@@ -363,7 +385,8 @@ class EnergyRouterFilter(CustomLogger):
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> None:
         """Proxy, before routing and before any backend call: drop a caller-sent decision and refuse an
-        invalid request knob (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field)."""
+        invalid request knob (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field) and, once
+        the router has started, a request over a hard budget (:class:`~.budgets.BudgetExceeded`, HTTP 429)."""
         strip_caller_decision(data)
         try:  # the settings only, never the router: its checkpoint loads in start() / on first use
             settings = self._core.settings if self._core is not None else self._settings or load_settings()
@@ -371,7 +394,10 @@ class EnergyRouterFilter(CustomLogger):
             log.warning("energy-router: pre-call check skipped: %s", str(e).splitlines()[0] if str(e) else e)
             return None
         self._settings = settings
-        resolve_knob(settings.knob, data)
+        if self._core is not None:
+            self._core.knob(data)
+        else:
+            resolve_knob(settings.knob, data)
         return None
 
     async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any, response: Any,

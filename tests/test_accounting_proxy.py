@@ -1,7 +1,7 @@
 """Energy and carbon accounting through the real ``litellm`` proxy process (example config, custom auth with
 two teams, local backends): a routed request returns the x-energy-router-* headers, ``/metrics`` shows the
 accounting counters, ``energy-router report`` prints the ledger of that traffic, and a request whose
-metadata names another team is charged to its own key's team."""
+metadata names another team is charged to its own key's team; a key over its hard budget gets HTTP 429."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -33,7 +34,8 @@ from fastapi import HTTPException
 from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
 
 KEYS = {"sk-search-0123456789": ("svc-search", "team-search", "Search"),
-        "sk-ads-0123456789": ("svc-ads", "team-ads", "Ads")}
+        "sk-ads-0123456789": ("svc-ads", "team-ads", "Ads"),
+        "sk-capped-0123456789": ("svc-capped", "team-capped", "Capped")}
 
 
 async def user_api_key_auth(request, api_key):
@@ -69,7 +71,8 @@ def proxy(tmp_path_factory):
           "table": {"url": f"sqlite:///{d / 'production.db'}"}, "energy": {"meter": "simulated"},
           "writer": {"spool_dir": str(d / "spool"), "flush_interval_s": 0.1},
           "carbon": {"intensity_csv": str(d / "intensity.csv"),
-                     "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.3, "region": "S"}}}}  # fmt: skip
+                     "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.3, "region": "S"}}},
+          "budgets": {"keys": {"svc-capped": {"limit": 1e-6, "mode": "hard"}}}}  # fmt: skip
     (d / "energy-router.yaml").write_text(yaml.safe_dump({"energy_router": er}))
     backend = Backend().start()
     env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-0123456789", "VLLM_API_KEY": "none",
@@ -144,3 +147,15 @@ def test_headers_metrics_report_and_attribution(proxy):
     r = CliRunner().invoke(app, ["report", "--db", proxy["db"], "--by", "team"])
     assert r.exit_code == 0 and "team-search" in r.output and "team-ads" in r.output and "Search" in r.output, r.output
     shutil.rmtree(proxy["dir"] / "spool", ignore_errors=True)
+
+
+def test_key_over_its_hard_budget_gets_429(proxy):
+    """svc-capped's first request spends its budget (1 µJ); the next is refused before any backend call."""
+    port = proxy["port"]
+    assert _post(port, "sk-capped-0123456789", "Tell me about rivers number 11")[0] == 200
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _post(port, "sk-capped-0123456789", "Tell me about rivers number 12")
+    assert e.value.code == 429
+    msg = json.loads(e.value.read())["error"]["message"]
+    assert "energy-router: budget keys.svc-capped exhausted:" in msg and "of 1e-06 J this day" in msg, msg
+    assert _post(port, "sk-search-0123456789", "Tell me about rivers number 13")[0] == 200  # another key is not capped

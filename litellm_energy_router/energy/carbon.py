@@ -62,6 +62,10 @@ class CarbonSettings(BaseModel):
     intensity_csv: Path | None = Field(None, description="hourly intensity CSV: region,hour,g_co2e_per_kwh")
     provider: str | None = Field(None, description="a plugin's carbon intensity provider (energy_router_carbon_providers)")
     provider_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the provider's factory")
+    reference_g_per_kwh: float = Field(
+        400.0, gt=0, le=5000, allow_inf_nan=False,
+        description="intensity of the reference gram (objective carbon: λ per e_ref_j joules here, PUE 1), gCO2e/kWh",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _consistent(self) -> "CarbonSettings":
@@ -221,6 +225,12 @@ class CarbonModel:
             self._fallbacks.labels(reason=why).inc()
             last = self._last.get(site)  # type: ignore[arg-type]
         return last if last is not None else s.intensity_g_per_kwh
+
+    def factor(self, site: str | None, t_s: float) -> float | None:
+        """PUE x intensity of ``site`` at ``t_s`` over ``reference_g_per_kwh`` (dimensionless: the objective
+        carbon's weight of a joule there), or ``None`` when unknown."""
+        g = self.intensity(site, t_s)
+        return None if g is None else self.cfg.sites[site].pue * g / self.cfg.reference_g_per_kwh  # type: ignore[index]
 
     def grams(self, joules: float | None, site: str | None, t_s: float) -> float | None:
         """gCO2e of ``joules`` GPU energy served at ``site`` at ``t_s`` (x PUE), or ``None`` when unknown."""

@@ -12,6 +12,11 @@ Given per-candidate predicted success ``P[n, K]`` in [0, 1] and estimated energy
   the one with the highest ``P_j`` (ties: cheaper).
 * **energy budget** — with ``max_energy_j``, candidates whose ``E_j`` exceeds it are not considered
   (when none fits, the cheapest one is chosen); λ or the target then decides among the rest.
+* **objective** — ``knob.objective = "carbon"`` with per-candidate carbon factors ``F`` (PUE x grid
+  intensity of the cleanest site serving the candidate now, divided by ``carbon.reference_g_per_kwh``):
+  λ and the target weigh ``E_j x F_j``, joules at the reference intensity, so λ is the accuracy worth giving
+  up to save one *reference gram* (the gCO2e of ``e_ref`` joules at the reference intensity, PUE 1) and
+  keeps that meaning at every hour; ``max_energy_j`` still bounds joules. ``"joules"`` (default) ignores F.
 
 The knob (:class:`~litellm_energy_router.knob.Knob`) is applied after prediction, so one set of
 predictions serves every trade-off.
@@ -29,21 +34,24 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_E_REF_J = 100.0  # J: the energy unit of λ (accuracy given up per 100 J), fixed across checkpoints
 
 
-def decide(P: np.ndarray, E: np.ndarray, knob: "Knob") -> np.ndarray:
+def decide(P: np.ndarray, E: np.ndarray, knob: "Knob", carbon: np.ndarray | None = None) -> np.ndarray:
     """Index of the chosen candidate per row of ``P[n, K]`` (in [0, 1]) and ``E[n, K]`` (J) under ``knob``
     (:class:`~litellm_energy_router.knob.Knob`): among the candidates within ``knob.max_energy_j`` (J;
     None: all), the cheapest reaching ``knob.target_accuracy`` when it is set, else
-    ``argmax P − knob.lambda_ · E / knob.e_ref_j``. The one decision rule: serving, ``energy-router route``,
-    off-policy evaluation and evaluation all call it."""
+    ``argmax P − knob.lambda_ · C / knob.e_ref_j``, where the cost ``C`` is ``E`` or, with
+    ``knob.objective == "carbon"`` and ``carbon`` (factors ``[n, K]`` or ``[K]``, dimensionless) given,
+    ``E x carbon``. The one decision rule: serving, ``energy-router route``, off-policy evaluation and
+    evaluation all call it."""
     P = np.asarray(P, dtype=np.float64)
     E = np.asarray(E, dtype=np.float64)
+    C = E * np.asarray(carbon, dtype=np.float64) if carbon is not None and knob.objective == "carbon" else E
     budget, target = knob.max_energy_j, knob.target_accuracy
     none_fit = None
     if budget is not None:
         over = E > budget
         none_fit = over.all(axis=1)
         P = np.where(over, -np.inf, P)  # an over-budget candidate never wins while another fits
-    choice = decide_target(P, E, target) if target is not None else decide_lambda(P, E, knob.lambda_, knob.e_ref_j)
+    choice = decide_target(P, C, target) if target is not None else decide_lambda(P, C, knob.lambda_, knob.e_ref_j)
     return choice if none_fit is None or not none_fit.any() else np.where(none_fit, np.argmin(E, axis=1), choice)
 
 

@@ -139,3 +139,13 @@ def report(conn: Any, by: str, *, since: str | None = None, until: str | None = 
     if until:
         stmt = stmt.where(ledger.c.day <= until)
     return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def spend(conn: Any, scope: str, name: str, since: str, unit: str) -> float:
+    """A budget's spend from day ``since`` (``YYYY-MM-DD``, inclusive) on: joules (measured + estimated) or
+    gCO2e (``unit`` ``joules`` / ``gco2e``) of the rows whose key alias (``scope`` ``key``) or team id or
+    team alias (``team``) is ``name``."""
+    col = ledger.c.co2e_g if unit == "gco2e" else ledger.c.joules_measured + ledger.c.joules_estimated
+    who = ledger.c.key_alias == name if scope == "key" else (ledger.c.team == name) | (ledger.c.team_alias == name)
+    v = conn.execute(select(func.coalesce(func.sum(col), 0.0)).where(who, ledger.c.day >= since)).scalar_one()
+    return float(v or 0.0)

@@ -1,0 +1,286 @@
+"""Energy and carbon budgets per LiteLLM key and team (settings ``budgets``; docs/accounting.md).
+
+A budget caps a key's (``budgets.keys.<key alias>``) or a team's (``budgets.teams.<team alias or id>``)
+joules or gCO2e per UTC day or month. A request is matched on LiteLLM's authenticated
+``user_api_key_alias`` / ``user_api_key_team_alias`` / ``user_api_key_team_id`` (never on anything else a
+caller sends).
+
+**Soft** (every budget): an online primal-dual multiplier μ ≥ 0 per budget, added to the request's λ
+(its knob's objective, joules or carbon). Each refresh tick (every ``budgets.refresh_s`` seconds, off the
+request path) the spend S(t) and the pace B·F(t) are read (F: the elapsed share of the period, by hour,
+weighted by ``pace``, the expected traffic per UTC hour; uniform when unset) and::
+
+    z ← z + η · (ΔS − B·ΔF) / B,    μ = max(0, z)
+
+with ΔS, ΔF the changes since the previous tick: the dual (sub)gradient step on the period's constraint
+S(T) ≤ B, whose gradient over one tick is the spend in it minus the budget's share of it, with the
+projection on μ ≥ 0 taken lazily (dual averaging): z sums the steps unprojected, so within a period
+μ = max(0, z₀ + η (S(t) − B·F(t)) / B) — η times how far spend runs ahead of pace, as a share of B, whatever
+the tick rate. μ rises while spend runs ahead of pace and falls (to 0 at most) while it runs behind;
+spend behind pace is banked, not forgotten (an eager max(0, ·) at every tick would turn the per-tick noise
+of spend into a positive μ and end the period under budget). Spend settles on the pace with μ at the value
+μ* that holds it there: one λ for the whole period, what spends the budget with the smallest accuracy cost
+when the traffic mix does not change. A cold start (z₀ = 0) ends the period about μ*/η of B over budget;
+at a new period z₀ = the last μ (spend and pace start from 0 again), which removes that offset. η (``eta``)
+is in λ units per whole budget of overspend: η = 10 adds 0.1 to λ while spend runs 1 % of B ahead.
+
+**Hard** (``mode: hard``): once the spend reaches B, requests are refused with HTTP 429 (``BudgetExceeded``,
+one line naming the budget) or, with ``hard_action: cheapest``, served by the cheapest candidate in the
+request's objective.
+
+**Spend and staleness.** Spend = the ledger's sum for the budget's period (``er_ledger``, written by every
+proxy's callback in the row's transaction) at the last read + the decision-time estimates (Ê, or its gCO2e)
+of the requests this process routed since that read started. A background thread reads the table every
+``refresh_s``; nothing on the request path touches the table. A request served by any proxy sharing the
+table is in every proxy's spend at most ``refresh_s`` + that proxy's ``writer.flush_interval_s`` + its
+energy settle time (0 with the ``estimate`` meter; ``energy.settle_timeout_s`` at most) after it ended,
+plus one table read; this process's own requests count from their decision on.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .metrics import RateLimitedWarning
+
+log = logging.getLogger("litellm_energy_router")
+CHEAPEST_LAMBDA = 1e9  # hard_action cheapest: λ at which the cheapest candidate in the objective always wins
+
+
+class Budget(BaseModel):
+    """One key's or team's budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: float = Field(gt=0, le=1e18, allow_inf_nan=False, description="the budget per period, in `unit`")
+    unit: Literal["joules", "gco2e"] = Field("joules", description="joules (measured + estimated) or grams of CO2e")
+    period: Literal["day", "month"] = Field("day", description="UTC day or UTC month")
+    mode: Literal["soft", "hard"] = Field("soft", description="soft: the multiplier only; hard: and a cap at the limit")
+    hard_action: Literal["refuse", "cheapest"] = Field(
+        "refuse", description="over a hard cap: HTTP 429, or the cheapest candidate"
+    )
+    eta: float = Field(
+        10.0, ge=0, le=1e6, allow_inf_nan=False, description="step size η: λ units per whole budget of overspend"
+    )
+    pace: list[float] | None = Field(None, description="24 weights: expected traffic per UTC hour (None: uniform)")
+
+    @field_validator("pace")
+    @classmethod
+    def _pace(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (len(v) != 24 or not all(math.isfinite(x) and x >= 0 for x in v) or sum(v) <= 0):
+            raise ValueError("must be 24 finite weights >= 0, one per UTC hour, not all 0")
+        return v
+
+
+class BudgetSettings(BaseModel):
+    """Budgets per key and team (settings section ``budgets``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_s: float = Field(
+        5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between ledger reads (and μ updates)"
+    )
+    keys: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM key alias -> budget")
+    teams: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM team alias or team id -> budget")
+
+
+class BudgetExceeded(Exception):
+    """A request over a hard budget. LiteLLM reads ``status_code`` (the proxy answers 429 with ``message``);
+    ``str(err)`` is one line naming the budget."""
+
+    status_code = 429
+    type = "budget_exceeded"
+    param = "budgets"
+
+    def __init__(self, where: str, spent: float, b: Budget) -> None:
+        unit = "J" if b.unit == "joules" else "gCO2e"
+        self.message = f"energy-router: budget {where} exhausted: {spent:.6g} of {b.limit:.6g} {unit} this {b.period}"
+        super().__init__(self.message)
+
+
+# -- the period and its pace -------------------------------------------------------------------------------
+
+
+def period_start(t_s: float, period: str) -> datetime:
+    """Start (UTC) of the day or month holding Unix time ``t_s``."""
+    d = datetime.fromtimestamp(t_s, tz=timezone.utc)
+    return d.replace(hour=0, minute=0, second=0, microsecond=0, **({"day": 1} if period == "month" else {}))
+
+
+def _day_share(t_in_day_s: float, pace: list[float] | None) -> float:
+    h, frac = divmod(t_in_day_s / 3600.0, 1.0)
+    if pace is None:
+        return t_in_day_s / 86400.0
+    return (sum(pace[: int(h)]) + pace[int(h)] * frac) / sum(pace)
+
+
+def elapsed_share(t_s: float, period: str, pace: list[float] | None = None) -> float:
+    """F(t): the share of the period's budget the pace allows by ``t_s`` (0 at its start, 1 at its end);
+    hours weighted by ``pace`` (each day of a month alike)."""
+    start = period_start(t_s, period)
+    s = t_s - start.timestamp()
+    if period == "day":
+        return _day_share(s, pace)
+    days = calendar.monthrange(start.year, start.month)[1]
+    d, rest = divmod(s, 86400.0)
+    return (d + _day_share(rest, pace)) / days
+
+
+# -- the per-process book ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class BudgetState:
+    """One budget's view in this process."""
+
+    scope: str  # "key" or "team"
+    name: str
+    cfg: Budget
+    table: float = 0.0  # ledger sum of the period at the last read
+    local: float = 0.0  # this process's decision-time estimates since that read started
+    mu: float = 0.0
+    z: float = 0.0  # the dual state before the projection: μ = max(0, z)
+    period: str = ""
+    last_spent: float = 0.0
+    last_pace: float = 0.0
+    reads: int = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.scope}s.{self.name}"
+
+    @property
+    def spent(self) -> float:
+        return self.table + self.local
+
+    def step(self, now_s: float) -> None:
+        """One multiplier update at ``now_s`` (the module docstring's rule)."""
+        start = period_start(now_s, self.cfg.period).strftime("%Y-%m-%d")
+        if start != self.period:  # a new period: spend and pace start from 0, μ carries over
+            self.period, self.last_spent, self.last_pace, self.z = start, 0.0, 0.0, self.mu
+        spent, pace = self.spent, self.cfg.limit * elapsed_share(now_s, self.cfg.period, self.cfg.pace)
+        self.z += self.cfg.eta * ((spent - self.last_spent) - (pace - self.last_pace)) / self.cfg.limit
+        self.mu = max(0.0, self.z)
+        self.last_spent, self.last_pace = spent, pace
+
+
+class BudgetBook:
+    """Budgets of one process: matches requests, adjusts their knob, counts local spend, and refreshes spend
+    and multipliers from the ledger on a thread of its own (:meth:`start`).
+
+    Args:
+        cfg: the ``budgets`` settings.
+        table_url: the table whose ``er_ledger`` all proxies write.
+        clock: Unix time now (a benchmark's simulated day).
+    """
+
+    def __init__(self, cfg: BudgetSettings, table_url: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.url = table_url
+        self.clock = clock
+        self.keys = {n: BudgetState("key", n, b) for n, b in cfg.keys.items()}
+        self.teams = {n: BudgetState("team", n, b) for n, b in cfg.teams.items()}
+        self.states = [*self.keys.values(), *self.teams.values()]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._engine: Any = None
+        self._warn = RateLimitedWarning(log, 60.0)
+        self.read_started = 0.0  # time.monotonic() when the last ledger read began
+
+    def match(self, mds: list[dict[str, Any]]) -> list[BudgetState]:
+        """The budgets of a request (its metadata dicts): its key's, then its team's."""
+        out: list[BudgetState] = []
+        for md in mds:
+            for field, book in (("user_api_key_alias", self.keys), ("user_api_key_team_alias", self.teams),
+                                ("user_api_key_team_id", self.teams)):  # fmt: skip
+                v = md.get(field)
+                st = book.get(str(v)) if v is not None else None
+                if st is not None and st not in out:
+                    out.append(st)
+        return out
+
+    def apply(self, knob: Any, states: list[BudgetState]) -> Any:
+        """``knob`` with λ raised by the budgets' multipliers (the cheapest-candidate λ over a hard cap with
+        ``hard_action: cheapest``); raises :class:`BudgetExceeded` over a hard cap with ``refuse``."""
+        mu, cheapest = 0.0, False
+        for st in states:
+            if st.cfg.mode == "hard" and st.spent >= st.cfg.limit:
+                if st.cfg.hard_action == "refuse":
+                    raise BudgetExceeded(st.where, st.spent, st.cfg)
+                cheapest = True
+            mu += st.mu
+        if cheapest:
+            return knob.model_copy(update={"lambda_": CHEAPEST_LAMBDA, "target_accuracy": None})
+        return knob.model_copy(update={"lambda_": knob.lambda_ + mu}) if mu > 0 else knob
+
+    def charge(self, states: list[BudgetState], figures: Mapping[str, Any] | None) -> None:
+        """Add a routed request's decision-time estimate to its budgets' local spend."""
+        if not states or not figures:
+            return
+        with self._lock:
+            for st in states:
+                v = figures.get("co2e_grams_estimate" if st.cfg.unit == "gco2e" else "joules_estimate")
+                if v is not None:
+                    st.local += float(v)
+
+    # -- refresh ------------------------------------------------------------------------------------------
+    def _read(self, now_s: float) -> dict[int, float]:
+        from .table import ledger, open_store
+
+        if self._engine is None:
+            self._engine = open_store(self.url).engine
+        with self._engine.connect() as conn:
+            day = {id(st): period_start(now_s, st.cfg.period).strftime("%Y-%m-%d") for st in self.states}
+            return {id(st): ledger.spend(conn, st.scope, st.name, day[id(st)], st.cfg.unit) for st in self.states}
+
+    def tick(self) -> None:
+        """Read every budget's spend from the ledger, then update the multipliers (the refresher's step)."""
+        now = self.clock()
+        with self._lock:
+            self.read_started = time.monotonic()
+            seen = {id(st): st.local for st in self.states}
+        try:
+            sums = self._read(now)
+        except Exception as e:  # noqa: BLE001 - a table outage keeps the last view (and the local spend)
+            self._warn(
+                "budgets", "energy-router: budget spend not refreshed: %s", str(e).splitlines()[0] if str(e) else e
+            )
+            sums = None
+        with self._lock:
+            for st in self.states:
+                if sums is not None:  # table first: a lock-free reader may see the spend high, never low
+                    st.table = sums[id(st)]
+                    st.local -= seen[id(st)]
+                    st.reads += 1
+                st.step(now)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.cfg.refresh_s)
+
+    def start(self) -> "BudgetBook":
+        """Start the refresher thread (it reads at once, then every ``refresh_s``)."""
+        if self._thread is None and self.states:
+            self._thread = threading.Thread(target=self._loop, name="energy-router-budgets", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None

@@ -1,0 +1,230 @@
+"""Budgets per key and team (budgets.py): settings refused in one line, the multiplier's update against the
+pace, spend read from the shared ledger (two writers, bounded staleness, no double count of this process's
+own spend), and the hard cap through a real ``litellm.Router`` (HTTP 429, or the cheapest candidate)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from litellm import Router
+
+from litellm_energy_router.budgets import Budget, BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
+from litellm_energy_router.knob import Knob
+from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.settings import ConfigError, Settings, load_settings
+from litellm_energy_router.strategy import EnergyRoutingStrategy
+from litellm_energy_router.table import Query, Run, ledger, open_store, text_hash
+from litellm_energy_router.table.production import query_id_for
+from litellm_energy_router.demo.backend import LocalBackend
+from router_fixtures import CANDS
+
+DAY0 = 1_764_892_800.0  # 2025-12-05 00:00 UTC
+
+
+def plant(
+    url: str, call_id: str, joules: float, *, t: float = DAY0 + 3600, key_alias: str = "svc-a", team: str = "team-1"
+) -> None:
+    """One stored production run and its ledger increment (what a proxy's writer commits)."""
+    attrs = {"key_hash": "a" * 64, "key_alias": key_alias, "team": team, "team_alias": None, "user_id": "",
+             "model_group": "pool", "deployment": "dep-small"}  # fmt: skip
+    q = Query(id=query_id_for(call_id), task="production", text_hash=text_hash(call_id), source="production", created=t)
+    r = Run(query_id=q.id, candidate="small", source="production", energy_j=joules, energy_method="estimate",
+            call_id=call_id, status="success", created=t, prompt_tokens=5, completion_tokens=7)  # fmt: skip
+    e = ledger.entry(attrs, t_s=t, request=True, prompt_tokens=5, completion_tokens=7, joules=joules, measured=False,
+                     router_estimate_j=None, reference_j=None, co2e_g=joules * 1e-4)  # fmt: skip
+    store = open_store(url)
+    try:
+        store.write(queries=[q], runs=[r], candidates=[{"name": "small"}], keep_first=True, ledger=[e])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("yaml_budget, field", [
+    ("{limit: 0}", "budgets.teams.research.limit' = 0"),
+    ("{limit: -5}", "budgets.teams.research.limit' = -5"),
+    ("{limit: 10, unit: watts}", "budgets.teams.research.unit' = 'watts'"),
+    ("{limit: 10, period: week}", "budgets.teams.research.period' = 'week'"),
+    ("{limit: 10, pace: [1, 2]}", "budgets.teams.research.pace' = list"),
+    ("{limit: 10, eta: -1}", "budgets.teams.research.eta' = -1"),
+    ("{limit: 10, hard: true}", "unknown config key 'budgets.teams.research.hard'"),
+])  # fmt: skip
+def test_bad_budget_is_one_line_naming_the_field(tmp_path, yaml_budget, field):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"energy_router:\n  budgets:\n    teams:\n      research: {yaml_budget}\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(cfg, environ={})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(cfg)) and field in msg
+
+
+def test_cli_refuses_a_zero_budget_in_one_line(tmp_path, capsys, monkeypatch):
+    from litellm_energy_router.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("energy_router:\n  budgets:\n    keys:\n      svc-a: {limit: 0, unit: gco2e}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["table", "stats", "--config", str(cfg)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "budgets.keys.svc-a.limit' = 0" in err and str(cfg) in err, err
+
+
+def test_pace_shares_follow_the_traffic_profile():
+    assert elapsed_share(DAY0 + 6 * 3600, "day") == pytest.approx(0.25)
+    night = [0.0] * 12 + [1.0] * 12  # no traffic expected before noon
+    assert elapsed_share(DAY0 + 11 * 3600, "day", night) == 0.0
+    assert elapsed_share(DAY0 + 18 * 3600, "day", night) == pytest.approx(0.5)
+    assert elapsed_share(DAY0 + 12 * 3600, "month") == pytest.approx(4.5 / 31)  # 2025-12-05 noon: 4.5 of 31 days
+
+
+def test_multiplier_rises_ahead_of_pace_and_decays_to_zero_behind(sqlite_url):
+    now = [DAY0]
+    cfg = BudgetSettings(teams={"team-1": {"limit": 1000.0, "eta": 4.0}})
+    book = BudgetBook(cfg, sqlite_url, clock=lambda: now[0])
+    st = book.teams["team-1"]
+    base = Knob.point(lambda_=0.05)
+    book.tick()
+    assert st.mu == 0.0 and book.apply(base, [st]) is base
+    plant(sqlite_url, "c1", 500.0)  # by 06:00 half the day's budget is spent; the pace allows a quarter
+    now[0] = DAY0 + 6 * 3600
+    book.tick()
+    assert st.spent == pytest.approx(500.0)
+    assert st.mu == pytest.approx(4.0 * (500 - 250) / 1000)
+    assert book.apply(base, [st]).lambda_ == pytest.approx(0.05 + st.mu)
+    now[0] = DAY0 + 9 * 3600  # closer to pace (500 of 375 at 09:00): lower
+    book.tick()
+    assert st.mu == pytest.approx(4.0 * (500 - 375) / 1000)
+    now[0] = DAY0 + 18 * 3600  # behind pace (500 of 750): 0, the knob is the key's own
+    book.tick()
+    assert st.mu == 0.0 and book.apply(base, [st]) is base
+    plant(sqlite_url, "c2", 200.0)  # 700 of 750 at 18:00: still behind, the underspend is banked
+    book.tick()
+    assert st.mu == 0.0
+    plant(sqlite_url, "c3", 150.0)  # 850 of 750: ahead again
+    book.tick()
+    assert st.mu == pytest.approx(4.0 * (850 - 750) / 1000)
+    now[0] = DAY0 + 86400 + 3600  # the next day: spend and pace from 0, μ carries over
+    book.tick()
+    assert st.period == "2025-12-06" and st.spent == 0.0
+    assert st.mu == pytest.approx(4.0 * (850 - 750) / 1000 - 4.0 * 1000 / 24 / 1000)
+    book.close()
+
+
+def test_own_spend_counts_at_decision_and_once_after_the_write(sqlite_url):
+    book = BudgetBook(
+        BudgetSettings(keys={"svc-a": {"limit": 100.0, "mode": "hard"}}), sqlite_url, clock=lambda: DAY0 + 7200
+    )
+    st = book.keys["svc-a"]
+    [matched] = book.match([{"user_api_key_alias": "svc-a", "user_api_key_team_id": "team-1"}])
+    assert matched is st and book.match([{"user_api_key_alias": "other"}]) == []
+    book.tick()
+    book.charge([st], {"joules_estimate": 60.0})  # routed here: counted before its row is written
+    assert st.spent == pytest.approx(60.0)
+    plant(sqlite_url, "c1", 61.0)  # its row (settled joules) reaches the ledger
+    book.tick()
+    assert st.spent == pytest.approx(61.0)  # the ledger's figure replaces the estimate: not counted twice
+    book.charge([st], {"joules_estimate": 40.0})
+    with pytest.raises(
+        BudgetExceeded, match=r"^energy-router: budget keys\.svc-a exhausted: 101 of 100 J this day$"
+    ) as e:
+        book.apply(Knob.point(lambda_=0.0), [st])
+    assert e.value.status_code == 429
+    book.close()
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_budgets import plant
+    for i in range(5):
+        plant({url!r}, f"b{{i}}", 7.0, team="shared")
+""")
+
+
+def test_two_writers_share_one_budget_within_one_refresh(pg_url, tmp_path):
+    """Proxy A's view of a team budget that proxy B (another process) spends: not before A's next ledger read,
+    always after the first read that starts after B's commit (the staleness bound: refresh_s + B's flush)."""
+    plant(pg_url, "a0", 3.0, team="shared")  # A's own request, already in the ledger
+    cfg = BudgetSettings(refresh_s=0.2, teams={"shared": {"limit": 1000.0}})
+    manual = BudgetBook(cfg, pg_url, clock=lambda: DAY0 + 3600)
+    manual.tick()
+    assert manual.teams["shared"].spent == pytest.approx(3.0)
+    live = BudgetBook(cfg, pg_url, clock=lambda: DAY0 + 3600).start()
+    writer = WRITER.format(tests=str(Path(__file__).parent), url=pg_url)
+    subprocess.run([sys.executable, "-c", writer],
+                   check=True, timeout=120)  # fmt: skip
+    committed = time.monotonic()
+    assert manual.teams["shared"].spent == pytest.approx(3.0)  # not yet read
+    manual.tick()
+    assert manual.teams["shared"].spent == pytest.approx(3.0 + 5 * 7.0)
+    st = live.teams["shared"]
+    while not (live.read_started > committed and st.reads >= 2 and live._lock.acquire(timeout=1)):
+        time.sleep(0.02)
+    started, reads = live.read_started, st.reads
+    live._lock.release()
+    while st.reads == reads:  # the read that started after the commit has finished
+        time.sleep(0.02)
+    assert started > committed and st.spent == pytest.approx(3.0 + 5 * 7.0)
+    live.close()
+    manual.close()
+
+
+# -- the hard cap through a real litellm.Router -------------------------------------------------------------
+
+
+def _router(backend, s):
+    ml = [{"model_name": "pool", "model_info": {"id": f"dep-{c}"},
+           "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"}}
+          for c in CANDS]  # fmt: skip
+    router = Router(model_list=ml, num_retries=2)
+    strategy = EnergyRoutingStrategy(router, s)
+    register_strategy(router, strategy)
+    book = strategy.core.budgets
+    while book.states[0].reads < 1:  # the refresher's first ledger read
+        time.sleep(0.02)
+    return router, strategy
+
+
+@pytest.mark.litellm_integration
+@pytest.mark.parametrize("action", ["refuse", "cheapest"])
+def test_hard_cap_through_a_real_router(planted_ckpt, sqlite_url, action):
+    plant(sqlite_url, "spent", 50.0, t=time.time(), key_alias="svc-a")  # today, over svc-a's cap of 40 J
+    s = Settings.model_validate({
+        "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
+        "table": {"url": sqlite_url},
+        "budgets": {"keys": {"svc-a": {"limit": 40.0, "mode": "hard", "hard_action": action}}},
+    })  # fmt: skip
+    proof = [{"role": "user", "content": "Give a proof about chess number 77"}]  # only `large` solves it
+    with LocalBackend() as backend:
+        router, strategy = _router(backend, s)
+        other = asyncio.run(router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": "svc-b"}))
+        assert other._hidden_params["model_id"] == "dep-large"  # no budget: the router's own choice
+        if action == "refuse":
+            with pytest.raises(Exception) as e:
+                asyncio.run(router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": "svc-a"}))
+            assert getattr(e.value, "status_code", None) == 429
+            assert "energy-router: budget keys.svc-a exhausted: 50 of 40 J this day" in str(e.value)
+            assert backend.count("large") == 1 and backend.count("small") == 0  # nothing reached a backend
+        else:
+            r = asyncio.run(router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": "svc-a"}))
+            assert r._hidden_params["model_id"] == "dep-small"  # the cheapest candidate
+        strategy.core.budgets.close()
+        strategy.core.runtime.close()
+
+
+def test_the_docs_budgets_example_is_valid_settings():
+    import re
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "docs/accounting.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "budgets:" in b)
+    s = Settings.model_validate(yaml.safe_load(block)["energy_router"])
+    assert s.budgets.teams["research"].unit == "gco2e" and s.budgets.keys["svc-batch"].mode == "hard"
+    assert s.budgets.refresh_s == BudgetSettings().refresh_s and s.budgets.teams["research"].eta == Budget.model_fields["eta"].default
