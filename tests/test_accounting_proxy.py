@@ -67,7 +67,8 @@ def proxy(tmp_path_factory):
     (d / "proxy.yaml").write_text(yaml.safe_dump(cfg))
     (d / "acct_keys.py").write_text(AUTH)
     (d / "intensity.csv").write_text("region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},120\nS,{h},480\n" for h in range(24)))
-    er = {"router": {"checkpoint": str(d / "current.json"), "timeout_ms": 5000}, "knob": {"lambda": 0.05},
+    # the routing it asserts is the checkpoint scorer's: online adaptation (blend toward the table's prior) off here
+    er = {"router": {"checkpoint": str(d / "current.json"), "timeout_ms": 5000, "online": False}, "knob": {"lambda": 0.05},
           "table": {"url": f"sqlite:///{d / 'production.db'}"}, "energy": {"meter": "simulated"},
           "writer": {"spool_dir": str(d / "spool"), "flush_interval_s": 0.1},
           "carbon": {"intensity_csv": str(d / "intensity.csv"),
