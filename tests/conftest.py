@@ -129,3 +129,13 @@ def example_plugin(example_plugin_dir):
     importlib.invalidate_caches()
     for mod in [m for m in sys.modules if m.split(".")[0] == "energy_router_example_plugin"]:
         del sys.modules[mod]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_adaptation():
+    """The serving process's online adaptation (router/adapt.ADAPT) is process-wide, as in a proxy: each test
+    starts with nothing learned, so one test's settled rows never price another's requests."""
+    from litellm_energy_router.router.adapt import ADAPT
+
+    ADAPT.reset()
+    yield
