@@ -144,7 +144,8 @@ class RouterRuntime:
         try:
             model = load_scorer(fp[0], self.scorer, expect_candidates=self.expect_candidates)
             model.score(["warm-up"], [None]), model.energy(["warm-up"], [None])  # tokenizer tables etc. built here, not on a request
-            if self.threads and "torch" in sys.modules:  # a torch scorer: keep its threads off the proxy's cores
+            if self.threads and not model.inline and "torch" in sys.modules:  # a torch scorer: keep its threads off
+                # the proxy's cores (an inline scorer never runs torch, and torch may be half-imported by another loader)
                 sys.modules["torch"].set_num_threads(self.threads)
         except Exception as e:  # noqa: BLE001 - refuse any broken checkpoint, keep the old one
             self.last_error = f"checkpoint {fp[0]} refused: {str(e).splitlines()[0]}"
