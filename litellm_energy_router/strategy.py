@@ -38,6 +38,7 @@ import random
 import time
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
@@ -48,7 +49,7 @@ from .figures import Accounting, headers
 from .knob import Knob, KnobError, metadata_dicts, resolve_knob
 from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.decide import decide
-from .router.length_model import bounded_energy, request_max_tokens
+from .router.length_model import bounded_energy, bounded_note, context_bounded_energy, request_max_tokens
 from .router.request_text import query_text
 from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
 from .settings import Settings, load_settings
@@ -67,6 +68,7 @@ class EnergyRouterCore:
             rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads, scorer=rs.scorer
         )  # inside the proxy's event loop this loads on a thread: requests fail open ("loading") until ready
         self._cmap = CandidateMap(self.settings.candidates)
+        self._context = {c.name: c.context_tokens for c in self.settings.candidates if c.context_tokens}
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
         self.accounting = Accounting(self.settings)
@@ -113,6 +115,18 @@ class EnergyRouterCore:
                 by_cand.setdefault(c, []).append(d)
         return by_cand
 
+    def context_lengths(self, candidates: Sequence[str], by_cand: Mapping[str, Sequence[Mapping[str, Any]]]) -> np.ndarray | None:
+        """Context length (tokens, prompt + output; inf: none known) per candidate, or None when no candidate has
+        one: the largest ``model_info.max_input_tokens`` of its deployments in the pool, else its
+        ``candidates[].context_tokens`` setting."""
+        out, known = np.full(len(candidates), np.inf), False
+        for k, c in enumerate(candidates):
+            vals = [v for d in by_cand.get(c, ()) if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0]
+            n = max(vals) if vals else self._context.get(c)
+            if n:
+                out[k], known = float(n), True
+        return out if known else None
+
     def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob, t0: float,
                by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
                request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision]:  # fmt: skip
@@ -124,7 +138,9 @@ class EnergyRouterCore:
         if not avail:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
         max_tokens = request_max_tokens(request_kwargs)
-        E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
+        ctx = self.context_lengths(scored.candidates, by_cand)
+        E_all = context_bounded_energy(bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens), scored.tokens,
+                                       scored.prompt_tokens, scored.j_prompt, scored.j_out, max_tokens, ctx)  # fmt: skip
         P, E = scored.P[avail][None, :], E_all[avail][None, :]
         j_best = int(decide(P, E, knob)[0])
         eps = self.settings.router.epsilon
@@ -139,7 +155,7 @@ class EnergyRouterCore:
             candidate=cand, deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(scored.P[i]), 5) for i in range(len(scored.candidates))},
             energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
-            energy_note=_note(scored.note, max_tokens),
+            energy_note=bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx),
             lambda_=None if knob.target_accuracy is not None else knob.lambda_, target_accuracy=knob.target_accuracy,
             max_energy_j=knob.max_energy_j,
             propensity=round(propensity, 6),
@@ -206,15 +222,6 @@ class EnergyRouterCore:
             raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
-
-
-def _note(note: dict | None, max_tokens: int | None) -> dict | None:
-    """The scorer's output-token note with the request's ``max_tokens`` bound applied (a copy: the note is cached)."""
-    if note is None or max_tokens is None:
-        return note
-    out = dict(note, max_tokens=max_tokens)
-    out["output_tokens"] = {c: [min(v, max_tokens) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
-    return out
 
 
 def _reason(e: Exception) -> str:

@@ -286,3 +286,41 @@ def bounded_energy(E: np.ndarray, tokens: np.ndarray | None, j_out: np.ndarray |
     if max_tokens is None or tokens is None or j_out is None:
         return E
     return E - j_out * np.maximum(np.asarray(tokens) - float(max_tokens), 0.0)
+
+
+def context_room(tokens: np.ndarray, prompt_tokens: float, max_tokens: int | None,
+                 context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(prompt tokens, output tokens) per candidate within its context length ``context[K]`` (tokens; inf: none):
+    the prompt up to the context, the output (bounded by ``max_tokens``) up to what the prompt leaves of it."""
+    p = np.minimum(float(prompt_tokens), context)
+    return p, np.minimum(bound_tokens(np.asarray(tokens, dtype=float), max_tokens), np.maximum(context - p, 0.0))
+
+
+def context_bounded_energy(E: np.ndarray, tokens: np.ndarray | None, prompt_tokens: float | None, j_prompt: np.ndarray | None,
+                           j_out: np.ndarray | None, max_tokens: int | None, context: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """``E`` (J, already :func:`bounded_energy`) less the tokens beyond each candidate's context length ``context[K]``
+    (inf: none): a deployment processes no more than its context, prompt and output together; never extrapolated
+    past it. Unchanged without a context, or from a scorer that does not give its tokens."""
+    if context is None or tokens is None or prompt_tokens is None or j_prompt is None or j_out is None:
+        return E
+    p, out = context_room(tokens, prompt_tokens, max_tokens, context)
+    return E - j_prompt * (float(prompt_tokens) - p) - j_out * (bound_tokens(np.asarray(tokens, dtype=float), max_tokens) - out)
+
+
+def bounded_note(note: dict | None, candidates: Sequence[str], max_tokens: int | None, prompt_tokens: float | None = None,
+                 context: np.ndarray | None = None) -> dict | None:  # fmt: skip
+    """The scorer's output-token note (a copy: the note is cached) with the request's ``max_tokens`` and the
+    candidates' context lengths applied: ``output_tokens`` capped, ``context_tokens`` per candidate with one, and
+    ``over_context``: the candidates whose context the prompt (``prompt_tokens``) exceeds, whose Ê is the bound's."""
+    if note is None or (max_tokens is None and context is None):
+        return note
+    out = dict(note, max_tokens=max_tokens) if max_tokens is not None else dict(note)
+    room: dict[str, float] = {}
+    if context is not None and prompt_tokens is not None:
+        ctx = {c: float(n) for c, n in zip(candidates, context) if np.isfinite(n)}
+        room = {c: max(n - min(float(prompt_tokens), n), 0.0) for c, n in ctx.items()}
+        out.update(prompt_tokens=int(prompt_tokens), context_tokens={c: int(n) for c, n in ctx.items()},
+                   over_context=[c for c, n in ctx.items() if prompt_tokens > n])  # fmt: skip
+    caps = {c: [x for x in (max_tokens, room.get(c)) if x is not None] for c in candidates}
+    out["output_tokens"] = {c: [min([v, *caps.get(c, ())]) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
+    return out

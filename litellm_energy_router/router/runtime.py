@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from ..metrics import CHECKPOINT_LOAD_SECONDS, RELOADS
+from ..tokens import count_prompt_tokens
 from .checkpoint import MANIFEST, resolve
 
 log = logging.getLogger("litellm_energy_router")
@@ -53,6 +54,8 @@ class Scored:
     tokens: np.ndarray | None = None  # expected output tokens per candidate (None: a scorer that does not say)
     j_out: np.ndarray | None = None  # J per output token per candidate, to bound E by a request's max_tokens
     note: dict | None = None  # how the output tokens were estimated (router/length_model.request_tokens)
+    prompt_tokens: int | None = None  # the prompt's cl100k tokens, to bound E by a deployment's context length
+    j_prompt: np.ndarray | None = None  # J per prompt token per candidate
 
 
 class NoCheckpoint(RuntimeError):
@@ -233,9 +236,11 @@ class RouterRuntime:
         if not hasattr(model, "energy_detail"):  # a plugin scorer: energy only
             E = model.energy(texts, tasks)
             return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
-        E, T, notes = model.energy_detail(texts, tasks)
-        jo = np.array([model.manifest.energy.j_per_output_token[c] for c in cands])
-        return [Scored(cands, P[i], E[i], model.version, T[i], jo, notes[i]) for i in range(len(items))]
+        n_tok = [count_prompt_tokens(t) for t in texts]
+        E, T, notes = model.energy_detail(texts, tasks, n_tok)
+        est = model.manifest.energy
+        jo, jp = (np.array([j[c] for c in cands]) for j in (est.j_per_output_token, est.j_per_prompt_token))
+        return [Scored(cands, P[i], E[i], model.version, T[i], jo, notes[i], n_tok[i], jp) for i in range(len(items))]
 
     def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:
         """(cache key, cached score or None), after the hot-reload check."""
