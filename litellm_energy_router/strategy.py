@@ -323,6 +323,7 @@ class EnergyRouterFilter(CustomLogger):
         super().__init__()
         self._settings = settings
         self._core = core
+        self._refused = RateLimitedWarning(log, 60.0)
 
     @property
     def core(self) -> EnergyRouterCore:
@@ -333,6 +334,7 @@ class EnergyRouterFilter(CustomLogger):
     def start(self) -> None:
         """Build the core now, so the checkpoint starts loading at proxy start, not on the first request. A
         settings error is logged and retried on the first request (which then fails open)."""
+        litellm_compat.quiet_knob_refusals()  # a refused knob: our WARNING line, not the proxy's ERROR line
         try:
             self.core
         except Exception as e:  # noqa: BLE001 - never keep the proxy from starting
@@ -365,7 +367,12 @@ class EnergyRouterFilter(CustomLogger):
             log.warning("energy-router: pre-call check skipped: %s", str(e).splitlines()[0] if str(e) else e)
             return None
         self._settings = settings
-        resolve_knob(settings.knob, data)
+        try:
+            resolve_knob(settings.knob, data)
+        except KnobError as e:  # counted in energy_router_knob_refusals_total{field}; logged once a minute per field
+            self._refused(e.field, "energy-router: refused a request knob with HTTP 400: %s (more refusals of this field "
+                          "in the next minute: energy_router_knob_refusals_total only)", str(e).removeprefix("energy-router: "))
+            raise
         return None
 
     async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any, response: Any,
