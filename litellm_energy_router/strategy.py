@@ -334,7 +334,7 @@ class EnergyRouterFilter(CustomLogger):
     def start(self) -> None:
         """Build the core now, so the checkpoint starts loading at proxy start, not on the first request. A
         settings error is logged and retried on the first request (which then fails open)."""
-        litellm_compat.quiet_knob_refusals()  # a refused knob: our WARNING line, not the proxy's ERROR line
+        litellm_compat.quiet_refusals()  # a refused knob: our WARNING line, not the proxy's ERROR line
         try:
             self.core
         except Exception as e:  # noqa: BLE001 - never keep the proxy from starting
