@@ -196,8 +196,9 @@ class EnergyRouterCore:
             plan = self._plan(deployments, messages, input, request_kwargs)
             if plan is None:
                 return None, None
-            budget = self.settings.router.timeout_ms / 1000
-            scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
+            budget, rt = self.settings.router.timeout_ms / 1000, self.runtime
+            # an inline scorer (the student) scores in place: no task and no loop turns for wait_for to add
+            scored = rt.score_sync(plan[0]) if rt.inline else await asyncio.wait_for(rt.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
             return self._account(*self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs))

@@ -224,7 +224,7 @@ class LengthModel:
 
 def bound_tokens(tokens: np.ndarray, max_tokens: Sequence[float | None] | float | None) -> np.ndarray:
     """``tokens[n, K]`` capped at each request's ``max_tokens`` (None: no cap): a request never writes more."""
-    if max_tokens is None:
+    if max_tokens is None or (isinstance(max_tokens, (list, tuple)) and all(v is None for v in max_tokens)):
         return tokens
     cap = np.array([np.inf if v is None or v <= 0 else float(v) for v in np.atleast_1d(np.asarray(max_tokens, dtype=object))])
     return np.minimum(tokens, cap[:, None] if tokens.ndim == 2 else cap)

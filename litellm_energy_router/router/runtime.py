@@ -199,6 +199,12 @@ class RouterRuntime:
         return self._model
 
     @property
+    def inline(self) -> bool:
+        """True when the serving scorer scores in place (:meth:`score` never leaves the event loop)."""
+        model = self._model
+        return model is not None and model.inline
+
+    @property
     def version(self) -> str | None:
         return self._model.version if self._model is not None else None
 
