@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 from litellm import Router
+from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend as Backend
 from litellm_energy_router.litellm_compat import register_strategy
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.strategy import EnergyRoutingStrategy
-from router_fixtures import CANDS
 
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 SHORT, LONG = "Tell me about rivers", "Give a proof about chess and rivers and stones " * 40
