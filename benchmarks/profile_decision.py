@@ -93,7 +93,7 @@ def main() -> None:
     if L is not None and L.W is not None:
         s["cues"] = stage("length model: cue flags", lambda i: lm.dense_features(texts[i], ntok[i]), n)
         s["buckets"] = stage("length model: n-gram buckets", lambda i: lm.buckets(texts[i]), n)
-        s["support"] = stage("length model: support (reference products)", lambda i: float(np.max(L._ref @ sk[i])), n)
+        s["support"] = stage("length model: support products (where no cue fires)", lambda i: float(np.max(L._ref @ sk[i])), n)
         s["length"] = stage("length model: predict, all of it", lambda i: L.predict([texts[i]], [ntok[i]], prior), n)
     s["tokens_all"] = stage("output tokens and note (request_tokens)", lambda i: lm.request_tokens(
         est, L, cands, [texts[i]], [None], [ntok[i]]), n)  # fmt: skip

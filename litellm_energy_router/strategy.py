@@ -83,11 +83,11 @@ class EnergyRouterCore:
         model = self.runtime.model
         return self._cmap.names or (set(model.candidates) if model is not None else set())
 
-    def candidate_of(self, deployment: Mapping[str, Any] | None) -> str | None:
+    def candidate_of(self, deployment: Mapping[str, Any] | None, known: set[str] | None = None) -> str | None:
         """The candidate a deployment serves, or ``None`` when it is not one of the router's (with no
-        candidate known yet, e.g. while the checkpoint loads: its id or model string)."""
+        candidate known yet, e.g. while the checkpoint loads: its id or model string). ``known``: :meth:`_known`."""
         dep_id, model, tag = deployment_keys(deployment)
-        known = self._known()
+        known = self._known() if known is None else known
         by = self.settings.router.match_by
         if not known and not tag:
             return dep_id if by == "id" else model
@@ -109,8 +109,9 @@ class EnergyRouterCore:
         """The request's deployments by the candidate they serve (those serving none left out); mapped
         once per request."""
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
+        known = self._known()
         for d in deployments:
-            c = self.candidate_of(d)
+            c = self.candidate_of(d, known)
             if c is not None:
                 by_cand.setdefault(c, []).append(d)
         return by_cand

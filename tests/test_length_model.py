@@ -100,3 +100,19 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
         if low is not None and not any(u in low for u in LENGTH_UNITS):
             assert not list(LENGTH_RE.finditer(tail)), t[:40]
     assert all(a == a.lower() for _, alts in CUES for _, anchors in alts for a in anchors)  # found in the lower-cased tail
+
+
+def test_support_is_computed_only_where_it_weighs():
+    """A seen informative cue gives the length model full weight whatever the support, so the support (the
+    dearest part of the estimate) is left out there (``null`` in the note); elsewhere it is the cosine."""
+    m = _planted()
+    lm, _ = fit_length_model(m)
+    est = EnergyEstimate(j_per_prompt_token={"a": 0.01, "b": 0.02}, j_per_output_token={"a": 0.1, "b": 0.2},
+                         output_tokens={}, output_tokens_any={"a": 2.0, "b": 2.0},
+                         output_tokens_prior={"a": 430.0, "b": 400.0}, prior_source="chat-length prior")  # fmt: skip
+    code, novel = "write a function that sorts the apple river stone", "Zzqx vortal plinth 97 ~~ ## qwv jjj kkk"
+    _, notes = request_tokens(est, lm, ["a", "b"], [code, novel], [None, None], [20, 20])
+    assert notes[0]["output_tokens_source"] == "length_model" and notes[0]["support"] is None
+    assert isinstance(notes[1]["support"], float) and notes[1]["output_tokens_source"] != "length_model"
+    pred = lm.predict([code, novel], [20, 20])
+    assert pred.weight[0] == 1.0 and np.isnan(pred.support[0]) and 0 <= pred.weight[1] < 1

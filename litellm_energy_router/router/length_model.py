@@ -135,7 +135,8 @@ def _blocks(ref: np.ndarray) -> np.ndarray:
 @dataclass
 class LengthPrediction:
     """Output tokens per request and candidate: ``mean``, 80 % interval ``lo``/``hi`` ``[n, K]``, the model's
-    ``weight[n]`` against the prior (1: the model alone, 0: the prior alone) and ``support[n]`` (cosine)."""
+    ``weight[n]`` against the prior (1: the model alone, 0: the prior alone) and ``support[n]`` (cosine; NaN where a
+    seen informative cue gave the model full weight, so the support was not computed)."""
 
     mean: np.ndarray
     lo: np.ndarray
@@ -191,14 +192,18 @@ class LengthModel:
                  cues_seen=self.cues_seen)  # fmt: skip
 
     def log_mu(self, texts: Sequence[str | None], prompt_tokens: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(predicted log1p(tokens) ``[n, K]``, support cosine ``[n]``, a seen informative cue fires ``[n]``)."""
+        """(predicted log1p(tokens) ``[n, K]``, support cosine ``[n]``, a seen informative cue fires ``[n]``). The
+        support is computed only where it weighs, i.e. where no seen informative cue fires (elsewhere the model has
+        full weight whatever the support: NaN, the dearest part of a request's estimate left out)."""
         n, K = len(texts), self.n_candidates
         mu, sup, cue = np.zeros((n, K)), np.zeros(n), np.zeros(n, dtype=bool)
         for i, (t, p) in enumerate(zip(texts, prompt_tokens)):
             idx, d = buckets(t or ""), dense_features(t or "", float(p))
             mu[i] = self.W[idx].sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
-            if len(self.ref):
+            if cue[i]:
+                sup[i] = np.nan
+            elif len(self.ref):
                 sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))  # [blocks, REF_BLOCK] products
         return mu, sup, cue
 
@@ -264,7 +269,8 @@ def request_tokens(est, length: "LengthModel | None", candidates: Sequence[str],
         pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], np.array([fb[c] for c in candidates]))
         out[unk], lo[unk], hi[unk] = pred.mean, pred.lo, pred.hi
         for j, i in enumerate(unk):
-            source[i], support[i] = pred.source(j), round(float(pred.support[j]), 4)
+            s = float(pred.support[j])
+            source[i], support[i] = pred.source(j), None if math.isnan(s) else round(s, 4)  # None: a cue decided
     elif unk:
         lo[unk] = out[unk] * PRIOR_BAND[0]
         hi[unk] = out[unk] * PRIOR_BAND[1]
