@@ -242,6 +242,7 @@ class KnobError(ValueError):
 
     status_code = 400
     type = "invalid_request_error"
+    energy_router_refusal = True  # litellm_compat.quiet_refusals: our WARNING line, not the proxy's ERROR line
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field

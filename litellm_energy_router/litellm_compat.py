@@ -9,6 +9,7 @@ feature detection (``getattr``), never by parsing ``litellm.__version__``. See d
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from typing import Any
@@ -80,3 +81,34 @@ __all__ = [
     "PROXY_CALLBACKS_MODULE", "cooldowns", "cooling_ids", "deployment_dict", "deployments",
     "proxy_imports_installed_callbacks", "register_strategy",
 ]
+
+
+PROXY_LOGGER = "LiteLLM Proxy"  # litellm._logging.verbose_proxy_logger
+
+
+class _DropRefusals(logging.Filter):
+    """Drops the proxy's own record of a request a pre-call hook of ours refused (a request knob,
+    :class:`~.knob.KnobError`, HTTP 400; a reused call id, :class:`~.callback.call_ids.CallIdTaken`, 409: an
+    ERROR line, with a traceback in some releases); the hook logs one WARNING line of its own instead. Matched
+    by the exception (``energy_router_refusal``) among the record's arguments or in its ``exc_info``, or by a
+    refusal's own text in the message; any other record passes."""
+
+    TEXTS = ("energy-router: metadata.energy_router", "energy-router: call id ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        exc = record.exc_info[1] if record.exc_info else None
+        if any(isinstance(a, BaseException) and getattr(a, "energy_router_refusal", False) for a in (*args, exc)):
+            return False
+        msg = record.getMessage()
+        return not any(t in msg for t in self.TEXTS)
+
+
+def quiet_refusals() -> None:
+    """Install :class:`_DropRefusals` on LiteLLM's proxy logger (once per process). LiteLLM logs every
+    exception a request raised, in ``litellm/proxy/common_request_processing.py`` ``log_llm_api_exception``
+    (1.110: ``verbose_proxy_logger.error`` for a 4xx the proxy raised itself, ``.exception`` otherwise), with
+    no setting a plugin could use for one exception type; a logging filter is the standard way."""
+    lg = logging.getLogger(PROXY_LOGGER)
+    if not any(isinstance(f, _DropRefusals) for f in lg.filters):
+        lg.addFilter(_DropRefusals())

@@ -64,6 +64,8 @@ class CandidateSettings(_Section):
     active_params_b: float | None = Field(None, ge=0, description="parameters active per token, billions")
     hardware: str | None = Field(None, description="e.g. '1x H100 80GB'")
     deployment_id: str | None = Field(None, description="LiteLLM model_info.id, when matching by id")
+    context_tokens: int | None = Field(None, ge=1, description="context length, tokens (prompt + output): bounds the "
+                                       "energy estimate; a deployment's model_info.max_input_tokens overrides it")  # fmt: skip
 
 
 class RouterSettings(_Section):

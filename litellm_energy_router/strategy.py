@@ -41,6 +41,7 @@ import random
 import time
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
@@ -54,7 +55,7 @@ from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
 from .router.adapt import ADAPT, start_refresh
 from .router.context import Context
 from .router.decide import decide
-from .router.length_model import bounded_energy, request_max_tokens
+from .router.length_model import bounded_energy, bounded_note, context_bounded_energy, request_max_tokens
 from .router.online import explore_pick
 from .router.request_text import query_text
 from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
@@ -76,6 +77,7 @@ class EnergyRouterCore:
             rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads, scorer=rs.scorer
         )  # inside the proxy's event loop this loads on a thread: requests fail open ("loading") until ready
         self._cmap = CandidateMap(self.settings.candidates)
+        self._context = {c.name: c.context_tokens for c in self.settings.candidates if c.context_tokens}
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
         self.accounting = Accounting(self.settings)
@@ -99,11 +101,11 @@ class EnergyRouterCore:
         model = self.runtime.model
         return self._cmap.names or (set(model.candidates) if model is not None else set())
 
-    def candidate_of(self, deployment: Mapping[str, Any] | None) -> str | None:
+    def candidate_of(self, deployment: Mapping[str, Any] | None, known: set[str] | None = None) -> str | None:
         """The candidate a deployment serves, or ``None`` when it is not one of the router's (with no
-        candidate known yet, e.g. while the checkpoint loads: its id or model string)."""
+        candidate known yet, e.g. while the checkpoint loads: its id or model string). ``known``: :meth:`_known`."""
         dep_id, model, tag = deployment_keys(deployment)
-        known = self._known()
+        known = self._known() if known is None else known
         by = self.settings.router.match_by
         if not known and not tag:
             return dep_id if by == "id" else model
@@ -125,11 +127,24 @@ class EnergyRouterCore:
         """The request's deployments by the candidate they serve (those serving none left out); mapped
         once per request."""
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
+        known = self._known()
         for d in deployments:
-            c = self.candidate_of(d)
+            c = self.candidate_of(d, known)
             if c is not None:
                 by_cand.setdefault(c, []).append(d)
         return by_cand
+
+    def context_lengths(self, candidates: Sequence[str], by_cand: Mapping[str, Sequence[Mapping[str, Any]]]) -> np.ndarray | None:
+        """Context length (tokens, prompt + output; inf: none known) per candidate, or None when no candidate has
+        one: the largest ``model_info.max_input_tokens`` of its deployments in the pool, else its
+        ``candidates[].context_tokens`` setting."""
+        out, known = np.full(len(candidates), np.inf), False
+        for k, c in enumerate(candidates):
+            vals = [v for d in by_cand.get(c, ()) if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0]
+            n = max(vals) if vals else self._context.get(c)
+            if n:
+                out[k], known = float(n), True
+        return out if known else None
 
     def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob, t0: float,
                by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
@@ -144,7 +159,9 @@ class EnergyRouterCore:
             return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
         self.adapt.bind(self.runtime.model)
         max_tokens = request_max_tokens(request_kwargs)
-        E_all = bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens)
+        ctx_len = self.context_lengths(scored.candidates, by_cand)
+        E_all = context_bounded_energy(bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens), scored.tokens,
+                                       scored.prompt_tokens, scored.j_prompt, scored.j_out, max_tokens, ctx_len)  # fmt: skip
         P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0,
                                                           self.settings.router.context_rows)  # fmt: skip
         P, E = P_all[avail][None, :], E_all[avail][None, :]
@@ -164,7 +181,7 @@ class EnergyRouterCore:
             candidate=cand, deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(P_all[i]), 5) for i in range(len(scored.candidates))},
             energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
-            energy_note=_note(scored.note, max_tokens),
+            energy_note=bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len),
             lambda_=None if knob.target_accuracy is not None else knob.lambda_, target_accuracy=knob.target_accuracy,
             max_energy_j=knob.max_energy_j,
             propensity=round(propensity, 6),
@@ -213,8 +230,9 @@ class EnergyRouterCore:
             plan = self._plan(deployments, messages, input, request_kwargs)
             if plan is None:
                 return None, None
-            budget = self.settings.router.timeout_ms / 1000
-            scored = await asyncio.wait_for(self.runtime.score(plan[0]), budget)
+            budget, rt = self.settings.router.timeout_ms / 1000, self.runtime
+            # an inline scorer (the student) scores in place: no task and no loop turns for wait_for to add
+            scored = rt.score_sync(plan[0]) if rt.inline else await asyncio.wait_for(rt.score(plan[0]), budget)
             if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
                 raise asyncio.TimeoutError()
             decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
@@ -241,15 +259,6 @@ class EnergyRouterCore:
             raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
-
-
-def _note(note: dict | None, max_tokens: int | None) -> dict | None:
-    """The scorer's output-token note with the request's ``max_tokens`` bound applied (a copy: the note is cached)."""
-    if note is None or max_tokens is None:
-        return note
-    out = dict(note, max_tokens=max_tokens)
-    out["output_tokens"] = {c: [min(v, max_tokens) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
-    return out
 
 
 def _reason(e: Exception) -> str:
@@ -351,6 +360,7 @@ class EnergyRouterFilter(CustomLogger):
         super().__init__()
         self._settings = settings
         self._core = core
+        self._refused = RateLimitedWarning(log, 60.0)
 
     @property
     def core(self) -> EnergyRouterCore:
@@ -361,6 +371,7 @@ class EnergyRouterFilter(CustomLogger):
     def start(self) -> None:
         """Build the core now, so the checkpoint starts loading at proxy start, not on the first request. A
         settings error is logged and retried on the first request (which then fails open)."""
+        litellm_compat.quiet_refusals()  # a refused knob: our WARNING line, not the proxy's ERROR line
         try:
             self.core
         except Exception as e:  # noqa: BLE001 - never keep the proxy from starting
@@ -394,10 +405,15 @@ class EnergyRouterFilter(CustomLogger):
             log.warning("energy-router: pre-call check skipped: %s", str(e).splitlines()[0] if str(e) else e)
             return None
         self._settings = settings
-        if self._core is not None:
-            self._core.knob(data)
-        else:
-            resolve_knob(settings.knob, data)
+        try:
+            if self._core is not None:
+                self._core.knob(data)  # the knob and its budgets
+            else:
+                resolve_knob(settings.knob, data)
+        except KnobError as e:  # counted in energy_router_knob_refusals_total{field}; logged once a minute per field
+            self._refused(e.field, "energy-router: refused a request knob with HTTP 400: %s (more refusals of this field "
+                          "in the next minute: energy_router_knob_refusals_total only)", str(e).removeprefix("energy-router: "))
+            raise
         return None
 
     async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any, response: Any,

@@ -30,10 +30,11 @@ def cl100k() -> Any:
 
 def count_prompt_tokens(text: str) -> int:
     """``cl100k_base`` token count of ``text``, in bounded time: texts longer than 32 KiB are counted on
-    their last 32 KiB and scaled by length."""
+    their last 32 KiB and scaled by length. A special token's text (``<|endoftext|>``) in a prompt counts as
+    ordinary text (``encode`` would refuse it, and the request would fail open)."""
     enc = cl100k()
     text = text.encode("utf-8", "replace").decode("utf-8", "replace")
     if len(text) <= _CL100K_EXACT_CHARS:
-        return len(enc.encode(text))
+        return len(enc.encode_ordinary(text))
     sample = text[-_CL100K_EXACT_CHARS:]
-    return int(round(len(enc.encode(sample)) * len(text) / len(sample)))
+    return int(round(len(enc.encode_ordinary(sample)) * len(text) / len(sample)))

@@ -96,3 +96,25 @@ def test_known_task_prices_a_candidate_without_its_rows_with_the_length_model():
     T0, notes0 = request_tokens(est, None, ["a", "b"], held.texts[:1], ["t2"], [20])  # no length model: the prior
     assert T0[0].tolist() == [5.0, 400.0] and notes0[0]["prior_for"] == ["b"]
     assert notes0[0]["output_tokens"]["b"] == [100.0, 400.0, 1000.0]  # the prior's band
+
+
+def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
+    """The serving shortcut (a cue's pattern tried only where one of its anchors occurs, on ASCII text) flags
+    exactly what a search of the whole tail flags: every anchor, upper case, non-ASCII text, near misses."""
+    from litellm_energy_router.router.length_model import CUE_CHARS, CUES, LENGTH_RE, LENGTH_UNITS, _fires
+
+    texts = ["Write a Python function that adds two numbers.", "WRITE THE PROGRAM", "prefix: fix this", "def f(x):\n  return x",
+             "ASSERT Foo(1)", "```js\nx\n```", "I like javascript", "c++ and SQL", "Explain step-by-step", "STEP BY STEP",
+             "summarise the article", "in detail please", "Solve 3 + 4", "how MANY apples", "12 * 3", "no digits here",
+             "Fill in the ____", "the Blank is", "blanket", "(B) second\nAnswer:", "Answer with the letter", "yes or no?",
+             "Describe ÄÖÜ in 200 words", "ſtep by ſtep explain", "K\u212a 3 Lines", "write 5 bullet points", "a" * 5000 + " essay",
+             "essay " + "b" * 5000, "", "Compare 10 items", "one sentence only", "story time: 2 paragraphs"]
+    for t in texts:
+        tail = t[-CUE_CHARS:]
+        low = tail.lower() if tail.isascii() else None
+        for name, alts in CUES:
+            fast = any(_fires(p, tail, low, a) for p, a in alts)
+            assert fast == any(p.search(tail) for p, _ in alts), (name, t[:40])
+        if low is not None and not any(u in low for u in LENGTH_UNITS):
+            assert not list(LENGTH_RE.finditer(tail)), t[:40]
+    assert all(a == a.lower() for _, alts in CUES for _, anchors in alts for a in anchors)  # found in the lower-cased tail

@@ -156,14 +156,78 @@ def test_proxy_metrics_endpoint(proxy):
     assert any(k[0].startswith("litellm_") for k in m)  # one registry, LiteLLM's own series beside ours
 
 
+def _call(port, text, call_id=None):
+    """(status, JSON body, the response's x-litellm-call-id) of a chat request, with a caller-chosen call id."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    if call_id:
+        headers["x-litellm-call-id"] = call_id
+    body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": text}]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read()), r.headers.get("x-litellm-call-id")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}"), e.headers.get("x-litellm-call-id")
+
+
+def _production_rows(d, call_id=None, timeout_s=0.0):
+    deadline = time.time() + timeout_s
+    while True:
+        store = open_store(f"sqlite:///{d / 'production.db'}")
+        rows = [r for r in store.iter_runs() if r["source"] == "production" and call_id in (None, r["call_id"])]
+        store.close()
+        if rows or time.time() >= deadline:
+            return rows
+        time.sleep(0.2)
+
+
+def test_proxy_refuses_a_reused_call_id_and_each_answer_names_its_row(proxy):
+    """A caller chooses its call id (x-litellm-call-id). A second request under an id that already names one is
+    refused (409) before any backend call: whether the first is still in the writer's queue or in the table (as
+    another proxy sharing it would have written it). So every answer's call id is the one its row is stored under,
+    and feedback for it labels that row only."""
+    from litellm_energy_router.callback import PendingRow, TableWriter
+    from litellm_energy_router.energy.estimate import EstimateMeter
+    from litellm_energy_router.feedback import apply_feedback
+    from litellm_energy_router.settings import PrivacySettings, WriterSettings
+
+    port, b, d = proxy["port"], proxy["backend"], proxy["dir"]
+    served = lambda: sum(b.count(c) for c in ("small", "medium", "large"))  # noqa: E731
+    status, _, cid = _call(port, EASY + " first asker", "client-42")
+    assert status == 200 and cid == "client-42"
+    before = served()
+    status, body, _ = _call(port, PROOF + " second asker", "client-42")  # the first row may still be queued
+    assert status == 409 and "client-42" in body["error"]["message"], body
+    assert served() == before
+    (first,) = _production_rows(d, "client-42", timeout_s=30)
+    # another proxy sharing the table stored a request under an id this one never saw: refused from the table
+    w = TableWriter(f"sqlite:///{d / 'production.db'}", EstimateMeter(), privacy=PrivacySettings(),
+                    writer=WriterSettings(spool_dir=d / "other-spool", flush_interval_s=0.05))  # fmt: skip
+    w.submit(PendingRow(call_id="other-proxy-7", candidate=NAMES[0], status="success", text="elsewhere", start_s=1.0,
+                        end_s=2.0, first_token_s=None, prompt_tokens=3, completion_tokens=2, propensity=None,
+                        deployment_id=None, backend_id=None))  # fmt: skip
+    w.close()
+    status, body, _ = _call(port, EASY + " third asker", "other-proxy-7")
+    assert status == 409 and "other-proxy-7" in body["error"]["message"] and served() == before, body
+    # no caller id: the answer names the id LiteLLM assigned, and its row is stored under it
+    status, _, auto = _call(port, EASY + " fourth asker")
+    assert status == 200 and auto and _production_rows(d, auto, timeout_s=30)
+    store = open_store(f"sqlite:///{d / 'production.db'}")
+    assert apply_feedback(store, "client-42", 1.0) == 1  # labels the first asker's row, the only one under its id
+    store.close()
+    rows = _production_rows(d)
+    assert [r["id"] for r in rows if r["call_id"] == "client-42"] == [first["id"]]
+    assert not any(r["call_id"].startswith("dup-") for r in rows)  # nothing was stored under another id
+
+
 def test_proxy_energy_logger_writes_production_rows(proxy):
     """The callback in the same config records every served request (source=production); shutdown flushes."""
     port = proxy["port"]
     _post(port, EASY + " logged")
     proxy["server"].stop(30)
     store = open_store(f"sqlite:///{proxy['dir'] / 'production.db'}")
-    rows = [r for r in store.iter_runs() if r["source"] == "production"]
-    store.close()
+    rows = [r for r in store.iter_runs() if r["source"] == "production" and r["call_id"] != "other-proxy-7"]  # that one:
+    store.close()  # another proxy's row, written by the call id test
     assert len(rows) >= 8  # every request of both tests, fallback included
     assert {r["candidate"] for r in rows} >= {"mistralai/mistral-7b-chat", "meta/llama-2-70b-chat", "zero-one-ai/Yi-34B-Chat"}
     assert all(r["energy_j"] and r["energy_j"] > 0 and r["energy_method"] == "estimate" for r in rows)

@@ -57,3 +57,32 @@ def test_a_bad_train_key_is_a_one_line_error_naming_it(tmp_path, sqlite_url, tra
         load_retrain_config(conf)
     msg = str(e.value)
     assert key in msg and "\n" not in msg, msg
+
+
+def test_each_train_key_is_defined_once_by_its_training_dataclass():
+    """The ``train:`` keys are derived from the dataclasses beside the trainers: same names and defaults, the
+    bounds of the field's metadata, the docstring's description; nothing is declared twice."""
+    import dataclasses
+
+    from pydantic import ValidationError
+
+    from litellm_energy_router.training.backbones import BackboneSpec
+    from litellm_energy_router.training.grpo import GRPOStageConfig
+    from litellm_energy_router.training.pipeline import TrainConfig
+    from litellm_energy_router.training.sft import SFTStageConfig
+    from litellm_energy_router.training.train_config import NOT_KEYS, BackboneSection, GRPOSection, SFTSection
+
+    pairs = [(BackboneSection, BackboneSpec(), ()), (SFTSection, SFTStageConfig(), ()), (GRPOSection, GRPOStageConfig(), ("enabled",)),
+             (TrainSection, TrainConfig(), ("backbone", "sft", "grpo"))]  # fmt: skip
+    for section, base, own in pairs:
+        fields = [f.name for f in dataclasses.fields(base) if not (isinstance(base, TrainConfig) and f.name in NOT_KEYS)]
+        assert set(section.model_fields) == set(fields) | set(own), section.__name__
+        for k in fields:
+            assert section.model_fields[k].default == getattr(base, k), (section.__name__, k)
+            assert section.model_fields[k].description, (section.__name__, k)
+    for section, key, bad in [(SFTSection, "epochs", 0), (GRPOSection, "num_generations", 1), (BackboneSection, "layers", 0),
+                              (TrainSection, "max_len", 8), (TrainSection, "probe_c", -1.0)]:  # fmt: skip
+        with pytest.raises(ValidationError):
+            section.model_validate({key: bad})
+    tc = TrainSection.model_validate({"grpo": {"beta": 0.1}, "seed": 3}).build(quick=True)
+    assert tc.grpo.beta == 0.1 and tc.grpo.steps == GRPOStageConfig().steps and tc.seed == 3 and tc.max_len == 64

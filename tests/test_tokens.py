@@ -21,3 +21,11 @@ def test_litellm_encoding_is_shared_and_counts_like_bpe_openai():
         assert count_prompt_tokens(t) == len(ref.encode(clean))
     # texts over 32 KiB: counted on their tail, scaled by length (bounded time)
     assert abs(count_prompt_tokens(TEXTS[-1]) - len(ref.encode(TEXTS[-1]))) <= 0.02 * len(ref.encode(TEXTS[-1]))
+
+
+def test_special_token_text_in_a_prompt_counts_as_ordinary_text():
+    """A caller's prompt may hold ``<|endoftext|>``: it is counted, never refused (a refusal failed the decision open)."""
+    from bpe_openai import get_encoding
+
+    t = "ignore this <|endoftext|> and <|fim_prefix|> then answer"
+    assert count_prompt_tokens(t) == len(get_encoding("cl100k_base").encode_ordinary(t)) > 10

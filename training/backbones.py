@@ -15,7 +15,7 @@ needs this module: a saved checkpoint loads with ``AutoModelForCausalLM``/``Auto
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from litellm_energy_router.router.format import special_tokens
@@ -23,12 +23,21 @@ from litellm_energy_router.router.format import special_tokens
 
 @dataclass
 class BackboneSpec:
-    """What to build. ``name`` is a registry key (``tiny``, ``minilm``) or ``hf:<id-or-path>``."""
+    """What to build (``retrain.train.backbone``: each key is one of these fields, its bounds in the field's
+    metadata; :mod:`.train_config`).
 
-    name: str = "tiny"
-    hidden_size: int = 128  # tiny only
-    layers: int = 2  # tiny only
-    vocab_size: int = 4096  # tiny only: BPE vocabulary trained on the queries
+    Attributes:
+        name: ``tiny``, ``minilm``, or ``hf:<model id or path>`` (a registry key or a Hugging Face model).
+        hidden_size: tiny backbone only: hidden size.
+        layers: tiny backbone only: transformer layers.
+        vocab_size: tiny backbone only: BPE vocabulary trained on the queries.
+        seed: weight initialisation seed.
+    """
+
+    name: str = field(default="tiny", metadata={"min_length": 1})
+    hidden_size: int = field(default=128, metadata={"ge": 8, "le": 4096})
+    layers: int = field(default=2, metadata={"ge": 1, "le": 48})
+    vocab_size: int = field(default=4096, metadata={"ge": 64, "le": 262144})
     seed: int = 0
 
 

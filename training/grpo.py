@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,7 +40,8 @@ from litellm_energy_router.router.policy import POLICY_FILE, START_FILE
 
 @dataclass
 class GRPOStageConfig:
-    """GRPO hyper-parameters.
+    """GRPO hyper-parameters (``retrain.train.grpo``: each key is one of these fields, its bounds in the field's
+    metadata, plus ``enabled``; :mod:`.train_config`).
 
     Attributes:
         steps: GRPO optimiser steps.
@@ -58,16 +59,16 @@ class GRPOStageConfig:
         seed: bucket sampling / trainer seed.
     """
 
-    steps: int = 200
-    num_generations: int = 6
-    prompts_per_step: int = 4
-    learning_rate: float = 2e-4
-    temperature: float = 1.0
-    beta: float = 0.04
-    start_epochs: float = 2.0
-    start_learning_rate: float = 5e-3
-    start_batch_size: int = 32
-    serve_margin_se: float = 2.0
+    steps: int = field(default=200, metadata={"ge": 1, "le": 1_000_000})
+    num_generations: int = field(default=6, metadata={"ge": 2, "le": 64})
+    prompts_per_step: int = field(default=4, metadata={"ge": 1, "le": 1024})
+    learning_rate: float = field(default=2e-4, metadata={"gt": 0, "lt": 1})
+    temperature: float = field(default=1.0, metadata={"gt": 0, "le": 10})
+    beta: float = field(default=0.04, metadata={"ge": 0})
+    start_epochs: float = field(default=2.0, metadata={"gt": 0, "le": 1000})
+    start_learning_rate: float = field(default=5e-3, metadata={"gt": 0, "lt": 1})
+    start_batch_size: int = field(default=32, metadata={"ge": 1, "le": 4096})
+    serve_margin_se: float = field(default=2.0, metadata={"ge": 0})
     keep_start: bool = False
     seed: int = 0
 

@@ -41,7 +41,8 @@ class TrainingDataError(UserError, ValueError):
 
 @dataclass
 class TrainConfig:
-    """Router training configuration.
+    """Router training configuration (``retrain.train``: its scalar fields and the three stage sections, each
+    key one field, its bounds in the field's metadata; :mod:`.train_config`).
 
     Attributes:
         backbone: which backbone to build (``tiny``, ``minilm``, ``hf:<id>``) and its size.
@@ -69,10 +70,10 @@ class TrainConfig:
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
     grpo: GRPOStageConfig | None = None
-    max_len: int = 128
-    calib_fraction: float = 0.2
+    max_len: int = field(default=128, metadata={"ge": 16, "le": 8192})
+    calib_fraction: float = field(default=0.2, metadata={"gt": 0, "lt": 1})
     student: bool = True
-    probe_c: float | None = 0.3
+    probe_c: float | None = field(default=0.3, metadata={"gt": 0})
     candidates: list[str] | None = None
     sources: tuple[str, ...] = ("import", "tournament", "shadow", "production")
     seed: int = 0

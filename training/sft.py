@@ -8,7 +8,7 @@ pre-tokenized dataset as is (``input_ids`` + ``labels``) and its collator pads b
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -18,7 +18,8 @@ from litellm_energy_router.router.format import UNKNOWN_TASK, Layout
 
 @dataclass
 class SFTStageConfig:
-    """SFT hyper-parameters.
+    """SFT hyper-parameters (``retrain.train.sft``: each key is one of these fields, its bounds in the field's
+    metadata; :mod:`.train_config`).
 
     Attributes:
         epochs: passes over the training queries.
@@ -29,10 +30,10 @@ class SFTStageConfig:
         seed: shuffling / dropout seed.
     """
 
-    epochs: float = 4.0
-    batch_size: int = 16
-    learning_rate: float = 2e-3
-    task_dropout: float = 0.25
+    epochs: float = field(default=4.0, metadata={"gt": 0, "le": 1000})
+    batch_size: int = field(default=16, metadata={"ge": 1, "le": 4096})
+    learning_rate: float = field(default=2e-3, metadata={"gt": 0, "lt": 1})
+    task_dropout: float = field(default=0.25, metadata={"ge": 0, "le": 1})
     seed: int = 0
 
 

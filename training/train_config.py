@@ -1,6 +1,12 @@
 """The ``retrain.train:`` section: what ``retrain`` trains, validated, mapped onto
 :class:`~.pipeline.TrainConfig`.
 
+One definition per field: the sections are **derived** from the training dataclasses, beside their trainers
+(:class:`~.backbones.BackboneSpec`, :class:`~.sft.SFTStageConfig`, :class:`~.grpo.GRPOStageConfig`,
+:class:`~.pipeline.TrainConfig`): a key's name, type and default are the dataclass field's, its bounds the
+field's ``metadata``, its description the class docstring's ``Attributes:`` entry. Adding a field to a
+dataclass adds the key.
+
 Every key is optional; a key left out keeps the base configuration's value. The base is
 ``TrainConfig()`` (the shipped default), or ``TrainConfig.quick()`` when ``retrain.quick`` is true (a
 seconds-long tiny backbone for smoke runs). ``retrain.grpo_steps: N`` is still honoured (GRPO on with N
@@ -19,9 +25,21 @@ steps) when ``train.grpo`` is absent; setting both is an error. Example::
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from .backbones import BackboneSpec
+from .grpo import GRPOStageConfig
+from .pipeline import TrainConfig
+from .sft import SFTStageConfig
+
+#: TrainConfig fields a config file does not set: the stages are sections of their own; the candidates, the
+#: table sources and the warm-start checkpoint are the retrain run's (``retrain.warm_start`` etc.)
+NOT_KEYS = ("backbone", "sft", "grpo", "candidates", "sources", "init_from")
 
 
 class _Section(BaseModel):
@@ -32,58 +50,47 @@ class _Section(BaseModel):
         return {k: getattr(self, k) for k in self.model_fields_set if k not in exclude}
 
 
-class BackboneSection(_Section):
-    """``train.backbone``: :class:`~.backbones.BackboneSpec`."""
-
-    name: str = Field("tiny", min_length=1, description="tiny, minilm, or hf:<model id or path>")
-    hidden_size: int = Field(128, ge=8, le=4096, description="tiny backbone only: hidden size")
-    layers: int = Field(2, ge=1, le=48, description="tiny backbone only: transformer layers")
-    vocab_size: int = Field(4096, ge=64, le=262144, description="tiny backbone only: BPE vocabulary trained on the queries")
-    seed: int = 0
-
-
-class SFTSection(_Section):
-    """``train.sft``: :class:`~.sft.SFTStageConfig`."""
-
-    epochs: float = Field(4.0, gt=0, le=1000)
-    batch_size: int = Field(16, ge=1, le=4096)
-    learning_rate: float = Field(2e-3, gt=0, lt=1)
-    task_dropout: float = Field(0.25, ge=0, le=1)
-    seed: int = 0
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Field → its ``Attributes:`` entry in ``cls``'s docstring (continuation lines joined)."""
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    body = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
+    out: dict[str, str] = {}
+    for name, text in re.findall(r"^ {4}(\w+): (.*(?:\n {8}.*)*)", body, re.MULTILINE):
+        out[name] = " ".join(line.strip() for line in text.splitlines())
+    return out
 
 
-class GRPOSection(_Section):
-    """``train.grpo``: the GRPO stage after SFT (:class:`~.grpo.GRPOStageConfig`); ``enabled: false`` (or
-    the section left out) skips it."""
+def section_of(dc: type, name: str, skip: tuple[str, ...] = (), **extra: Any) -> type[_Section]:
+    """A section model with one key per field of the dataclass ``dc`` (but ``skip``): the field's type and
+    default, its metadata as bounds, its docstring entry as description; ``extra``: more keys (pydantic
+    ``(type, Field)`` pairs)."""
+    hints, docs = typing.get_type_hints(dc), attribute_docs(dc)
+    keys: dict[str, Any] = {}
+    for f in dataclasses.fields(dc):
+        if f.name in skip:
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        keys[f.name] = (hints[f.name], Field(default, description=docs.get(f.name), **dict(f.metadata)))
+    return create_model(name, __base__=_Section, __doc__=f"``train`` section of :class:`{dc.__name__}`.", **keys, **extra)
 
-    enabled: bool = True
-    steps: int = Field(200, ge=1, le=1_000_000)
-    num_generations: int = Field(6, ge=2, le=64)
-    prompts_per_step: int = Field(4, ge=1, le=1024)
-    learning_rate: float = Field(5e-4, gt=0, lt=1)
-    temperature: float = Field(1.0, gt=0, le=10)
-    seed: int = 0
+
+BackboneSection = section_of(BackboneSpec, "BackboneSection")
+SFTSection = section_of(SFTStageConfig, "SFTSection")
+GRPOSection = section_of(GRPOStageConfig, "GRPOSection",
+                         enabled=(bool, Field(True, description="run the GRPO stage (false: skip it, as when the section "
+                                                                "is left out)")))  # fmt: skip
+_TrainKeys = section_of(TrainConfig, "_TrainKeys", skip=NOT_KEYS,
+                        backbone=(BackboneSection | None, Field(None, description="the backbone (BackboneSpec)")),
+                        sft=(SFTSection | None, Field(None, description="the SFT stage (SFTStageConfig)")),
+                        grpo=(GRPOSection | None, Field(None, description="the GRPO stage (GRPOStageConfig); absent: "
+                                                                          "none")))  # fmt: skip
 
 
-class TrainSection(_Section):
+class TrainSection(_TrainKeys):  # type: ignore[misc, valid-type]
     """``retrain.train``: the training configuration (see the module docstring)."""
 
-    backbone: BackboneSection | None = None
-    sft: SFTSection | None = None
-    grpo: GRPOSection | None = None
-    max_len: int | None = Field(None, ge=16, le=8192, description="router input length, tokens")
-    calib_fraction: float | None = Field(None, gt=0, lt=1, description="share of training queries held out of SFT for calibration")
-    student: bool | None = Field(None, description="distil the serving student")
-    probe_c: float | None = Field(0.3, gt=0, description="probe head strength; null: no probe head")
-    seed: int | None = None
-    partial_feedback: bool | None = Field(None, description="train the probe head, student and energy estimate on every "
-                                          "labelled (query, candidate) run, production rows weighted by inverse propensity")  # fmt: skip
-
-    def build(self, *, quick: bool = False, grpo_steps: int = 0) -> Any:
+    def build(self, *, quick: bool = False, grpo_steps: int = 0) -> TrainConfig:
         """The :class:`~.pipeline.TrainConfig` this section names, over the default (or quick) one."""
-        from .grpo import GRPOStageConfig
-        from .pipeline import TrainConfig
-
         if grpo_steps and self.grpo is not None:
             raise ValueError("retrain: set either grpo_steps or train.grpo, not both")
         tc = TrainConfig.quick() if quick else TrainConfig()
@@ -97,6 +104,5 @@ class TrainSection(_Section):
         elif grpo_steps:
             tc.grpo = GRPOStageConfig(steps=grpo_steps)
         for k, v in self.given("backbone", "sft", "grpo").items():
-            if v is not None or k == "probe_c":
-                setattr(tc, k, v)
+            setattr(tc, k, v)
         return tc

@@ -27,10 +27,11 @@ from ..energy.carbon import CarbonModel
 from ..figures import add_to_logging_payload
 from ..energy.meter import RequestEnergyMeter
 from ..energy.request_meter import open_request_meter
-from ..metrics import CALLBACK_ERRORS
+from ..metrics import CALLBACK_ERRORS, RateLimitedWarning
 from ..settings import Settings, load_settings
 from ..shadow_queue import ShadowQueue
 from .accounting import RowAccounting
+from .call_ids import CallIdGuard, CallIdTaken
 from .pending_row import CandidateMap, extract_row
 from .writer import TableWriter
 
@@ -67,11 +68,24 @@ class EnergyLogger(CustomLogger):
             table_url or s.table.url, self.meter, writer=s.writer, privacy=s.privacy, cmap=self.cmap, shadow=shadow,
             settle_timeout_s=s.energy.settle_timeout_s, **writer_kwargs,
         )  # fmt: skip
+        self.call_ids = CallIdGuard(table_url or s.table.url)
+        self._refused = RateLimitedWarning(log, 60.0)
         self._closed = False
         ref = weakref.ref(self)
         atexit.register(lambda: (lambda o: o.close() if o is not None else None)(ref()))
 
     # -- LiteLLM hooks ----------------------------------------------------------------------------
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> None:
+        """Proxy, before any backend call: refuse (HTTP 409) a caller-chosen call id that already names a
+        request (:mod:`.call_ids`), so a response's call id is always the one its row is stored under."""
+        try:
+            await self.call_ids.check(data)
+        except CallIdTaken as e:
+            self._refused("call_id", "energy-router: refused a reused call id with HTTP 409: %s (more in the next minute: "
+                          "not logged)", str(e).removeprefix("energy-router: "))  # fmt: skip
+            raise
+        return None
+
     def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
         try:
             call_id = kwargs.get("litellm_call_id")
@@ -124,6 +138,7 @@ class EnergyLogger(CustomLogger):
             return
         self._closed = True
         self.writer.close(timeout)
+        self.call_ids.close()
         try:
             self.meter.close()
         except Exception:  # noqa: BLE001

@@ -7,6 +7,8 @@ Importing this module builds one :class:`EnergyLogger` from ``$ENERGY_ROUTER_CON
 ``ENERGY_ROUTER_*`` variables (so only import it where you want the logger running).
 """
 
+from ..litellm_compat import quiet_refusals
 from .logger import EnergyLogger
 
 energy_logger = EnergyLogger()
+quiet_refusals()  # a refused call id: the logger's WARNING line, not the proxy's ERROR line

@@ -25,7 +25,7 @@ def train_cmd(
     out: Path = typer.Option(..., "--out", help="checkpoint directory to write"),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
-    backbone: str = typer.Option("tiny", "--backbone", help="tiny | minilm | hf:<model id or path>"),
+    backbone: Optional[str] = typer.Option(None, "--backbone", help="tiny | minilm | hf:<model id or path> (default from TrainConfig)"),
     quick: bool = typer.Option(False, "--quick", help="seconds-long run for tests and smoke checks"),
     epochs: Optional[float] = typer.Option(None, "--epochs", help="SFT epochs (default from TrainConfig)"),
     candidates: Optional[str] = typer.Option(None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"),
@@ -44,7 +44,7 @@ def train_cmd(
         return _export_baseline_cmd(scorer, out, db_url(db, config), candidates)
 
     cfg = TrainConfig.quick() if quick else TrainConfig()
-    if backbone != cfg.backbone.name:
+    if backbone is not None and backbone != cfg.backbone.name:
         cfg.backbone = BackboneSpec(name=backbone)
     if epochs is not None:
         cfg.sft.epochs = epochs

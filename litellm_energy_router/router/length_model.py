@@ -43,25 +43,34 @@ from .student import ngram_buckets
 LENGTH_FILE = "length.npz"
 DIM, SKETCH = 2**12, 512
 NGRAMS, TAIL_CHARS, CUE_CHARS = (3, 4), 600, 4000
+REF_BLOCK = 16  # rows per support product: 16 x 512 is under OpenBLAS's threshold for threads (interface/gemv.c)
 PRIOR_BAND = (0.25, 2.5)  # the chat prior's 80 % interval, × the prior (chat answers span two orders of magnitude)
 
-CUES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((n, re.compile(p, re.I | re.M)) for n, p in (
-    ("code", r"\b(write|implement|complete|create|fix)\b[^.?!\n]{0,40}\b(function|program|script|class|method|code|query)\b"
-             r"|```|\bdef \w+\(|\bassert \w+\(|\b(python|javascript|sql|java|c\+\+)\b"),
-    ("choice", r"answer with (only )?(the|a|one) (letter|option|number|choice)|\b(choose|select|pick) (the |one )?(correct|best|right)?"
-               r" ?(answer|option|choice)|^\s*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$"),
-    ("short", r"\b(one|single) word\b|\byes or no\b|\btrue or false\b|\bshort answer\b|\bbriefly\b|\bone sentence\b"
-              r"|\bonly (the|give|with) (answer|number|letter|name)|\bwithout (any )?explanation\b|\bsingle (choice|letter)\b"),
-    ("long", r"\b(explain|describe|discuss|elaborate|essay|in detail|step[- ]by[- ]step|story|article|blog|poem|report"
-             r"|summari[sz]e|outline|compare)\b"),
-    ("math", r"\b(solve|calculate|compute|how many|how much)\b|\d\s*[-+*/^=]\s*\d"),
-    ("question", r"\?\s*\Z"),
-    ("fill", r"_{2,}|\bblank\b"),
+#: cue name → its alternatives, each (pattern, anchors): lower-case literals one of which begins every match of the
+#: pattern on ASCII text (``()``: any position may begin one). On an ASCII text (nearly all) a pattern is tried only
+#: where one of its anchors occurs: the same flags as a search everywhere, in a tenth of the time (docs/benchmarks.md).
+CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]], ...] = tuple(
+    (n, tuple((re.compile(p, re.I | re.M), a) for p, a in alts)) for n, alts in (
+    ("code", ((r"\b(write|implement|complete|create|fix)\b[^.?!\n]{0,40}\b(function|program|script|class|method|code|query)\b"
+               r"|```|\bdef \w+\(|\bassert \w+\(|\b(python|javascript|sql|java|c\+\+)\b",
+               ("write", "implement", "complete", "create", "fix", "```", "def ", "assert ", "python", "java", "sql", "c++")),)),
+    ("choice", ((r"answer with (only )?(the|a|one) (letter|option|number|choice)|\b(choose|select|pick) (the |one )?(correct|best|right)?"
+                 r" ?(answer|option|choice)|^\s*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$", ()),)),
+    ("short", ((r"\b(one|single) word\b|\byes or no\b|\btrue or false\b|\bshort answer\b|\bbriefly\b|\bone sentence\b"
+                r"|\bonly (the|give|with) (answer|number|letter|name)|\bwithout (any )?explanation\b|\bsingle (choice|letter)\b", ()),)),
+    ("long", ((r"\b(explain|describe|discuss|elaborate|essay|in detail|step[- ]by[- ]step|story|article|blog|poem|report"
+               r"|summari[sz]e|outline|compare)\b", ("explain", "describe", "discuss", "elaborate", "essay", "in detail", "step",
+                                                     "story", "article", "blog", "poem", "report", "summari", "outline", "compare")),)),
+    ("math", ((r"\b(solve|calculate|compute|how many|how much)\b", ("solve", "calculate", "compute", "how many", "how much")),
+              (r"\d\s*[-+*/^=]\s*\d", ()))),
+    ("question", ((r"\?\s*\Z", ()),)),
+    ("fill", ((r"_{2,}|\bblank\b", ("__", "blank")),)),
 ))  # fmt: skip
 LENGTH_RE = re.compile(r"\b(\d{1,4})\s*(words?|sentences?|paragraphs?|lines?|bullet points?|bullets?|items?|tokens?)\b", re.I)
 #: tokens per requested unit (a word ~1.3 tokens, a sentence ~25, a paragraph ~100, a line ~12, an item ~20)
 UNIT_TOKENS = {"word": 1.3, "sentence": 25.0, "paragraph": 100.0, "line": 12.0, "bullet point": 20.0, "bullet": 20.0,
                "item": 20.0, "token": 1.0}  # fmt: skip
+LENGTH_UNITS = ("word", "sentence", "paragraph", "line", "bullet", "item", "token")  # one begins every LENGTH_RE unit
 DENSE = [*(n for n, _ in CUES), "asked_length", "asked_length_log", "turns_log", "prompt_tokens_log", "chars_log"]
 #: the flags that inform a length on their own: one of them on, and seen in :data:`MIN_CUE_ROWS` training rows,
 #: gives the model full weight whatever the n-gram support (a closing "?" says little about a length)
@@ -73,9 +82,10 @@ _BLANK = re.compile(r"\n\s*\n")
 def dense_features(text: str, prompt_tokens: float) -> np.ndarray:
     """The cue flags and numeric features of one request (:data:`DENSE`, in that order)."""
     tail = text[-CUE_CHARS:]
-    f = [1.0 if p.search(tail) else 0.0 for _, p in CUES]
+    low = tail.lower() if tail.isascii() else None  # ASCII: lower() maps character for character, as re.I does
+    f = [1.0 if any(_fires(p, tail, low, a) for p, a in alts) else 0.0 for _, alts in CUES]
     asked = 0.0
-    for m in LENGTH_RE.finditer(tail):
+    for m in LENGTH_RE.finditer(tail) if low is None or any(u in low for u in LENGTH_UNITS) else ():
         unit = m.group(2).lower().rstrip("s")
         asked = max(asked, float(m.group(1)) * UNIT_TOKENS.get(unit, UNIT_TOKENS.get(unit + "s", 1.0)))
     turns = len([b for b in _BLANK.split(text) if b.strip()])
@@ -84,18 +94,42 @@ def dense_features(text: str, prompt_tokens: float) -> np.ndarray:
     return np.asarray(f, dtype=np.float64)
 
 
+def _fires(p: re.Pattern[str], tail: str, low: str | None, anchors: tuple[str, ...]) -> bool:
+    """Whether ``p`` matches somewhere in ``tail``: where one of its ``anchors`` occurs in ``low`` (``tail`` lower-cased,
+    ASCII), else everywhere."""
+    if low is None or not anchors:
+        return p.search(tail) is not None
+    for a in anchors:
+        i = low.find(a)
+        while i >= 0:
+            if p.match(tail, i):
+                return True
+            i = low.find(a, i + 1)
+    return False
+
+
 def buckets(text: str) -> np.ndarray:
     return ngram_buckets(text or "", NGRAMS, DIM, TAIL_CHARS)
 
 
 def sketch(idx: np.ndarray) -> np.ndarray:
     """Unit signed-hash sketch (:data:`SKETCH` dims) of a bucket set, for the support similarity."""
-    v = np.zeros(SKETCH)
-    if len(idx):
-        sign = np.where((idx * 2654435761 >> 13) & 1, 1.0, -1.0)
-        v += np.bincount(idx % SKETCH, weights=sign, minlength=SKETCH)  # = np.add.at, a fraction of its cost
-        v /= max(float(np.linalg.norm(v)), 1e-12)
-    return v
+    if not len(idx):
+        return np.zeros(SKETCH)
+    sign = np.where((idx * 2654435761 >> 13) & 1, 1.0, -1.0)
+    v = np.bincount(idx % SKETCH, weights=sign, minlength=SKETCH)  # sums of ±1: exact, as np.add.at was
+    return v / max(float(np.linalg.norm(v)), 1e-12)
+
+
+def _blocks(ref: np.ndarray) -> np.ndarray:
+    """``ref[R, SKETCH]`` as ``[ceil(R / REF_BLOCK), REF_BLOCK, SKETCH]`` (the last block padded with copies of the last
+    row: the maximum is unchanged). One product of the whole matrix makes BLAS wake its threads for each request,
+    which costs milliseconds on a busy machine; products of blocks this small run on the calling thread, with the
+    same sums."""
+    if not len(ref):
+        return ref
+    pad = -len(ref) % REF_BLOCK
+    return np.concatenate([ref, np.repeat(ref[-1:], pad, axis=0)]).reshape(-1, REF_BLOCK, ref.shape[1])
 
 
 @dataclass
@@ -130,7 +164,7 @@ class LengthModel:
         self.r_hi = z if r_hi is None else np.asarray(r_hi, dtype=np.float64)
         self.smear = np.ones(K) if smear is None else np.asarray(smear, dtype=np.float64)
         self.ref = np.zeros((0, SKETCH), dtype=np.float16) if ref is None else np.asarray(ref, dtype=np.float16)
-        self._ref = self.ref.astype(np.float32)  # once, not per request
+        self._ref = _blocks(self.ref.astype(np.float32))  # once, not per request
         self.support_lo, self.support_hi = (float(support[0]), float(support[1]))
         self.cues_seen = np.zeros(len(DENSE), dtype=bool) if cues_seen is None else np.asarray(cues_seen, dtype=bool)
         if W is not None and (np.shape(W) != (DIM, K) or np.shape(V) != (len(DENSE), K)):
@@ -165,7 +199,7 @@ class LengthModel:
             mu[i] = self.W[idx].sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
             if len(self.ref):
-                sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))
+                sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))  # [blocks, REF_BLOCK] products
         return mu, sup, cue
 
     def predict(self, texts: Sequence[str | None], prompt_tokens: Sequence[float],
@@ -190,7 +224,7 @@ class LengthModel:
 
 def bound_tokens(tokens: np.ndarray, max_tokens: Sequence[float | None] | float | None) -> np.ndarray:
     """``tokens[n, K]`` capped at each request's ``max_tokens`` (None: no cap): a request never writes more."""
-    if max_tokens is None:
+    if max_tokens is None or (isinstance(max_tokens, (list, tuple)) and all(v is None for v in max_tokens)):
         return tokens
     cap = np.array([np.inf if v is None or v <= 0 else float(v) for v in np.atleast_1d(np.asarray(max_tokens, dtype=object))])
     return np.minimum(tokens, cap[:, None] if tokens.ndim == 2 else cap)
@@ -260,3 +294,41 @@ def bounded_energy(E: np.ndarray, tokens: np.ndarray | None, j_out: np.ndarray |
     if max_tokens is None or tokens is None or j_out is None:
         return E
     return E - j_out * np.maximum(np.asarray(tokens) - float(max_tokens), 0.0)
+
+
+def context_room(tokens: np.ndarray, prompt_tokens: float, max_tokens: int | None,
+                 context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(prompt tokens, output tokens) per candidate within its context length ``context[K]`` (tokens; inf: none):
+    the prompt up to the context, the output (bounded by ``max_tokens``) up to what the prompt leaves of it."""
+    p = np.minimum(float(prompt_tokens), context)
+    return p, np.minimum(bound_tokens(np.asarray(tokens, dtype=float), max_tokens), np.maximum(context - p, 0.0))
+
+
+def context_bounded_energy(E: np.ndarray, tokens: np.ndarray | None, prompt_tokens: float | None, j_prompt: np.ndarray | None,
+                           j_out: np.ndarray | None, max_tokens: int | None, context: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """``E`` (J, already :func:`bounded_energy`) less the tokens beyond each candidate's context length ``context[K]``
+    (inf: none): a deployment processes no more than its context, prompt and output together; never extrapolated
+    past it. Unchanged without a context, or from a scorer that does not give its tokens."""
+    if context is None or tokens is None or prompt_tokens is None or j_prompt is None or j_out is None:
+        return E
+    p, out = context_room(tokens, prompt_tokens, max_tokens, context)
+    return E - j_prompt * (float(prompt_tokens) - p) - j_out * (bound_tokens(np.asarray(tokens, dtype=float), max_tokens) - out)
+
+
+def bounded_note(note: dict | None, candidates: Sequence[str], max_tokens: int | None, prompt_tokens: float | None = None,
+                 context: np.ndarray | None = None) -> dict | None:  # fmt: skip
+    """The scorer's output-token note (a copy: the note is cached) with the request's ``max_tokens`` and the
+    candidates' context lengths applied: ``output_tokens`` capped, ``context_tokens`` per candidate with one, and
+    ``over_context``: the candidates whose context the prompt (``prompt_tokens``) exceeds, whose Ê is the bound's."""
+    if note is None or (max_tokens is None and context is None):
+        return note
+    out = dict(note, max_tokens=max_tokens) if max_tokens is not None else dict(note)
+    room: dict[str, float] = {}
+    if context is not None and prompt_tokens is not None:
+        ctx = {c: float(n) for c, n in zip(candidates, context) if np.isfinite(n)}
+        room = {c: max(n - min(float(prompt_tokens), n), 0.0) for c, n in ctx.items()}
+        out.update(prompt_tokens=int(prompt_tokens), context_tokens={c: int(n) for c, n in ctx.items()},
+                   over_context=[c for c, n in ctx.items() if prompt_tokens > n])  # fmt: skip
+    caps = {c: [x for x in (max_tokens, room.get(c)) if x is not None] for c in candidates}
+    out["output_tokens"] = {c: [min([v, *caps.get(c, ())]) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
+    return out

@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from ..metrics import CHECKPOINT_LOAD_SECONDS, RELOADS
+from ..tokens import count_prompt_tokens
 from .checkpoint import MANIFEST, resolve
 
 log = logging.getLogger("litellm_energy_router")
@@ -53,6 +54,8 @@ class Scored:
     tokens: np.ndarray | None = None  # expected output tokens per candidate (None: a scorer that does not say)
     j_out: np.ndarray | None = None  # J per output token per candidate, to bound E by a request's max_tokens
     note: dict | None = None  # how the output tokens were estimated (router/length_model.request_tokens)
+    prompt_tokens: int | None = None  # the prompt's cl100k tokens, to bound E by a deployment's context length
+    j_prompt: np.ndarray | None = None  # J per prompt token per candidate
 
 
 class NoCheckpoint(RuntimeError):
@@ -144,7 +147,8 @@ class RouterRuntime:
         try:
             model = load_scorer(fp[0], self.scorer, expect_candidates=self.expect_candidates)
             model.score(["warm-up"], [None]), model.energy(["warm-up"], [None])  # tokenizer tables etc. built here, not on a request
-            if self.threads and "torch" in sys.modules:  # a torch scorer: keep its threads off the proxy's cores
+            if self.threads and not model.inline and "torch" in sys.modules:  # a torch scorer: keep its threads off
+                # the proxy's cores (an inline scorer never runs torch, and torch may be half-imported by another loader)
                 sys.modules["torch"].set_num_threads(self.threads)
         except Exception as e:  # noqa: BLE001 - refuse any broken checkpoint, keep the old one
             self.last_error = f"checkpoint {fp[0]} refused: {str(e).splitlines()[0]}"
@@ -195,6 +199,12 @@ class RouterRuntime:
         return self._model
 
     @property
+    def inline(self) -> bool:
+        """True when the serving scorer scores in place (:meth:`score` never leaves the event loop)."""
+        model = self._model
+        return model is not None and model.inline
+
+    @property
     def version(self) -> str | None:
         return self._model.version if self._model is not None else None
 
@@ -232,9 +242,11 @@ class RouterRuntime:
         if not hasattr(model, "energy_detail"):  # a plugin scorer: energy only
             E = model.energy(texts, tasks)
             return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
-        E, T, notes = model.energy_detail(texts, tasks)
-        jo = np.array([model.manifest.energy.j_per_output_token[c] for c in cands])
-        return [Scored(cands, P[i], E[i], model.version, T[i], jo, notes[i]) for i in range(len(items))]
+        n_tok = [count_prompt_tokens(t) for t in texts]
+        E, T, notes = model.energy_detail(texts, tasks, n_tok)
+        est = model.manifest.energy
+        jo, jp = (np.array([j[c] for c in cands]) for j in (est.j_per_output_token, est.j_per_prompt_token))
+        return [Scored(cands, P[i], E[i], model.version, T[i], jo, notes[i], n_tok[i], jp) for i in range(len(items))]
 
     def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:
         """(cache key, cached score or None), after the hot-reload check."""

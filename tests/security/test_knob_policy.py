@@ -174,6 +174,7 @@ def test_sdk_filter_refuses_too(planted_ckpt, backend):
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
 KEYS = {"free": "sk-free-tier-0123456789", "eco": "sk-eco-team-0123456789", "open": "sk-open-0123456789"}
+PROXY_LOG: dict[str, Path] = {}  # the proxy process's log, for the log test
 
 
 def _write_configs(d, pointer):
@@ -205,6 +206,7 @@ def proxy(tmp_path_factory, backend):
            "LARGE_API_BASE": backend.base("large"), "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml")}  # fmt: skip
     server = ProxyProcess(d / "proxy.yaml", env, d, ready_timeout_s=180)
     port = server.port
+    PROXY_LOG["path"] = server.log_path
     server.start()
     deadline = time.time() + 180
     while time.time() < deadline and _post(port, "open", "{}")[2] != "vllm-llama-70b":
@@ -255,3 +257,18 @@ def test_proxy_out_of_the_keys_bounds_gets_400_and_values_within_bounds_route(pr
     assert _post(proxy, "eco", '{"lambda": 10}')[::2] == (200, "vllm-mistral-7b")
     assert _post(proxy, "open", '{"lambda": 100}')[::2] == (200, "vllm-mistral-7b")
     assert _post(proxy, "open", '{"target_accuracy": 0.8}')[::2] == (200, "vllm-llama-70b")
+
+
+def test_proxy_logs_a_refusal_as_one_warning_line_of_ours_not_litellms_error(proxy):
+    """LiteLLM logs every exception a request raised (an ERROR line, a traceback in some releases); for a knob the
+    pre-call hook refused, that record is dropped and the hook's own WARNING line (once a minute per field) says it."""
+    status, body, _ = _post(proxy, "open", '{"lamda": 0.3}')
+    assert status == 400 and _names_field(body, "lamda"), body
+    assert _post(proxy, "open", '{"lamda": 0.4}')[0] == 400
+    time.sleep(0.5)
+    lines = PROXY_LOG["path"].read_text(errors="replace").splitlines()
+    about = [ln for ln in lines if "metadata.energy_router" in ln]
+    ours = [ln for ln in about if "refused a request knob with HTTP 400: metadata.energy_router.lamda" in ln]  # a WARNING
+    assert len(ours) == 1, about  # two refusals of this field within a minute: one line
+    assert not [ln for ln in about if "ERROR" in ln or "_handle_llm_api_exception" in ln], about
+    assert not any("KnobError" in ln for ln in lines)  # no traceback

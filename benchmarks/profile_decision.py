@@ -1,0 +1,131 @@
+"""Where one serving decision's time goes, measured on this machine.
+
+    python benchmarks/profile_decision.py [--checkpoint DIR] [--cprofile]
+
+Calls each stage of a serving-student decision (``EnergyRouterCore.choose``: text and knob, prompt tokens, the
+student's P, the output-length model's parts, the decision, the accounting figures) directly on the uncached
+RouterBench prompts :mod:`bench_routing` uses, and prints the median per-prompt time of each (5 passes over 300
+prompts), then ``choose()`` end to end. ``--cprofile`` adds cProfile's top functions by own time over 1,000
+decisions. Without ``--checkpoint`` it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
+``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from litellm_energy_router.energy import load_profile  # noqa: E402
+from litellm_energy_router.profiling.routerbench import (  # noqa: E402
+    bundled_files,
+    import_routerbench,
+)
+from litellm_energy_router.router import length_model as lm  # noqa: E402
+from litellm_energy_router.router.checkpoint import read_manifest  # noqa: E402
+from litellm_energy_router.settings import Settings  # noqa: E402
+from litellm_energy_router.strategy import EnergyRouterCore  # noqa: E402
+from litellm_energy_router.table import open_store  # noqa: E402
+from litellm_energy_router.tokens import count_prompt_tokens  # noqa: E402
+
+
+def stage(name: str, f, n: int) -> float:
+    """Median over 5 passes of the mean µs of ``f(i)`` for i < n (after a warm-up)."""
+    for i in range(min(n, 30)):
+        f(i)
+    per = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            f(i)
+        per.append((time.perf_counter_ns() - t0) / n / 1000)
+    print(f"  {name:46s} {np.median(per):8.1f} µs")
+    return float(np.median(per))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--cprofile", action="store_true")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    if args.checkpoint:
+        ck = Path(args.checkpoint)
+    else:
+        from bench_routing import build_checkpoint
+
+        ck = build_checkpoint(tmp)
+    cands = read_manifest(ck).candidates
+    store = open_store(f"sqlite:///{tmp / 'texts.db'}")
+    import_routerbench(store, bundled_files()[-1:], load_profile())
+    texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
+    store.close()
+    texts = [f"{t} #{i}" for i, t in enumerate(texts[:300])]
+    n = len(texts)
+    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": "http://127.0.0.1:9", "api_key": "k"},
+             "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
+    core = EnergyRouterCore(Settings.model_validate({
+        "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000}, "knob": {"lambda": 0.3}}))  # fmt: skip
+    core.runtime.wait_ready()
+    sc, rk = core.runtime.model, {"metadata": {}}
+    L, est = sc.length, sc.manifest.energy
+    prior = np.array([est.unknown_task_tokens()[c] for c in cands])
+    msgs = [[{"role": "user", "content": t}] for t in texts]
+    ntok = [count_prompt_tokens(t) for t in texts]
+    sk = [lm.sketch(lm.buckets(t)).astype(np.float32) for t in texts]
+    scored = [core.runtime.score_sync(t) for t in texts]
+    print(f"scorer {sc.name}, {n} prompts (median {int(np.median([len(t) for t in texts]))} characters)")
+    s = {"plan": stage("text, knob, deployments by candidate", lambda i: core._plan(deps, msgs[i], None, rk), n),
+         "tokens": stage("prompt tokens (cl100k)", lambda i: count_prompt_tokens(texts[i]), n),
+         "student": stage("student P (n-grams, weights)", lambda i: sc.score([texts[i]], [None]), n)}
+    if L is not None and L.W is not None:
+        s["cues"] = stage("length model: cue flags", lambda i: lm.dense_features(texts[i], ntok[i]), n)
+        s["buckets"] = stage("length model: n-gram buckets", lambda i: lm.buckets(texts[i]), n)
+        s["support"] = stage("length model: support (reference products)", lambda i: float(np.max(L._ref @ sk[i])), n)
+        s["length"] = stage("length model: predict, all of it", lambda i: L.predict([texts[i]], [ntok[i]], prior), n)
+    s["tokens_all"] = stage("output tokens and note (request_tokens)", lambda i: lm.request_tokens(
+        est, L, cands, [texts[i]], [None], [ntok[i]]), n)  # fmt: skip
+    s["decide"] = stage("decision, metadata, metrics", lambda i: core.decide(scored[i], deps, core.knob(rk), time.perf_counter(), None, rk), n)
+    dec = [core.decide(scored[i], deps, core.knob(rk), time.perf_counter(), None, rk) for i in range(n)]
+    s["figures"] = stage("accounting figures", lambda i: core.accounting.estimate(dec[i][1], dec[i][0]), n)
+
+    async def choose_all() -> list[float]:
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter_ns()
+            await core.choose(deps, msgs[i], None, rk)
+            out.append((time.perf_counter_ns() - t0) / 1000)
+        return out
+
+    asyncio.run(choose_all())
+    p50 = float(np.median(asyncio.run(choose_all())))
+    print(f"  {'choose() end to end, p50':46s} {p50:8.1f} µs")
+    if args.cprofile:
+        pr = cProfile.Profile()
+
+        async def many() -> None:
+            for i in range(1000):
+                await core.choose(deps, msgs[i % n], None, rk)
+
+        pr.enable()
+        asyncio.run(many())
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+    print(f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
+          f"student_us={s['student']:.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
