@@ -39,6 +39,11 @@ postgres:
 test: install postgres
 	$(BIN)/python -m pytest -q -ra
 
+# Formatting and lint as configured in pyproject.toml ([tool.ruff]); .ci/run runs it.
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
 # The oldest end of the supported LiteLLM range (pyproject's lower bound; docs/compatibility.md): `make test`
 # covers the newest, this swaps the oldest LiteLLM into the same .venv, runs the tests marked
 # litellm_integration, and puts every package back as it was (versions, and nothing left over), pass or fail.

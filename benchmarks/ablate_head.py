@@ -28,16 +28,17 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J  # noqa: E402
-from litellm_energy_router.router.format import UNKNOWN_TASK  # noqa: E402
-from litellm_energy_router.router.model import RouterModel  # noqa: E402
-from litellm_energy_router.router.scoring import scores_from_logits  # noqa: E402
 from litellm_energy_router.training.baselines import task_prior  # noqa: E402
 from litellm_energy_router.training.calibrate import fit_calibration  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.data import kfold, near_duplicate_groups  # noqa: E402
 from litellm_energy_router.training.evaluate import evaluate  # noqa: E402
 from litellm_energy_router.training.pipeline import TrainConfig, calibration_split, train_matrix  # noqa: E402
+
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J  # noqa: E402
+from litellm_energy_router.router.format import UNKNOWN_TASK  # noqa: E402
+from litellm_energy_router.router.model import RouterModel  # noqa: E402
+from litellm_energy_router.router.scoring import scores_from_logits  # noqa: E402
 
 METHODS = ("shipped (LM scorer)", "shipped (student)", "LM + Platt", "probe only", "task prior")
 
@@ -79,8 +80,14 @@ def main() -> None:
             Eh[te] = lm.energy(texts, tasks, prompt_tokens=list(test.prompt_tokens))
             e_refs.append(DEFAULT_E_REF_J)
         print(f"fold {f + 1}/{len(splits)}: {time.time() - t0:.0f} s", flush=True)
-    ev = evaluate(m.Y, m.E, {k: (P[k], Eh) for k in METHODS}, m.candidates, e_ref=float(np.mean(e_refs)),
-                  folds=[te for _, te in splits])  # fmt: skip
+    ev = evaluate(
+        m.Y,
+        m.E,
+        {k: (P[k], Eh) for k in METHODS},
+        m.candidates,
+        e_ref=float(np.mean(e_refs)),
+        folds=[te for _, te in splits],
+    )
     print(f"{'method':22s} {'AIQ':>7s} {'J at best acc':>14s} {'acc at half J':>14s}  AIQ per fold")
     for r in ev.methods:
         if r.kind == "router":

@@ -39,7 +39,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
-
 from litellm_energy_router.training.baselines import make_baseline  # noqa: E402
 from litellm_energy_router.training.crossval import baseline_factories, routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.data import TableMatrix, kfold, near_duplicate_groups  # noqa: E402
@@ -60,7 +59,9 @@ class ProbePredictor:
         from litellm_energy_router.training.calibrate import fit_probe
         from litellm_energy_router.training.embed import default_embedder, embed_queries
 
-        self.probe = fit_probe(embed_queries(train.texts), train.Y, train.tasks, default_embedder().name, self.C, weights=train.W)
+        self.probe = fit_probe(
+            embed_queries(train.texts), train.Y, train.tasks, default_embedder().name, self.C, weights=train.W
+        )
         return self
 
     def predict_proba(self, test: TableMatrix) -> np.ndarray:
@@ -69,7 +70,9 @@ class ProbePredictor:
         return 1 / (1 + np.exp(-self.probe.logits(embed_queries(test.texts), list(test.tasks))))
 
 
-def log_policy(Y: np.ndarray, static: int, epsilon: float, skill: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def log_policy(
+    Y: np.ndarray, static: int, epsilon: float, skill: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(chosen candidate, its propensity) per row (candidates ordered cheapest first)."""
     n, K = Y.shape
     correct = Y >= 0.5
@@ -84,9 +87,17 @@ def log_policy(Y: np.ndarray, static: int, epsilon: float, skill: float, rng: np
 def concat(a: TableMatrix, b: TableMatrix) -> TableMatrix:
     wa = a.W if a.W is not None else np.ones_like(a.Y)
     wb = b.W if b.W is not None else np.ones_like(b.Y)
-    return TableMatrix(candidates=a.candidates, ids=np.concatenate([a.ids, b.ids]), tasks=np.concatenate([a.tasks, b.tasks]),
-                       texts=list(a.texts) + list(b.texts), prompt_tokens=np.concatenate([a.prompt_tokens, b.prompt_tokens]),
-                       Y=np.vstack([a.Y, b.Y]), E=np.vstack([a.E, b.E]), T=np.vstack([a.T, b.T]), W=np.vstack([wa, wb]))  # fmt: skip
+    return TableMatrix(
+        candidates=a.candidates,
+        ids=np.concatenate([a.ids, b.ids]),
+        tasks=np.concatenate([a.tasks, b.tasks]),
+        texts=list(a.texts) + list(b.texts),
+        prompt_tokens=np.concatenate([a.prompt_tokens, b.prompt_tokens]),
+        Y=np.vstack([a.Y, b.Y]),
+        E=np.vstack([a.E, b.E]),
+        T=np.vstack([a.T, b.T]),
+        W=np.vstack([wa, wb]),
+    )
 
 
 def bandit_part(t: TableMatrix, static: int, args, rng: np.random.Generator) -> dict[str, TableMatrix]:
@@ -132,38 +143,54 @@ def run(args) -> None:
         static = int(other.Y.mean(axis=0).argmax())
         parts = bandit_part(tt, static, args, rng)
         n_logged.append(np.bincount(np.nanargmax(np.nan_to_num(parts["weighted"].W), axis=1), minlength=m.K))
-        sets = {"without": other, "unweighted": concat(other, parts["unweighted"]), "weighted": concat(other, parts["weighted"]),
-                "complete": concat(other, tt)}  # fmt: skip
+        sets = {
+            "without": other,
+            "unweighted": concat(other, parts["unweighted"]),
+            "weighted": concat(other, parts["weighted"]),
+            "complete": concat(other, tt),
+        }
         Eh[te_t] = estimate_energy(fit_energy_estimate(m.subset(tr)), test.subset(te_t))
         for meth, factory in methods.items():
             for v, train in sets.items():
                 t0 = time.perf_counter()
                 P[f"{meth}/{v}"][te_t] = factory().fit(train).predict_proba(test.subset(te_t))
-                print(f"fold {f + 1}/{args.folds} {meth}/{v}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+                print(
+                    f"fold {f + 1}/{args.folds} {meth}/{v}: {time.perf_counter() - t0:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     ev = evaluate(test.Y, test.E, {k: (p, Eh) for k, p in P.items()}, m.candidates, folds=folds)
     report(ev, P, test, folds, task, methods, np.sum(n_logged, axis=0), args)
 
 
 def report(ev, P, test, folds, task, methods, logged, args) -> None:
     acc = test.Y.mean(axis=0)
-    print(f"task {task}: {test.n} held-out queries over {args.folds} folds; logging ε={args.epsilon}, skill={args.skill}; "
-          f"logged rows per candidate {logged.tolist()} (candidates {[c.split('/')[-1] for c in test.candidates]})")  # fmt: skip
+    print(
+        f"task {task}: {test.n} held-out queries over {args.folds} folds; logging ε={args.epsilon}, skill={args.skill}; "
+        f"logged rows per candidate {logged.tolist()} (candidates {[c.split('/')[-1] for c in test.candidates]})"
+    )
     print(f"true accuracy per candidate on the task {np.round(acc, 3).tolist()}")
-    print(f"{'method/training rows':26s} {'AIQ fold mean±sd':>18s} {'acc@λ=0 mean±sd':>17s} {'Brier':>7s} {'|P̄−acc|':>9s}")
+    print(
+        f"{'method/training rows':26s} {'AIQ fold mean±sd':>18s} {'acc@λ=0 mean±sd':>17s} {'Brier':>7s} {'|P̄−acc|':>9s}"
+    )
     rows = {}
     for name, p in P.items():
         res = ev.method(name)
         a0 = [float(test.Y[idx][np.arange(len(idx)), p[idx].argmax(axis=1)].mean()) for idx in folds]
         rows[name] = (np.array(res.aiq_folds), np.array(a0))
         bias = float(np.abs(p.mean(axis=0) - acc).mean())
-        print(f"{name:26s} {np.mean(res.aiq_folds):9.4f}±{np.std(res.aiq_folds, ddof=1):.4f} "
-              f"{np.mean(a0):9.4f}±{np.std(a0, ddof=1):.4f} {res.calibration.brier:7.4f} {bias:9.4f}")  # fmt: skip
+        print(
+            f"{name:26s} {np.mean(res.aiq_folds):9.4f}±{np.std(res.aiq_folds, ddof=1):.4f} "
+            f"{np.mean(a0):9.4f}±{np.std(a0, ddof=1):.4f} {res.calibration.brier:7.4f} {bias:9.4f}"
+        )
     for meth in methods:
         for other in ("without", "unweighted"):
             da = rows[f"{meth}/weighted"][0] - rows[f"{meth}/{other}"][0]
             dc = rows[f"{meth}/weighted"][1] - rows[f"{meth}/{other}"][1]
-            print(f"{meth}: weighted - {other}: AIQ {da.mean():+.4f} ± {da.std(ddof=1):.4f} (fold sd), "
-                  f"acc@λ=0 {dc.mean():+.4f} ± {dc.std(ddof=1):.4f}")  # fmt: skip
+            print(
+                f"{meth}: weighted - {other}: AIQ {da.mean():+.4f} ± {da.std(ddof=1):.4f} (fold sd), "
+                f"acc@λ=0 {dc.mean():+.4f} ± {dc.std(ddof=1):.4f}"
+            )
 
 
 def main() -> None:
@@ -172,9 +199,13 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epsilon", type=float, default=0.2, help="the logging router's exploration rate")
-    ap.add_argument("--skill", type=float, default=0.5, help="share of greedy choices that are the cheapest correct candidate")
+    ap.add_argument(
+        "--skill", type=float, default=0.5, help="share of greedy choices that are the cheapest correct candidate"
+    )
     ap.add_argument("--methods", default="task_prior,knn,logreg,probe")
-    ap.add_argument("--logreg-c", type=float, default=1.0, help="logreg's C (fixed, not tuned); knn is tuned by inner CV")
+    ap.add_argument(
+        "--logreg-c", type=float, default=1.0, help="logreg's C (fixed, not tuned); knn is tuned by inner CV"
+    )
     t0 = time.perf_counter()
     run(ap.parse_args())
     print(f"wall {time.perf_counter() - t0:.0f}s")

@@ -24,14 +24,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from litellm_energy_router.training.crossval import baseline_factories, cross_validate, routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.evaluate import Evaluation  # noqa: E402
-from litellm_energy_router.training.report import write_report  # noqa: E402
-from litellm_energy_router.training.report import paired_lines  # noqa: E402
+from litellm_energy_router.training.report import (
+    paired_lines,  # noqa: E402
+    write_report,  # noqa: E402
+)
 
 
 def print_table(ev: Evaluation, file=sys.stdout) -> None:
     best = ev.candidates[ev.best].split("/")[-1]
-    print(f"{ev.n} queries x {len(ev.candidates)} candidates, {ev.n_folds}-fold CV by query; "
-          f"best single: {best} acc {ev.best_accuracy:.4f} at {ev.best_energy:.2f} J; x_max {ev.x_max:.2f} J", file=file)  # fmt: skip
+    print(
+        f"{ev.n} queries x {len(ev.candidates)} candidates, {ev.n_folds}-fold CV by query; "
+        f"best single: {best} acc {ev.best_accuracy:.4f} at {ev.best_energy:.2f} J; x_max {ev.x_max:.2f} J",
+        file=file,
+    )
     hdr = f"{'method':28s} {'AIQ':>7s} {'fold mean±sd':>14s} {'J@' + best + ' acc':>16s} {'saving':>8s} {'acc@½J':>7s} {'phase λ':>8s}"
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
@@ -40,7 +45,10 @@ def print_table(ev: Evaluation, file=sys.stdout) -> None:
         j = "never" if r["joules_at_best"] == float("inf") else f"{r['joules_at_best']:.2f}"
         sav = f"{r['savings_pct']:.1f}%" if r["savings_pct"] is not None else "-"
         ph = f"{r['phase_lambda']:.3g}" if r["phase_lambda"] is not None else "-"
-        print(f"{r['method']:28s} {r['aiq']:7.4f} {fold:>14s} {j:>16s} {sav:>8s} {r['acc_at_half']:7.4f} {ph:>8s}", file=file)
+        print(
+            f"{r['method']:28s} {r['aiq']:7.4f} {fold:>14s} {j:>16s} {sav:>8s} {r['acc_at_half']:7.4f} {ph:>8s}",
+            file=file,
+        )
 
 
 def main() -> None:
@@ -53,8 +61,13 @@ def main() -> None:
     t0 = time.perf_counter()
     m = routerbench_matrix()
     print(m.summary())
-    ev = cross_validate(baseline_factories(a.methods.split(",")), m, folds=a.folds, seed=a.seed,
-                        progress=lambda i, n, s: print(f"[{i + 1}/{n}] {s}", file=sys.stderr, flush=True))  # fmt: skip
+    ev = cross_validate(
+        baseline_factories(a.methods.split(",")),
+        m,
+        folds=a.folds,
+        seed=a.seed,
+        progress=lambda i, n, s: print(f"[{i + 1}/{n}] {s}", file=sys.stderr, flush=True),
+    )
     print_table(ev)
     for n in paired_lines(ev) + ev.notes:
         print("note:", n)

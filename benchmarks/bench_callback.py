@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,19 +37,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
+from router_fixtures import small_big_pool  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from litellm_energy_router.callback.accounting import RowAccounting
-from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter  # noqa: E402
+from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
 from litellm_energy_router.energy.estimate import EstimateMeter  # noqa: E402
+from litellm_energy_router.litellm_glue.callback import EnergyLogger, PendingRow, TableWriter  # noqa: E402
+from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
-from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
-from router_fixtures import small_big_pool  # noqa: E402
 
-CANDIDATES = [{"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
-              {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"}]  # fmt: skip
+CANDIDATES = [
+    {"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
+    {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"},
+]
 
 
 class _Capture(CustomLogger):
@@ -71,7 +73,9 @@ async def capture_events(api_base: str, n: int) -> list[tuple]:
     litellm.callbacks = [cap]
     router = litellm.Router(model_list=small_big_pool(api_base))
     for i in range(n):
-        await router.acompletion(model="pool", messages=[{"role": "user", "content": f"capture {i} " + "w " * (i % 30)}])
+        await router.acompletion(
+            model="pool", messages=[{"role": "user", "content": f"capture {i} " + "w " * (i % 30)}]
+        )
     for _ in range(100):
         if len(cap.events) >= n:
             break
@@ -112,7 +116,9 @@ async def router_burst(api_base: str, n: int, logger: EnergyLogger | None) -> fl
 
     async def one(i: int) -> None:
         async with sem:
-            await router.acompletion(model="pool", messages=[{"role": "user", "content": f"burst {i} " + "w " * (i % 30)}])
+            await router.acompletion(
+                model="pool", messages=[{"role": "user", "content": f"burst {i} " + "w " * (i % 30)}]
+            )
 
     await one(-1)  # warm-up
     t0 = time.perf_counter()
@@ -129,14 +135,36 @@ async def router_burst(api_base: str, n: int, logger: EnergyLogger | None) -> fl
 
 def writer_throughput(url: str, rows: int, spool: Path, ledger: bool = False) -> float:
     """Rows/s of the writer; ``ledger``: with the energy ledger kept (rows of 3 teams, 6 keys, 2 days)."""
-    w = TableWriter(url, EstimateMeter(), writer=WriterSettings(spool_dir=spool, batch_size=1000, queue_size=rows + 1),
-                    privacy=PrivacySettings(), accounting=RowAccounting(keep_ledger=ledger))  # fmt: skip
+    w = TableWriter(
+        url,
+        EstimateMeter(),
+        writer=WriterSettings(spool_dir=spool, batch_size=1000, queue_size=rows + 1),
+        privacy=PrivacySettings(),
+        accounting=RowAccounting(keep_ledger=ledger),
+    )
     t0 = time.perf_counter()
     for i in range(rows):
-        w.submit(PendingRow(call_id=f"w{i}", candidate="mistralai/mistral-7b-chat", status="success", text=f"q {i}",
-                            start_s=1.0 + i * 8, end_s=2.0 + i * 8, first_token_s=None, prompt_tokens=20, completion_tokens=10,
-                            propensity=None, deployment_id="d", backend_id=None, key_hash=f"{i % 6:064d}",
-                            team=f"team-{i % 3}", model_group="chat", estimate_j=10.0, reference_j=30.0))  # fmt: skip
+        w.submit(
+            PendingRow(
+                call_id=f"w{i}",
+                candidate="mistralai/mistral-7b-chat",
+                status="success",
+                text=f"q {i}",
+                start_s=1.0 + i * 8,
+                end_s=2.0 + i * 8,
+                first_token_s=None,
+                prompt_tokens=20,
+                completion_tokens=10,
+                propensity=None,
+                deployment_id="d",
+                backend_id=None,
+                key_hash=f"{i % 6:064d}",
+                team=f"team-{i % 3}",
+                model_group="chat",
+                estimate_j=10.0,
+                reference_j=30.0,
+            )
+        )
     assert w.flush(600)
     dt = time.perf_counter() - t0
     w.close()
@@ -152,17 +180,30 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=5000)
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--meter", default="simulated", help="energy meter of the callback (simulated: the attributing path)")
-    ap.add_argument("--ledger-compare", action="store_true",
-                    help="PostgreSQL writer throughput without / with / without the energy ledger, in this run")
-    ap.add_argument("--pg", default=os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument(
+        "--meter", default="simulated", help="energy meter of the callback (simulated: the attributing path)"
+    )
+    ap.add_argument(
+        "--ledger-compare",
+        action="store_true",
+        help="PostgreSQL writer throughput without / with / without the energy ledger, in this run",
+    )
+    ap.add_argument(
+        "--pg", default=os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    )
     args = ap.parse_args()
     ledger_cmp = ""
     with tempfile.TemporaryDirectory() as d, LocalBackend(delay_s=0.005) as be:
         d = Path(d)
         url = f"sqlite:///{d / 'cb.db'}"
-        settings = Settings.model_validate({"table": {"url": url}, "candidates": CANDIDATES, "energy": {"meter": args.meter},
-                                            "writer": {"spool_dir": str(d / "spool")}})  # fmt: skip
+        settings = Settings.model_validate(
+            {
+                "table": {"url": url},
+                "candidates": CANDIDATES,
+                "energy": {"meter": args.meter},
+                "writer": {"spool_dir": str(d / "spool")},
+            }
+        )
         templates = asyncio.run(capture_events(be.base_url, 50))
         logger = EnergyLogger(settings)
         costs = asyncio.run(hook_cost(logger, templates, args.events))
@@ -173,19 +214,30 @@ def main() -> None:
         logger.close()
         p50, p99 = pct(costs, 0.5) * 1e3, pct(costs, 0.99) * 1e3
         print(f"meter: {args.meter}")
-        print(f"callback event-loop time per request: p50 {p50:.4f} ms, p99 {p99:.4f} ms, mean "
-              f"{statistics.fmean(costs) * 1e3:.4f} ms over {len(costs)} events (goal p50 <= 0.2 ms)")  # fmt: skip
+        print(
+            f"callback event-loop time per request: p50 {p50:.4f} ms, p99 {p99:.4f} ms, mean "
+            f"{statistics.fmean(costs) * 1e3:.4f} ms over {len(costs)} events (goal p50 <= 0.2 ms)"
+        )
 
         base1 = asyncio.run(router_burst(be.base_url, args.requests, None))
-        logger2 = EnergyLogger(Settings.model_validate({"table": {"url": f"sqlite:///{d / 'burst.db'}"},
-                                                        "candidates": CANDIDATES, "energy": {"meter": args.meter},
-                                                        "writer": {"spool_dir": str(d / "spool2")}}))  # fmt: skip
+        logger2 = EnergyLogger(
+            Settings.model_validate(
+                {
+                    "table": {"url": f"sqlite:///{d / 'burst.db'}"},
+                    "candidates": CANDIDATES,
+                    "energy": {"meter": args.meter},
+                    "writer": {"spool_dir": str(d / "spool2")},
+                }
+            )
+        )
         with_cb = asyncio.run(router_burst(be.base_url, args.requests, logger2))
         logger2.close()
         base2 = asyncio.run(router_burst(be.base_url, args.requests, None))
         base = (base1 + base2) / 2  # without / with / without: warm-up order effects cancel
-        print(f"router burst {args.requests} requests, 64 concurrent: {base1:.2f} s and {base2:.2f} s without, "
-              f"{with_cb:.2f} s with the callback; ratio {with_cb / base:.3f} (shared machine: +-10 % noise)")  # fmt: skip
+        print(
+            f"router burst {args.requests} requests, 64 concurrent: {base1:.2f} s and {base2:.2f} s without, "
+            f"{with_cb:.2f} s with the callback; ratio {with_cb / base:.3f} (shared machine: +-10 % noise)"
+        )
 
         sq = writer_throughput(f"sqlite:///{d / 'w.db'}", args.rows, d / "spool3")
         print(f"writer throughput sqlite: {sq:.0f} rows/s ({args.rows} rows)")
@@ -200,8 +252,9 @@ def main() -> None:
             with admin.connect() as c:
                 c.execute(text(f'CREATE DATABASE "{name}"'))
             try:
-                pg = writer_throughput(make_url(args.pg).set(database=name).render_as_string(hide_password=False),
-                                       args.rows, d / "spool4")  # fmt: skip
+                pg = writer_throughput(
+                    make_url(args.pg).set(database=name).render_as_string(hide_password=False), args.rows, d / "spool4"
+                )
                 print(f"writer throughput postgresql: {pg:.0f} rows/s ({args.rows} rows)")
                 if args.ledger_compare:
                     ledger_cmp = ledger_comparison(admin, args.pg, args.rows, d)
@@ -228,8 +281,10 @@ def ledger_comparison(admin: Any, pg: str, rows: int, d: Path) -> str:
                 c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
                 c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
     off = (out[0] + out[2]) / 2
-    print(f"writer throughput postgresql, ledger off {out[0]:.0f} and {out[2]:.0f} rows/s, on {out[1]:.0f} rows/s; "
-          f"on / mean(off) {out[1] / off:.3f} ({rows} rows each; shared machine: noisy)")  # fmt: skip
+    print(
+        f"writer throughput postgresql, ledger off {out[0]:.0f} and {out[2]:.0f} rows/s, on {out[1]:.0f} rows/s; "
+        f"on / mean(off) {out[1] / off:.3f} ({rows} rows each; shared machine: noisy)"
+    )
     return f" pg_rows_s_ledger_off={off:.0f} pg_rows_s_ledger_on={out[1]:.0f} ledger_ratio={out[1] / off:.3f}"
 
 

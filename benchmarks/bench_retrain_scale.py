@@ -36,8 +36,9 @@ PG_URL = os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@
 
 
 def _base_rows():
-    from litellm_energy_router.energy.profile import load_profile
     from litellm_energy_router.profiling.routerbench import bundled_files, parse_files
+
+    from litellm_energy_router.energy.profile import load_profile
 
     cands, queries, runs, _ = parse_files(bundled_files(), load_profile())
     by_q: dict[str, list] = {}
@@ -71,8 +72,17 @@ def build_table(url: str, n: int, base, seed: int = 0, chunk: int = 1000) -> int
                 r = rng.choice(by_q[q.id])
                 pid = f"p{i}"
                 qs.append(qs[-1].model_copy(update={"id": pid, "source": "production"}))
-                rs.append(r.model_copy(update={"query_id": pid, "source": "production", "propensity": 1 / len(by_q[q.id]),
-                                               "call_id": f"call-{seed}-{i}", "energy_method": "estimate"}))  # fmt: skip
+                rs.append(
+                    r.model_copy(
+                        update={
+                            "query_id": pid,
+                            "source": "production",
+                            "propensity": 1 / len(by_q[q.id]),
+                            "call_id": f"call-{seed}-{i}",
+                            "energy_method": "estimate",
+                        }
+                    )
+                )
             if len(qs) >= chunk:
                 written += store.write(queries=qs, runs=rs).runs
                 qs, rs = [], []
@@ -157,8 +167,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     base = _base_rows()
     print(f"bundled rows: {len(base[1])} queries; budget {budget} training queries; training {a.train}; work {work}")
-    print(f"{'queries':>8} {'backend':>8} {'runs':>8} {'build_s':>8} {'retrain_s':>9} {'cpu_s':>7} {'peak_rss_mb':>11} "
-          f"{'rows_read':>9} {'trained':>7}  stages")  # fmt: skip
+    print(
+        f"{'queries':>8} {'backend':>8} {'runs':>8} {'build_s':>8} {'retrain_s':>9} {'cpu_s':>7} {'peak_rss_mb':>11} "
+        f"{'rows_read':>9} {'trained':>7}  stages"
+    )
     results = []
     for n in sizes:
         pg = a.pg and n == sizes[-1]
@@ -175,15 +187,20 @@ def main() -> None:
             drop()
         peak = r["timings"]["peak_rss_mb"]
         stages = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in r["timings"]["stages"].items())
-        print(f"{n:>8} {'postgres' if pg else 'sqlite':>8} {runs:>8} {build_s:>8.0f} {r['wall_s']:>9.1f} {r['cpu_s']:>7.0f} {peak:>11.0f} "
-              f"{r['rows_read']:>9} {r['train_queries']:>7}  {stages}", flush=True)  # fmt: skip
+        print(
+            f"{n:>8} {'postgres' if pg else 'sqlite':>8} {runs:>8} {build_s:>8.0f} {r['wall_s']:>9.1f} {r['cpu_s']:>7.0f} {peak:>11.0f} "
+            f"{r['rows_read']:>9} {r['train_queries']:>7}  {stages}",
+            flush=True,
+        )
         results.append((n, r["wall_s"], peak, r["cpu_s"]))
     lo = results[1] if len(results) > 2 else results[0]  # 10k of 2k, 10k, 30k, 100k
     hi = results[-1]
     slope = lambda i: math.log(hi[i] / lo[i]) / math.log(hi[0] / lo[0]) if hi[0] != lo[0] else float("nan")  # noqa: E731
     z = slope(1)
-    print(f"log-log slope between {lo[0]} and {hi[0]} queries: wall time {z:.3f}, CPU time {slope(3):.3f} "
-          "(CPU time is the steadier one on a shared machine)")  # fmt: skip
+    print(
+        f"log-log slope between {lo[0]} and {hi[0]} queries: wall time {z:.3f}, CPU time {slope(3):.3f} "
+        "(CPU time is the steadier one on a shared machine)"
+    )
     print(f"queries={hi[0]} retrain_s={hi[1]:.1f} peak_rss_mb={hi[2]:.0f} time_exponent={z:.3f}")
 
 

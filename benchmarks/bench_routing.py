@@ -38,10 +38,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
-
-from litellm_energy_router.energy import load_profile  # noqa: E402
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench  # noqa: E402
+
+from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
+from litellm_energy_router.energy import load_profile  # noqa: E402
 from litellm_energy_router.settings import Settings  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
 
@@ -66,8 +66,8 @@ async def main_async(args) -> None:
     import litellm
     from litellm import Router
 
-    from litellm_energy_router.litellm_compat import register_strategy
-    from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRoutingStrategy
 
     logging.getLogger("LiteLLM").setLevel(logging.ERROR)
     litellm.suppress_debug_info = True
@@ -81,12 +81,24 @@ async def main_async(args) -> None:
     texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
     store.close()
     backend = LocalBackend().start()
-    model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
-                   "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
+    model_list = [
+        {
+            "model_name": "pool",
+            "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
+            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
+        }
+        for j, c in enumerate(cands)
+    ]
+
     def make_core(scorer):
-        return EnergyRouterCore(Settings.model_validate({
-            "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer},
-            "knob": {"lambda": 0.3}}))  # fmt: skip
+        return EnergyRouterCore(
+            Settings.model_validate(
+                {
+                    "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer},
+                    "knob": {"lambda": 0.3},
+                }
+            )
+        )
 
     core, lm_core = make_core("auto"), make_core("lm")
     for c in (core, lm_core):
@@ -114,8 +126,12 @@ async def main_async(args) -> None:
 
         for r in range(args.decisions // 64 or 1):
             await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
-        print(f"decision single ({label}): p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})")
-        print(f"decision burst of 64 ({label}): p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})")
+        print(
+            f"decision single ({label}): p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})"
+        )
+        print(
+            f"decision burst of 64 ({label}): p50 {pct(burst, 50):.2f} ms  p99 {pct(burst, 99):.2f} ms  (n={len(burst)})"
+        )
         return single
 
     lm_single = await decisions(lm_core, "lm")
@@ -160,24 +176,38 @@ async def main_async(args) -> None:
     sq = await interleaved(seq, {"shuffle": shuffle, "energy": energy, "lm": energy_lm}, args.calls, 50, 20_000)
     cc = await interleaved(conc, {"shuffle": shuffle, "energy": energy}, args.calls, 250, 80_000)
     s_seq, e_seq, l_seq, s_con, e_con = sq["shuffle"], sq["energy"], sq["lm"], cc["shuffle"], cc["energy"]
-    print(f"acompletion sequential ({c_label}): simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}")
-    print(f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}")
-    print(f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
-          f"lm decision single p50 {pct(lm_single, 50):.2f} ms")  # fmt: skip
+    print(
+        f"acompletion sequential ({c_label}): simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}"
+    )
+    print(
+        f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}"
+    )
+    print(
+        f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
+        f"lm decision single p50 {pct(lm_single, 50):.2f} ms"
+    )
     tail = ""
     if not args.no_proxy:
         from proxy_footprint import run_proxy
 
         plain = await asyncio.to_thread(run_proxy, None, cands, backend.base, texts)
         ours = await asyncio.to_thread(run_proxy, ck, cands, backend.base, texts)
-        print(f"proxy process: plain LiteLLM {plain['rss_mib']:.0f} MiB, with the energy router ({c_label}) {ours['rss_mib']:.0f} MiB "
-              f"(+{ours['rss_mib'] - plain['rss_mib']:.0f} MiB)")
-        print(f"start to first answered request: plain {plain['first_routed_s']:.1f} s; start to first routed request: "
-              f"{ours['first_routed_s']:.1f} s ({ours['fail_open_before_ready']} answered fail-open before)")  # fmt: skip
-        tail = (f" proxy_rss_mib={ours['rss_mib']:.0f} plain_rss_mib={plain['rss_mib']:.0f}"
-                f" first_routed_s={ours['first_routed_s']:.1f} plain_first_s={plain['first_routed_s']:.1f}")  # fmt: skip
+        print(
+            f"proxy process: plain LiteLLM {plain['rss_mib']:.0f} MiB, with the energy router ({c_label}) {ours['rss_mib']:.0f} MiB "
+            f"(+{ours['rss_mib'] - plain['rss_mib']:.0f} MiB)"
+        )
+        print(
+            f"start to first answered request: plain {plain['first_routed_s']:.1f} s; start to first routed request: "
+            f"{ours['first_routed_s']:.1f} s ({ours['fail_open_before_ready']} answered fail-open before)"
+        )
+        tail = (
+            f" proxy_rss_mib={ours['rss_mib']:.0f} plain_rss_mib={plain['rss_mib']:.0f}"
+            f" first_routed_s={ours['first_routed_s']:.1f} plain_first_s={plain['first_routed_s']:.1f}"
+        )
     backend.stop()
-    print(f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}{tail}")
+    print(
+        f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}{tail}"
+    )
 
 
 def main() -> None:

@@ -21,12 +21,13 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda, knob_sweep  # noqa: E402
-from litellm_energy_router.router.model import RouterModel  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.data import kfold, near_duplicate_groups  # noqa: E402
 from litellm_energy_router.training.evaluate import aiq, sweep_lambda  # noqa: E402
 from litellm_energy_router.training.pipeline import TrainConfig, train_matrix  # noqa: E402
+
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda, knob_sweep  # noqa: E402
+from litellm_energy_router.router.model import RouterModel  # noqa: E402
 
 
 def main() -> None:
@@ -53,11 +54,15 @@ def main() -> None:
     print(f"fold {args.fold}: {test.n} held-out queries; λ = {np.round(lams, 4).tolist()}")
     for label, tk in (("task shown", tasks_te), ("task hidden", [None] * test.n)):
         P_lm, P_st = lm.score(test.texts, tk), st.score(test.texts, tk)
-        agree = [float((decide_lambda(P_st, Eh, lam, e_ref) == decide_lambda(P_lm, Eh, lam, e_ref)).mean()) for lam in lams]
+        agree = [
+            float((decide_lambda(P_st, Eh, lam, e_ref) == decide_lambda(P_lm, Eh, lam, e_ref)).mean()) for lam in lams
+        ]
         a_lm = aiq(*(lambda c: (c.energy_j, c.accuracy))(sweep_lambda(P_lm, Eh, test.Y, test.E, e_ref)[0]), x_max)
         a_st = aiq(*(lambda c: (c.energy_j, c.accuracy))(sweep_lambda(P_st, Eh, test.Y, test.E, e_ref)[0]), x_max)
-        print(f"{label}: mean |ΔP| {np.abs(P_st - P_lm).mean():.4f}; decision agreement {[round(a, 3) for a in agree]}; "
-              f"AIQ student {a_st:.4f} vs LM {a_lm:.4f} (Δ {a_st - a_lm:+.4f})")  # fmt: skip
+        print(
+            f"{label}: mean |ΔP| {np.abs(P_st - P_lm).mean():.4f}; decision agreement {[round(a, 3) for a in agree]}; "
+            f"AIQ student {a_st:.4f} vs LM {a_lm:.4f} (Δ {a_st - a_lm:+.4f})"
+        )
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ import time
 import uuid
 from pathlib import Path
 
+from litellm_energy_router.profiling.routerbench import bundled_files, parse_files
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from litellm_energy_router.energy import load_profile
-from litellm_energy_router.profiling.routerbench import bundled_files, parse_files
 from litellm_energy_router.table import make_query, open_store
 
 
@@ -32,7 +32,9 @@ def bench(url: str, parsed, single: int) -> tuple[float, float]:
     store.write([make_query(f"single-{i}", "bench", f"q{i}") for i in range(single)])
     t0 = time.perf_counter()
     for i in range(single):
-        store.write(runs=[{"query_id": f"single-{i}", "candidate": candidates[0].name, "source": "production", "energy_j": 1.0}])
+        store.write(
+            runs=[{"query_id": f"single-{i}", "candidate": candidates[0].name, "source": "production", "energy_j": 1.0}]
+        )
     one = single / (time.perf_counter() - t0)
     assert store.count_runs() == len(runs) + single
     store.close()
@@ -54,7 +56,9 @@ def main() -> None:
     with admin.connect() as c:
         c.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        p_bulk, p_one = bench(make_url(args.pg).set(database=name).render_as_string(hide_password=False), parsed, args.single)
+        p_bulk, p_one = bench(
+            make_url(args.pg).set(database=name).render_as_string(hide_password=False), parsed, args.single
+        )
     finally:
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))

@@ -28,9 +28,10 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 ROOT = Path(__file__).resolve().parents[1]
 
-from litellm_energy_router.demo.backend import fetch_log  # noqa: E402
 from litellm_energy_router.profiling.config import parse_tournament_config  # noqa: E402
 from litellm_energy_router.profiling.runner import Tournament, build_jobs  # noqa: E402
+
+from litellm_energy_router.demo.backend import fetch_log  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
 
 TASKS = ["mmlu", "arc_challenge", "hellaswag", "winogrande", "gsm8k", "mbpp", "mt_bench"]
@@ -43,12 +44,15 @@ def deployment(url: str, name: str, **extra):
 
 
 def config(url: str, concurrency: int, tasks: list[str]):
-    return parse_tournament_config({
-        "candidates": [deployment(url, c, energy_profile_key=KEYS[c]) for c in ACC],
-        "tasks": [{"name": t, "source": str(ROOT / "tests/data/tasks" / f"{t}.jsonl")} for t in tasks],
-        "judge": deployment(url, "judge-model") | {"model_name": "judge"},
-        "concurrency": concurrency, "generation": {"num_retries": 0},
-    })  # fmt: skip
+    return parse_tournament_config(
+        {
+            "candidates": [deployment(url, c, energy_profile_key=KEYS[c]) for c in ACC],
+            "tasks": [{"name": t, "source": str(ROOT / "tests/data/tasks" / f"{t}.jsonl")} for t in tasks],
+            "judge": deployment(url, "judge-model") | {"model_name": "judge"},
+            "concurrency": concurrency,
+            "generation": {"num_retries": 0},
+        }
+    )
 
 
 def one_level(url: str, concurrency: int, tasks: list[str], workdir: Path) -> tuple[float, bool]:
@@ -63,8 +67,10 @@ def one_level(url: str, concurrency: int, tasks: list[str], workdir: Path) -> tu
     t.close()
     intended = {(m, q): ok for m, q, ok in fetch_log(url, since=mark)}
     rows = list(store.iter_runs())
-    ok = summary.complete and len(rows) == len(jobs) * len(ACC) and all(
-        r["score"] == (1.0 if intended.get((r["candidate"], r["query_id"])) else 0.0) for r in rows
+    ok = (
+        summary.complete
+        and len(rows) == len(jobs) * len(ACC)
+        and all(r["score"] == (1.0 if intended.get((r["candidate"], r["query_id"])) else 0.0) for r in rows)
     )
     store.close()
     return len(rows) / seconds, ok
@@ -79,8 +85,19 @@ def main() -> None:
     logging.disable(logging.WARNING)
     levels = [int(x) for x in args.levels.split(",")]
     acc = {c: {t: p for t in [*TASKS, "open"]} for c, p in ACC.items()}
-    server = subprocess.Popen([sys.executable, "-m", "litellm_energy_router.demo.task_answers", json.dumps(acc),
-                               str(ROOT / "tests/data/tasks"), str(args.ttft_ms / 1000), str(args.per_token_ms / 1000)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "litellm_energy_router.demo.task_answers",
+            json.dumps(acc),
+            str(ROOT / "tests/data/tasks"),
+            str(args.ttft_ms / 1000),
+            str(args.per_token_ms / 1000),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     url = server.stdout.readline().strip()  # type: ignore[union-attr]
     rates: dict[int, float] = {}
     complete = True
@@ -97,8 +114,10 @@ def main() -> None:
         server.terminate()
         server.wait(10)
     lo, hi = rates.get(1, float("nan")), rates.get(max(levels), float("nan"))
-    print(f"speed-up c{max(levels)}/c1: {hi / lo:.2f}x (backend ttft {args.ttft_ms:g} ms, {args.per_token_ms:g} ms/token, "
-          f"{os.cpu_count()} CPUs)")  # fmt: skip
+    print(
+        f"speed-up c{max(levels)}/c1: {hi / lo:.2f}x (backend ttft {args.ttft_ms:g} ms, {args.per_token_ms:g} ms/token, "
+        f"{os.cpu_count()} CPUs)"
+    )
     print(f"pairs_per_s_c1={lo:.1f} pairs_per_s_c32={rates.get(32, hi):.1f} complete={'true' if complete else 'false'}")
 
 

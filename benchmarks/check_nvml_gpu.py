@@ -116,18 +116,24 @@ def main() -> int:
         att.add_sample(time.time(), counter.read().total_j)
     cj, sj = c1 - c0, s1 - s0
     rel = abs(cj - sj) / max(cj, 1e-9)
-    print(f"window {window:.2f} s: counter {cj:.1f} J ({cj / window:.0f} W), power sampling {sj:.1f} J "
-          f"({sj / window:.0f} W), relative difference {rel:.3f}")  # fmt: skip
+    print(
+        f"window {window:.2f} s: counter {cj:.1f} J ({cj / window:.0f} W), power sampling {sj:.1f} J "
+        f"({sj / window:.0f} W), relative difference {rel:.3f}"
+    )
     reqs = [att.energy(f"r{k}", final=True) for k in range(0, i, 3)]
     tot = att.totals()
     attributed = sum(r.energy_j for r in reqs if r is not None)
     cons = abs(attributed + tot.idle_j - tot.meter_j) / max(tot.meter_j, 1e-9)
-    print(f"attribution: {len(reqs)} requests {attributed:.1f} J + idle {tot.idle_j:.1f} J vs counter {tot.meter_j:.1f} J")
+    print(
+        f"attribution: {len(reqs)} requests {attributed:.1f} J + idle {tot.idle_j:.1f} J vs counter {tot.meter_j:.1f} J"
+    )
     counter.close()
     sampler.close()
     ok = monotone and rel <= 0.25 and cons < 0.01
-    print(f"gpu={counter.gpu.replace(' ', '_')} counter_update_ms={upd:.1f} window_s={window:.2f} counter_j={cj:.1f} sampling_j={sj:.1f} "
-          f"rel_diff={rel:.3f} conservation_err={cons:.2e}")  # fmt: skip
+    print(
+        f"gpu={counter.gpu.replace(' ', '_')} counter_update_ms={upd:.1f} window_s={window:.2f} counter_j={cj:.1f} sampling_j={sj:.1f} "
+        f"rel_diff={rel:.3f} conservation_err={cons:.2e}"
+    )
     return 0 if ok else 1
 
 

@@ -53,16 +53,25 @@ def tiny_model(out: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     specials = ["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1024, special_tokens=specials))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token=None)  # fmt: skip
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
     fast.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     fast.save_pretrained(out)
-    cfg = Qwen2Config(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      eos_token_id=fast.eos_token_id, tie_word_embeddings=True)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=True,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     return out
 
@@ -79,22 +88,32 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from litellm_energy_router.profiling.config import parse_tournament_config
     from litellm_energy_router.profiling.vllm_offline import run_offline
+
     from litellm_energy_router.table import open_store
 
     with tempfile.TemporaryDirectory() as tmp:
         models = args.model or [str(tiny_model(Path(tmp) / "tiny-qwen2"))]
         profile = Path(tmp) / "profile.yaml"  # only used if the meter is 'estimate'
-        profile.write_text(json.dumps({"models": {f"m{i}": {"j_per_output_token": 0.1, "j_per_prompt_token": 0.01}
-                                                  for i in range(len(models))}}))  # fmt: skip
+        profile.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        f"m{i}": {"j_per_output_token": 0.1, "j_per_prompt_token": 0.01} for i in range(len(models))
+                    }
+                }
+            )
+        )
         tasks = ["mmlu", "arc_challenge", "hellaswag", "winogrande", "gsm8k", "mbpp"]
-        cfg = parse_tournament_config({
-            "mode": "vllm_offline",
-            "candidates": [{"model_name": f"m{i}", "model": m} for i, m in enumerate(models)],
-            "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl"), "max_tokens": 32} for t in tasks],
-            "energy": {"meter": args.meter, "profile": str(profile)},
-            "vllm": {"gpu_memory_utilization": 0.3, "enforce_eager": True, "max_model_len": 2048},
-            "batch_size": 16,
-        })  # fmt: skip
+        cfg = parse_tournament_config(
+            {
+                "mode": "vllm_offline",
+                "candidates": [{"model_name": f"m{i}", "model": m} for i, m in enumerate(models)],
+                "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl"), "max_tokens": 32} for t in tasks],
+                "energy": {"meter": args.meter, "profile": str(profile)},
+                "vllm": {"gpu_memory_utilization": 0.3, "enforce_eager": True, "max_model_len": 2048},
+                "batch_size": 16,
+            }
+        )
         url = f"sqlite:///{Path(tmp) / 'vllm.db'}"
         summary = run_offline(cfg, url)
         with open_store(url) as store:

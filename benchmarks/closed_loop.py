@@ -44,28 +44,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from litellm_energy_router.demo.loop import label_production
-from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
-from litellm_energy_router.demo.serve import serve
-from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench, iter_records, parse_files
-from litellm_energy_router.router.checkpoint import point_to, read_manifest, resolve
-from litellm_energy_router.knob import Knob
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide
-from litellm_energy_router.router.scoring import load_scorer
-from litellm_energy_router.settings import Settings
-from litellm_energy_router.table import open_store
 from litellm_energy_router.training.data import TableMatrix, holdout_split, load_matrix
 from litellm_energy_router.training.evaluate import evaluate
 from litellm_energy_router.training.ope import version_counts
 from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
 from litellm_energy_router.training.train_config import TrainSection
 
+from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
+from litellm_energy_router.demo.loop import label_production
+from litellm_energy_router.demo.serve import serve
+from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.knob import Knob
+from litellm_energy_router.router.checkpoint import point_to, read_manifest, resolve
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide
+from litellm_energy_router.router.scoring import load_scorer
+from litellm_energy_router.settings import Settings
+from litellm_energy_router.table import open_store
+
 ALL_SOURCES = ["import", "tournament", "shadow", "production"]
 ARMS = ("loop", "ignored", "tournament")
-LABEL = {"loop": "loop (production rows used)", "ignored": "(a) production ignored",
-         "tournament": "(b) tournament rows of the task"}  # fmt: skip
+LABEL = {
+    "loop": "loop (production rows used)",
+    "ignored": "(a) production ignored",
+    "tournament": "(b) tournament rows of the task",
+}
 
 
 @dataclass
@@ -103,10 +106,14 @@ class LoopConfig:
     tolerance: float = 0.0
     # cheap training: a minimal LM (a fifth of an epoch) whose calibration leans on the probe head (MiniLM
     # embeddings), served by the distilled student (numpy): ~1 min per retrain on 2 busy cores
-    train: dict[str, Any] = field(default_factory=lambda: {
-        "backbone": {"name": "tiny", "hidden_size": 32, "layers": 1, "vocab_size": 256},
-        "sft": {"epochs": 0.2, "batch_size": 32}, "max_len": 48, "student": True,
-    })  # fmt: skip
+    train: dict[str, Any] = field(
+        default_factory=lambda: {
+            "backbone": {"name": "tiny", "hidden_size": 32, "layers": 1, "vocab_size": 256},
+            "sft": {"epochs": 0.2, "batch_size": 32},
+            "max_len": 48,
+            "student": True,
+        }
+    )
 
     @classmethod
     def quick(cls) -> "LoopConfig":
@@ -190,22 +197,35 @@ class Arm:
 
     def retrain(self) -> str:
         sources = [s for s in ALL_SOURCES if s != "production"] if self.name == "ignored" else ALL_SOURCES
-        rc = RetrainConfig(table_url=self.url, pointer=self.pointer, versions_dir=self.dir / "versions", keep=3,
-                           min_new_rows=0, sources=sources, lam=self.cfg.lam, epsilon=self.cfg.epsilon,
-                           rule=self.cfg.rule, tolerance=self.cfg.tolerance,
-                           train=TrainSection.model_validate(self.cfg.train))  # fmt: skip
+        rc = RetrainConfig(
+            table_url=self.url,
+            pointer=self.pointer,
+            versions_dir=self.dir / "versions",
+            keep=3,
+            min_new_rows=0,
+            sources=sources,
+            lam=self.cfg.lam,
+            epsilon=self.cfg.epsilon,
+            rule=self.cfg.rule,
+            tolerance=self.cfg.tolerance,
+            train=TrainSection.model_validate(self.cfg.train),
+        )
         with open(self.dir / "retrain.log", "a") as fh:  # the retrain's own progress lines, per arm
             res = run_retrain(rc, log=lambda s: print(f"{time.strftime('%H:%M:%S')} {s}", file=fh, flush=True))
         self.retrains.append(res.status)
         return res.status
 
     def settings(self) -> Settings:
-        return Settings.model_validate({
-            "table": {"url": self.url}, "knob": {"lambda": self.cfg.lam}, "energy": {"meter": "estimate"},
-            "router": {"checkpoint": str(self.pointer), "epsilon": self.cfg.epsilon, "timeout_ms": 10000},
-            "privacy": {"store_text": True},  # retrain re-reads the served queries' text
-            "writer": {"spool_dir": str(self.dir / "spool"), "flush_interval_s": 0.1},
-        })  # fmt: skip
+        return Settings.model_validate(
+            {
+                "table": {"url": self.url},
+                "knob": {"lambda": self.cfg.lam},
+                "energy": {"meter": "estimate"},
+                "router": {"checkpoint": str(self.pointer), "epsilon": self.cfg.epsilon, "timeout_ms": 10000},
+                "privacy": {"store_text": True},  # retrain re-reads the served queries' text
+                "writer": {"spool_dir": str(self.dir / "spool"), "flush_interval_s": 0.1},
+            }
+        )
 
     def serve(self, records: list[Any], candidates: list[str]) -> dict[str, Any]:
         """Replay ``records`` as production traffic, then label every served call via the feedback API."""
@@ -213,8 +233,13 @@ class Arm:
 
         threads = torch.get_num_threads()
         with LocalBackend(ReplayAnswers(records)) as backend:
-            calls, counts = serve([r.prompt for r in records], candidates, backend.base_url, self.settings(),
-                                  concurrency=self.cfg.concurrency)  # fmt: skip
+            calls, counts = serve(
+                [r.prompt for r in records],
+                candidates,
+                backend.base_url,
+                self.settings(),
+                concurrency=self.cfg.concurrency,
+            )
             grade = backend.answers.grade
         torch.set_num_threads(threads)  # the serving runtime pins torch to one thread; training wants them all
         rows = label_production(self.url, calls, lambda i, c: grade(records[i].prompt, c))
@@ -255,21 +280,28 @@ def score_checkpoint(pointer: Path, m: TableMatrix, new_mask: np.ndarray, lam: f
     def aiq(k: np.ndarray) -> float:
         return evaluate(Y[k], E[k], {"r": (P[k], Eh[k])}, model.candidates).method("r").aiq
 
-    return Scores(Y[idx, ch], E[idx, ch], aiq(new_mask), aiq(np.ones(len(m), dtype=bool)),
-                  read_manifest(resolve(pointer)).version)  # fmt: skip
+    return Scores(
+        Y[idx, ch], E[idx, ch], aiq(new_mask), aiq(np.ones(len(m), dtype=bool)), read_manifest(resolve(pointer)).version
+    )
 
 
 def table_lines(scores: dict[str, Scores], status: dict[str, str], new_mask: np.ndarray, task: str) -> list[str]:
-    lines = [f"| arm | retrain | {task} acc | {task} J/q | {task} AIQ | pooled acc | pooled J/q | pooled AIQ |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| arm | retrain | {task} acc | {task} J/q | {task} AIQ | pooled acc | pooled J/q | pooled AIQ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for arm, s in scores.items():
         n = new_mask
-        lines.append(f"| {LABEL.get(arm, arm)} | {status.get(arm, '-')} | {s.acc[n].mean():.3f} | {s.joules[n].mean():.1f} | "
-                     f"{s.aiq_new:.4f} | {s.acc.mean():.3f} | {s.joules.mean():.1f} | {s.aiq_pooled:.4f} |")  # fmt: skip
+        lines.append(
+            f"| {LABEL.get(arm, arm)} | {status.get(arm, '-')} | {s.acc[n].mean():.3f} | {s.joules[n].mean():.1f} | "
+            f"{s.aiq_new:.4f} | {s.acc.mean():.3f} | {s.joules.mean():.1f} | {s.aiq_pooled:.4f} |"
+        )
     return lines
 
 
-def gain(a: Scores, b: Scores, new_mask: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float, tuple[float, ...]]:
+def gain(
+    a: Scores, b: Scores, new_mask: np.ndarray, n_boot: int, seed: int = 0
+) -> tuple[float, float, tuple[float, ...]]:
     """New-task accuracy difference a − b and J ratio a / b, with paired bootstrap 95 % intervals."""
     acc_a, acc_b = a.acc[new_mask], b.acc[new_mask]
     j_a, j_b = a.joules[new_mask], b.joules[new_mask]
@@ -308,9 +340,11 @@ def _step(arms: dict[str, Arm], split: Split, done: int, batch: list[str], candi
     for name in ("loop", "ignored"):
         served = arms[name].serve(records, candidates)
         prod = served["rows"]  # every production row so far
-        notes.append(f"{name}: {served['served']} served; production rows so far: {len(prod)}, "
-                     f"{sum(r['score'] is not None for r in prod)} labelled, {sum(r['propensity'] is not None for r in prod)} "
-                     f"with a propensity; by router version {version_counts(prod)}")  # fmt: skip
+        notes.append(
+            f"{name}: {served['served']} served; production rows so far: {len(prod)}, "
+            f"{sum(r['score'] is not None for r in prod)} labelled, {sum(r['propensity'] is not None for r in prod)} "
+            f"with a propensity; by router version {version_counts(prod)}"
+        )
         status[name] = arms[name].retrain()
     add_tournament_rows(arms["tournament"].url, set(split.served[: done + len(batch)]))
     status["tournament"] = arms["tournament"].retrain()
@@ -327,8 +361,10 @@ def run(cfg: LoopConfig, workdir: Path) -> dict[str, Any]:
     import_rows(f"sqlite:///{workdir / 'eval.db'}", split.eval_new | split.eval_other)
     m_eval = load_eval(f"sqlite:///{workdir / 'eval.db'}")
     new_mask = m_eval.tasks == cfg.task
-    print(f"closed loop: table of {len(split.base)} queries without {cfg.task}; {len(split.served)} {cfg.task} queries "
-          f"served in steps of {cfg.retrain_every}; λ={cfg.lam:g}, ε={cfg.epsilon:g}; energy ESTIMATED (profile x tokens)")  # fmt: skip
+    print(
+        f"closed loop: table of {len(split.base)} queries without {cfg.task}; {len(split.served)} {cfg.task} queries "
+        f"served in steps of {cfg.retrain_every}; λ={cfg.lam:g}, ε={cfg.epsilon:g}; energy ESTIMATED (profile x tokens)"
+    )
     for line in _task_lines(m_eval, cfg.task):
         print(line)
     ck = _first_router(cfg, workdir, base_db)
@@ -347,12 +383,22 @@ def run(cfg: LoopConfig, workdir: Path) -> dict[str, Any]:
         print("\n".join(table_lines(scores, status, new_mask, cfg.task)) + f"\n  ({time.time() - t0:.0f}s)")
     d, r, (lo_d, hi_d, lo_r, hi_r) = gain(scores["loop"], scores["ignored"], new_mask, cfg.bootstrap, cfg.seed)
     db, rb, (lo_db, hi_db, _, _) = gain(scores["tournament"], scores["ignored"], new_mask, cfg.bootstrap, cfg.seed)
-    print(f"\n(b) tournament rows vs production ignored: new-task acc {db:+.3f} [{lo_db:+.3f}, {hi_db:+.3f}] at J ratio {rb:.2f}")
-    print(f"wall time {time.time() - t0:.0f}s; paired bootstrap over {int(new_mask.sum())} held-out {cfg.task} queries, "
-          f"{cfg.bootstrap} resamples: acc difference 95% [{lo_d:+.3f}, {hi_d:+.3f}], J ratio 95% [{lo_r:.2f}, {hi_r:.2f}]"
-          + (" (inside the interval: a tie)" if lo_d <= 0 <= hi_d else ""))  # fmt: skip
+    print(
+        f"\n(b) tournament rows vs production ignored: new-task acc {db:+.3f} [{lo_db:+.3f}, {hi_db:+.3f}] at J ratio {rb:.2f}"
+    )
+    print(
+        f"wall time {time.time() - t0:.0f}s; paired bootstrap over {int(new_mask.sum())} held-out {cfg.task} queries, "
+        f"{cfg.bootstrap} resamples: acc difference 95% [{lo_d:+.3f}, {hi_d:+.3f}], J ratio 95% [{lo_r:.2f}, {hi_r:.2f}]"
+        + (" (inside the interval: a tie)" if lo_d <= 0 <= hi_d else "")
+    )
     print(f"closed-loop gain: new-task acc {d:+.3f} at J ratio {r:.2f} vs production-ignored")
-    return {"acc_gain": d, "j_ratio": r, "acc_ci": (lo_d, hi_d), "j_ratio_ci": (lo_r, hi_r), "seconds": time.time() - t0}
+    return {
+        "acc_gain": d,
+        "j_ratio": r,
+        "acc_ci": (lo_d, hi_d),
+        "j_ratio_ci": (lo_r, hi_r),
+        "seconds": time.time() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

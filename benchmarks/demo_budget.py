@@ -37,12 +37,14 @@ def main() -> None:
         pt, _, Y, E = _served_matrices(held, cands)
         sweeps[k] = compare.router_sweep(ck, [r.prompt for r in held], pt, Y, E, s["lambda"], n_boot=a.boot)
         sw = sweeps[k]
-        g = (s["retrain"].get("comparison") or {})
-        print(f"{k}: {s['first_version']['version']}  AIQ {sw.evaluation.method('router').aiq:.4f} (static hull "
-              f"{sw.evaluation.method('zero router (static hull)').aiq:.4f}) on {len(held)} held-back queries; "
-              f"retrain {s['retrain']['status']} (candidate AIQ {g.get('candidate', {}).get('aiq')}, serving "
-              f"{g.get('serving', {}).get('aiq')} on {g.get('held_out_queries')} retrain held-out queries); "
-              f"wall {s['wall_s']} s {s['steps_s']}; CPU {s.get('cpu_s')}")  # fmt: skip
+        g = s["retrain"].get("comparison") or {}
+        print(
+            f"{k}: {s['first_version']['version']}  AIQ {sw.evaluation.method('router').aiq:.4f} (static hull "
+            f"{sw.evaluation.method('zero router (static hull)').aiq:.4f}) on {len(held)} held-back queries; "
+            f"retrain {s['retrain']['status']} (candidate AIQ {g.get('candidate', {}).get('aiq')}, serving "
+            f"{g.get('serving', {}).get('aiq')} on {g.get('held_out_queries')} retrain held-out queries); "
+            f"wall {s['wall_s']} s {s['steps_s']}; CPU {s.get('cpu_s')}"
+        )
     la, sa = (sweeps[k].evaluation.method("router").aiq for k in ("long", "short"))
     d = sweeps["short"].aiq_boot - sweeps["long"].aiq_boot
     lo, hi = np.percentile(d, [2.5, 97.5])

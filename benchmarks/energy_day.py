@@ -109,11 +109,12 @@ def make_day(n: int, n_prompts: int, day_start: float, seed: int) -> list[Req]:
 
 def prepare(workdir: Path) -> tuple[list[Any], Path, list[str]]:
     """(records served in the day, a logreg checkpoint fitted on the other half, candidates)."""
-    from litellm_energy_router.energy.profile import load_profile
     from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench, iter_records
-    from litellm_energy_router.table import open_store
     from litellm_energy_router.training.baselines import export_baseline
     from litellm_energy_router.training.data import holdout_split, load_matrix
+
+    from litellm_energy_router.energy.profile import load_profile
+    from litellm_energy_router.table import open_store
 
     recs = list(iter_records(bundled_files()))
     ids = sorted(r.query_id for r in recs)
@@ -137,33 +138,36 @@ def settings(workdir: Path, name: str, ckpt: Path, csv: Path, cands: list[str], 
 
     db = workdir / f"{name}.db"
     db.unlink(missing_ok=True)
-    return Settings.model_validate({
-        "table": {"url": f"sqlite:///{db}"},
-        "router": {"checkpoint": str(ckpt), "timeout_ms": 10000, "cache_size": 8192},
-        "candidates": [{"name": c} for c in cands], "knob": {"lambda": LAMBDA, **extra.get("knob", {})},
-        "energy": {"meter": "estimate"},
-        "writer": {"spool_dir": str(workdir / f"spool-{name}"), "flush_interval_s": 0.2},
-        "carbon": {"intensity_csv": str(csv), "sites": {s: {"region": r, "pue": p} for s, (r, p) in SITES.items()}},
-        "budgets": extra.get("budgets", {}),
-    })  # fmt: skip
-
+    return Settings.model_validate(
+        {
+            "table": {"url": f"sqlite:///{db}"},
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 10000, "cache_size": 8192},
+            "candidates": [{"name": c} for c in cands],
+            "knob": {"lambda": LAMBDA, **extra.get("knob", {})},
+            "energy": {"meter": "estimate"},
+            "writer": {"spool_dir": str(workdir / f"spool-{name}"), "flush_interval_s": 0.2},
+            "carbon": {"intensity_csv": str(csv), "sites": {s: {"region": r, "pue": p} for s, (r, p) in SITES.items()}},
+            "budgets": extra.get("budgets", {}),
+        }
+    )
 
 
 # -- one day through LiteLLM ----------------------------------------------------------------------------
 
 
-async def _replay(day: list[Req], prompts: list[str], api_base: str, s: Any, rt: Any, clock: SimClock,
-                  table: Any) -> list[Served]:  # fmt: skip
+async def _replay(
+    day: list[Req], prompts: list[str], api_base: str, s: Any, rt: Any, clock: SimClock, table: Any
+) -> list[Served]:
     import litellm
 
     from litellm_energy_router.budgets import BudgetBook
-    from litellm_energy_router.callback import EnergyLogger
-    from litellm_energy_router.callback.accounting import RowAccounting
     from litellm_energy_router.demo.backend import deployment
     from litellm_energy_router.energy.carbon import CarbonModel
-    from litellm_energy_router.figures import Accounting
-    from litellm_energy_router.litellm_compat import register_strategy
-    from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
+    from litellm_energy_router.litellm_glue.callback import EnergyLogger
+    from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
+    from litellm_energy_router.litellm_glue.figures import Accounting
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRoutingStrategy
 
     provider = SimIntensity(table, clock)
     logger = EnergyLogger(s, accounting=RowAccounting(CarbonModel(s.carbon, provider=provider)))
@@ -184,8 +188,7 @@ async def _replay(day: list[Req], prompts: list[str], api_base: str, s: Any, rt:
 
     async def one(i: int, r: Req) -> None:
         team = KEYS[r.key][0]
-        md = {"user_api_key_alias": r.key, "user_api_key_team_id": team,
-              "user_api_key_hash": _hash(r.key)}  # fmt: skip
+        md = {"user_api_key_alias": r.key, "user_api_key_team_id": team, "user_api_key_hash": _hash(r.key)}
         try:
             resp = await router.acompletion(
                 model=GROUP, messages=[{"role": "user", "content": prompts[r.prompt]}], metadata=md
@@ -204,8 +207,7 @@ async def _replay(day: list[Req], prompts: list[str], api_base: str, s: Any, rt:
             last = time.time()
             log(
                 f"  {i}/{len(day)} sent, simulated {time.strftime('%H:%M', time.gmtime(r.t))} UTC, "
-                f"{i / (last - t0):.0f} req/s"
-                + (" " + _budget_line(core) if core.budgets else "")
+                f"{i / (last - t0):.0f} req/s" + (" " + _budget_line(core) if core.budgets else "")
             )
     await asyncio.gather(*tasks)
     while logger.writer.submitted < len(day):
@@ -247,8 +249,11 @@ def replay(day: list[Req], records: list[Any], s: Any, rt: Any, day_start: float
     for name in ("LiteLLM", "LiteLLM Router", "httpx"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with LocalBackend(ReplayAnswers(records)) as backend:
-        return asyncio.run(_replay(day, [r.prompt for r in records], backend.base_url, s, rt, SimClock(day_start),
-                                   load_intensity_csv(csv)))  # fmt: skip
+        return asyncio.run(
+            _replay(
+                day, [r.prompt for r in records], backend.base_url, s, rt, SimClock(day_start), load_intensity_csv(csv)
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         f"app-b1: carbon λ = {lam_c:.4f} per reference gram matches the joules run's predicted accuracy "
         f"{100 * p_acc:.2f} %"
     )
-    extra = {"knob": {"per_key": {"app-b1": {"objective": "carbon", "lambda": lam_c}}},
-             "budgets": {"refresh_s": 0.25,
-                         "teams": {"team-a": {"limit": budget, "pace": hourly_traffic()}}}}  # fmt: skip
+    extra = {
+        "knob": {"per_key": {"app-b1": {"objective": "carbon", "lambda": lam_c}}},
+        "budgets": {"refresh_s": 0.25, "teams": {"team-a": {"limit": budget, "pace": hourly_traffic()}}},
+    }
     s_b = settings(a.workdir, "budgeted", ckpt, csv, cands, extra)
     log(f"run 2: team-a soft budget {budget / 1e3:.0f} kJ/day, app-b1 objective carbon")
     b = outcome(day, replay(day, records, s_b, rt, day_start, csv), records, s_b.table.url)

@@ -123,12 +123,26 @@ def outcome(day: list[Req], served: list[Served], records: list[Any], url: str) 
         bad = int(x.get("requests", 0)) != len(idx) or abs(lj - rj) > 1e-6 * max(1.0, rj)
         mismatch += max(len(idx), int(x.get("requests", 0))) if bad else 0
     keys = np.array([r.key for r in day])
-    spend = {k: float(sum(float(x["joules_measured"]) + float(x["joules_estimated"]) for kk, x in got.items()
-                          if kk[1] == _hash(k))) for k in KEYS}  # fmt: skip
-    co2e_led = {k: float(sum(float(x["co2e_g"]) for kk, x in got.items() if kk[1] == _hash(k)))
-                for k in KEYS}  # fmt: skip
-    return {"acc": acc, "joules": joules, "co2e": co2e, "keys": keys, "mismatch": mismatch, "spend": spend,
-            "co2e_ledger": co2e_led, "sites": np.array([sv.site for sv in served]), "served": served}  # fmt: skip
+    spend = {
+        k: float(
+            sum(
+                float(x["joules_measured"]) + float(x["joules_estimated"]) for kk, x in got.items() if kk[1] == _hash(k)
+            )
+        )
+        for k in KEYS
+    }
+    co2e_led = {k: float(sum(float(x["co2e_g"]) for kk, x in got.items() if kk[1] == _hash(k))) for k in KEYS}
+    return {
+        "acc": acc,
+        "joules": joules,
+        "co2e": co2e,
+        "keys": keys,
+        "mismatch": mismatch,
+        "spend": spend,
+        "co2e_ledger": co2e_led,
+        "sites": np.array([sv.site for sv in served]),
+        "served": served,
+    }
 
 
 def boot(f: Any, n: int, reps: int = 1000, seed: int = 0) -> tuple[float, float]:

@@ -37,7 +37,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
 from proxy_footprint import FAIL_OPEN_ID, KEY, _config  # noqa: E402
 from proxy_process import ProxyProcess  # noqa: E402
 from router_fixtures import train_planted  # noqa: E402
@@ -45,6 +44,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from tcp_proxy import TCPProxy  # noqa: E402
 
+from litellm_energy_router.demo.backend import LocalBackend  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
 
 NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
@@ -78,7 +78,9 @@ async def _one(session, proxy: ProxyProcess, run: Run, i: int, up: asyncio.Event
         await up.wait()
         start = time.monotonic() - run.t0
         try:
-            async with session.post(f"http://127.0.0.1:{proxy.port}/v1/chat/completions", json=body, headers=headers) as r:
+            async with session.post(
+                f"http://127.0.0.1:{proxy.port}/v1/chat/completions", json=body, headers=headers
+            ) as r:
                 await r.read()
                 if r.status != 200:
                     run.errors.append(f"HTTP {r.status}")
@@ -130,7 +132,9 @@ async def drive(proxy: ProxyProcess, pg: TCPProxy, args: argparse.Namespace) -> 
         up.set()
 
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=args.concurrency)) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=args.concurrency)
+    ) as session:
         run.t0 = time.monotonic()
         while await _one(session, proxy, run, -1, up) == FAIL_OPEN_ID:  # warm-up: until the router routes
             await asyncio.sleep(0.2)
@@ -147,7 +151,9 @@ def _pct(xs: list[float], q: float) -> float:
 def _rows(url: str) -> tuple[int, dict[str, int]]:
     eng = create_engine(url)
     with eng.connect() as c:
-        counts = dict(c.execute(text("select call_id, count(*) from er_runs where source = 'production' group by call_id")).all())
+        counts = dict(
+            c.execute(text("select call_id, count(*) from er_runs where source = 'production' group by call_id")).all()
+        )
         total = c.execute(text("select count(*) from er_runs where source = 'production'")).scalar_one()
     eng.dispose()
     return int(total), {k: int(v) for k, v in counts.items()}
@@ -175,18 +181,26 @@ def report(run: Run, url: str, spool: Path, args: argparse.Namespace) -> bool:
     flight_rows = len(run.in_flight_at_kill & set(per_call))
     left = sorted(p.name for p in spool.glob("spool-*.jsonl"))
     down = run.down or (float("nan"), float("nan"))
-    print(f"fault_burst: {args.requests} requests at {args.rate:g}/s, concurrency {args.concurrency}; table (PostgreSQL "
-          f"via TCP forwarder) down {down[1] - down[0]:.1f} s (t={down[0]:.1f}..{down[1]:.1f} s); proxy SIGKILLed at "
-          f"t={run.kill_at:.1f} s, serving again at t={run.back_at:.1f} s ({run.resent} refused attempts resent)")  # fmt: skip
+    print(
+        f"fault_burst: {args.requests} requests at {args.rate:g}/s, concurrency {args.concurrency}; table (PostgreSQL "
+        f"via TCP forwarder) down {down[1] - down[0]:.1f} s (t={down[0]:.1f}..{down[1]:.1f} s); proxy SIGKILLed at "
+        f"t={run.kill_at:.1f} s, serving again at t={run.back_at:.1f} s ({run.resent} refused attempts resent)"
+    )
     n_warm = sum(1 for s, _ in run.served.values() if s < 0)
-    print(f"served: {len(served)} ({n_warm} of them warm-up, until the router routed); in flight at the kill (no answer): {len(run.in_flight_at_kill)}, of which with a row: "
-          f"{flight_rows}; other errors: {len(run.errors)} {sorted(set(run.errors))}")  # fmt: skip
-    print(f"table: {total} rows, {len(per_call)} distinct call ids, duplicates: {dups}; served with a row: "
-          f"{len(served) - len(missing)}/{len(served)}; rows of no served request: {len(set(per_call) - served - run.in_flight_at_kill)}")  # fmt: skip
+    print(
+        f"served: {len(served)} ({n_warm} of them warm-up, until the router routed); in flight at the kill (no answer): {len(run.in_flight_at_kill)}, of which with a row: "
+        f"{flight_rows}; other errors: {len(run.errors)} {sorted(set(run.errors))}"
+    )
+    print(
+        f"table: {total} rows, {len(per_call)} distinct call ids, duplicates: {dups}; served with a row: "
+        f"{len(served) - len(missing)}/{len(served)}; rows of no served request: {len(set(per_call) - served - run.in_flight_at_kill)}"
+    )
     if missing:
         ends = [run.served[c][1] - (run.kill_at or 0) for c in missing]
-        print(f"served without a row: {len(missing)}, answered {min(ends) * 1000:.0f}..{max(ends) * 1000:.0f} ms "
-              f"relative to the kill (writer.flush_interval_s = {FLUSH_S * 1000:.0f} ms: rows not yet spooled)")  # fmt: skip
+        print(
+            f"served without a row: {len(missing)}, answered {min(ends) * 1000:.0f}..{max(ends) * 1000:.0f} ms "
+            f"relative to the kill (writer.flush_interval_s = {FLUSH_S * 1000:.0f} ms: rows not yet spooled)"
+        )
     print(f"spool files left after the proxy's shutdown: {len(left)}")
     kill, settled = run.kill_at or 0.0, (run.back_at or 0.0) + 5.0
     phases = {
@@ -195,7 +209,7 @@ def report(run: Run, url: str, spool: Path, args: argparse.Namespace) -> bool:
         "restart (kill .. serving again + 5 s)": lambda s: kill <= s < settled,
         "during the outage, after the restart": lambda s: settled <= s < down[1],
         "after the outage": lambda s: s >= max(down[1], settled),
-    }  # fmt: skip
+    }
     for name, inside in phases.items():
         lat = [e - s for s, e in run.served.values() if inside(s)]
         if lat:
@@ -228,11 +242,17 @@ def main() -> None:
     url = u.render_as_string(hide_password=False)
     backend = LocalBackend().start()
     (d / "config.yaml").write_text(yaml.safe_dump(_config(NAMES, backend.base, True)))
-    env = {**os.environ, "LITELLM_LOG": "ERROR", "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(ck),
-           "ENERGY_ROUTER_ROUTER__FALLBACK": FAIL_OPEN_ID, "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "1000",
-           "ENERGY_ROUTER_TABLE__URL": u.set(host="127.0.0.1", port=pg.port).render_as_string(hide_password=False),
-           "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"), "ENERGY_ROUTER_WRITER__FLUSH_INTERVAL_S": str(FLUSH_S),
-           "ENERGY_ROUTER_WRITER__RETRY_MAX_S": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "ERROR",
+        "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(ck),
+        "ENERGY_ROUTER_ROUTER__FALLBACK": FAIL_OPEN_ID,
+        "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "1000",
+        "ENERGY_ROUTER_TABLE__URL": u.set(host="127.0.0.1", port=pg.port).render_as_string(hide_password=False),
+        "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"),
+        "ENERGY_ROUTER_WRITER__FLUSH_INTERVAL_S": str(FLUSH_S),
+        "ENERGY_ROUTER_WRITER__RETRY_MAX_S": "1",
+    }
     proxy = ProxyProcess(d / "config.yaml", env, d, ready_timeout_s=300)
     ok = False
     try:

@@ -35,9 +35,6 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J  # noqa: E402
-from litellm_energy_router.router.model import RouterModel  # noqa: E402
-from litellm_energy_router.router.policy import START_FILE  # noqa: E402
 from litellm_energy_router.training.backbones import BackboneSpec  # noqa: E402
 from litellm_energy_router.training.crossval import routerbench_matrix  # noqa: E402
 from litellm_energy_router.training.data import kfold, near_duplicate_groups  # noqa: E402
@@ -46,16 +43,31 @@ from litellm_energy_router.training.grpo import GRPOStageConfig, choice_targets,
 from litellm_energy_router.training.pipeline import TrainConfig, train_matrix  # noqa: E402
 from litellm_energy_router.training.sft import SFTStageConfig  # noqa: E402
 
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J  # noqa: E402
+from litellm_energy_router.router.model import RouterModel  # noqa: E402
+from litellm_energy_router.router.policy import START_FILE  # noqa: E402
+
 METHODS = ("scorer (41-pt sweep)", "scorer", "SFT start", "GRPO")
 
 
 def bench_config(args: argparse.Namespace) -> TrainConfig:
     """The cheap configuration this benchmark trains (documented above)."""
-    grpo = GRPOStageConfig(steps=args.grpo_steps, beta=args.beta, start_epochs=args.start_epochs, start_batch_size=64,
-                           keep_start=True, seed=args.seed)  # fmt: skip
-    return TrainConfig(backbone=BackboneSpec(name="tiny", hidden_size=64, layers=1, vocab_size=512),
-                       sft=SFTStageConfig(epochs=2, batch_size=16, learning_rate=5e-3), max_len=64,
-                       student=False, grpo=grpo, seed=args.seed)  # fmt: skip
+    grpo = GRPOStageConfig(
+        steps=args.grpo_steps,
+        beta=args.beta,
+        start_epochs=args.start_epochs,
+        start_batch_size=64,
+        keep_start=True,
+        seed=args.seed,
+    )
+    return TrainConfig(
+        backbone=BackboneSpec(name="tiny", hidden_size=64, layers=1, vocab_size=512),
+        sft=SFTStageConfig(epochs=2, batch_size=16, learning_rate=5e-3),
+        max_len=64,
+        student=False,
+        grpo=grpo,
+        seed=args.seed,
+    )
 
 
 def judge_fold(d: str, test) -> dict[str, tuple[float, float]]:
@@ -71,8 +83,11 @@ def judge_fold(d: str, test) -> dict[str, tuple[float, float]]:
     load_model(start, os.path.join(d, START_FILE))
     policy = copy.deepcopy(lm.model)
     load_model(policy, os.path.join(d, g["file"]))
-    C = {"scorer": choice_targets(P, Eh, lams), "SFT start": policy_choices(start, lm.layout, texts, tasks, len(lams)),
-         "GRPO": policy_choices(policy, lm.layout, texts, tasks, len(lams))}  # fmt: skip
+    C = {
+        "scorer": choice_targets(P, Eh, lams),
+        "SFT start": policy_choices(start, lm.layout, texts, tasks, len(lams)),
+        "GRPO": policy_choices(policy, lm.layout, texts, tasks, len(lams)),
+    }
     C["scorer (41-pt sweep)"] = sweep_lambda(P, Eh, test.Y, test.E, DEFAULT_E_REF_J)[1]
     static_e, static_a = test.E.mean(axis=0), test.Y.mean(axis=0)
     x_max, best_acc = float(static_e.max()), float(static_a.max())
@@ -131,9 +146,12 @@ def main() -> None:
     else:
         res = [run_fold(j) for j in jobs]
     for f, r in enumerate(res):
-        print(f"fold {f + 1}/{len(splits)}: {r['n_test']} held-out queries, {r['secs']:.0f} s; buckets λ "
-              f"{np.round(r['lams'], 4).tolist()}; SFT start = scorer on {r['agree']:.1%} of held-out choices; "
-              f"served buckets {r['served']}; AIQ " + ", ".join(f"{k} {r[k][0]:.4f}" for k in METHODS), flush=True)  # fmt: skip
+        print(
+            f"fold {f + 1}/{len(splits)}: {r['n_test']} held-out queries, {r['secs']:.0f} s; buckets λ "
+            f"{np.round(r['lams'], 4).tolist()}; SFT start = scorer on {r['agree']:.1%} of held-out choices; "
+            f"served buckets {r['served']}; AIQ " + ", ".join(f"{k} {r[k][0]:.4f}" for k in METHODS),
+            flush=True,
+        )
     print(f"\n{len(splits)} folds, {time.time() - t_all:.0f} s; mean ± std over folds")
     print(f"{'method':24s} {'AIQ':>18s} {'J at best acc':>22s}")
     for k in METHODS:

@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         where = "the start" if after < 0 else f"line {after + 1} ({lines[after][:90]!r})"
         print(f"  {s:6.1f} s after {where}")
     s, after = g[order[0]]
-    print(f"longest_gap_s={s:.1f} gap_after={'start' if after < 0 else after + 1} lines={len(lines)} wall_s={end:.1f} rc={rc}")
+    print(
+        f"longest_gap_s={s:.1f} gap_after={'start' if after < 0 else after + 1} lines={len(lines)} wall_s={end:.1f} rc={rc}"
+    )
     return rc
 
 

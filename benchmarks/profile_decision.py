@@ -28,15 +28,16 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from litellm_energy_router.energy import load_profile  # noqa: E402
 from litellm_energy_router.profiling.routerbench import (  # noqa: E402
     bundled_files,
     import_routerbench,
 )
+
+from litellm_energy_router.energy import load_profile  # noqa: E402
+from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore  # noqa: E402
 from litellm_energy_router.router import length_model as lm  # noqa: E402
 from litellm_energy_router.router.checkpoint import read_manifest  # noqa: E402
 from litellm_energy_router.settings import Settings  # noqa: E402
-from litellm_energy_router.strategy import EnergyRouterCore  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
 from litellm_energy_router.tokens import count_prompt_tokens  # noqa: E402
 
@@ -74,10 +75,19 @@ def main() -> None:
     store.close()
     texts = [f"{t} #{i}" for i, t in enumerate(texts[:300])]
     n = len(texts)
-    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/c{j}", "api_base": "http://127.0.0.1:9", "api_key": "k"},
-             "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(cands)]  # fmt: skip
-    core = EnergyRouterCore(Settings.model_validate({
-        "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000}, "knob": {"lambda": 0.3}}))  # fmt: skip
+    deps = [
+        {
+            "model_name": "pool",
+            "litellm_params": {"model": f"openai/c{j}", "api_base": "http://127.0.0.1:9", "api_key": "k"},
+            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
+        }
+        for j, c in enumerate(cands)
+    ]
+    core = EnergyRouterCore(
+        Settings.model_validate(
+            {"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000}, "knob": {"lambda": 0.3}}
+        )
+    )
     core.runtime.wait_ready()
     sc, rk = core.runtime.model, {"metadata": {}}
     L, est = sc.length, sc.manifest.energy
@@ -87,17 +97,26 @@ def main() -> None:
     sk = [lm.sketch(lm.buckets(t)).astype(np.float32) for t in texts]
     scored = [core.runtime.score_sync(t) for t in texts]
     print(f"scorer {sc.name}, {n} prompts (median {int(np.median([len(t) for t in texts]))} characters)")
-    s = {"plan": stage("text, knob, deployments by candidate", lambda i: core._plan(deps, msgs[i], None, rk), n),
-         "tokens": stage("prompt tokens (cl100k)", lambda i: count_prompt_tokens(texts[i]), n),
-         "student": stage("student P (n-grams, weights)", lambda i: sc.score([texts[i]], [None]), n)}
+    s = {
+        "plan": stage("text, knob, deployments by candidate", lambda i: core._plan(deps, msgs[i], None, rk), n),
+        "tokens": stage("prompt tokens (cl100k)", lambda i: count_prompt_tokens(texts[i]), n),
+        "student": stage("student P (n-grams, weights)", lambda i: sc.score([texts[i]], [None]), n),
+    }
     if L is not None and L.W is not None:
         s["cues"] = stage("length model: cue flags", lambda i: lm.dense_features(texts[i], ntok[i]), n)
         s["buckets"] = stage("length model: n-gram buckets", lambda i: lm.buckets(texts[i]), n)
         s["support"] = stage("length model: support (reference products)", lambda i: float(np.max(L._ref @ sk[i])), n)
         s["length"] = stage("length model: predict, all of it", lambda i: L.predict([texts[i]], [ntok[i]], prior), n)
-    s["tokens_all"] = stage("output tokens and note (request_tokens)", lambda i: lm.request_tokens(
-        est, L, cands, [texts[i]], [None], [ntok[i]]), n)  # fmt: skip
-    s["decide"] = stage("decision, metadata, metrics", lambda i: core.decide(scored[i], deps, core.knob(rk), time.perf_counter(), None, rk), n)
+    s["tokens_all"] = stage(
+        "output tokens and note (request_tokens)",
+        lambda i: lm.request_tokens(est, L, cands, [texts[i]], [None], [ntok[i]]),
+        n,
+    )
+    s["decide"] = stage(
+        "decision, metadata, metrics",
+        lambda i: core.decide(scored[i], deps, core.knob(rk), time.perf_counter(), None, rk),
+        n,
+    )
     dec = [core.decide(scored[i], deps, core.knob(rk), time.perf_counter(), None, rk) for i in range(n)]
     s["figures"] = stage("accounting figures", lambda i: core.accounting.estimate(dec[i][1], dec[i][0]), n)
 
@@ -123,8 +142,10 @@ def main() -> None:
         asyncio.run(many())
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(12)
-    print(f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
-          f"student_us={s['student']:.0f}")  # fmt: skip
+    print(
+        f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
+        f"student_us={s['student']:.0f}"
+    )
 
 
 if __name__ == "__main__":

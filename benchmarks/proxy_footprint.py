@@ -24,8 +24,8 @@ from proxy_process import ProxyProcess  # noqa: E402
 
 KEY = "sk-energy-router-bench-0123456789"
 FAIL_OPEN_ID = "fail-open"  # a deployment that is no candidate: the router's fallback
-ROUTER_CALLBACK = "litellm_energy_router.proxy_router.energy_router"
-LOGGER_CALLBACK = "litellm_energy_router.callback.proxy_logger.energy_logger"
+ROUTER_CALLBACK = "litellm_energy_router.litellm_glue.proxy_router.energy_router"
+LOGGER_CALLBACK = "litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger"
 
 
 def _rss_mib(pid: int) -> float:
@@ -37,18 +37,32 @@ def _rss_mib(pid: int) -> float:
 
 def _post(port: int, text: str) -> str | None:
     body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         r.read()
         return r.headers.get("x-litellm-model-id")
 
 
 def _config(candidates: list[str], base, with_router: bool) -> dict:
-    deps = [{"model_name": "chat", "litellm_params": {"model": f"openai/c{j}", "api_base": base(f"c{j}"), "api_key": "k"},
-             "model_info": {"id": f"dep-{j}", "energy_router_candidate": c}} for j, c in enumerate(candidates)]  # fmt: skip
-    deps.append({"model_name": "chat", "litellm_params": {"model": "openai/fallback", "api_base": base("fallback"), "api_key": "k"},
-                 "model_info": {"id": FAIL_OPEN_ID}})  # fmt: skip
+    deps = [
+        {
+            "model_name": "chat",
+            "litellm_params": {"model": f"openai/c{j}", "api_base": base(f"c{j}"), "api_key": "k"},
+            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
+        }
+        for j, c in enumerate(candidates)
+    ]
+    deps.append(
+        {
+            "model_name": "chat",
+            "litellm_params": {"model": "openai/fallback", "api_base": base("fallback"), "api_key": "k"},
+            "model_info": {"id": FAIL_OPEN_ID},
+        }
+    )
     cfg = {"model_list": deps, "general_settings": {"master_key": KEY}}
     if with_router:
         cfg["litellm_settings"] = {"callbacks": [ROUTER_CALLBACK, LOGGER_CALLBACK]}
@@ -63,9 +77,15 @@ def run_proxy(checkpoint: Path | None, candidates: list[str], base, texts: list[
     (d / "config.yaml").write_text(yaml.safe_dump(_config(candidates, base, checkpoint is not None)))
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "LITELLM_LOG": "ERROR"}
     if checkpoint is not None:
-        env.update({"ENERGY_ROUTER_ROUTER__CHECKPOINT": str(checkpoint), "ENERGY_ROUTER_ROUTER__FALLBACK": FAIL_OPEN_ID,
-                    "ENERGY_ROUTER_KNOB__LAMBDA": "0.2", "ENERGY_ROUTER_TABLE__URL": f"sqlite:///{d / 'production.db'}",
-                    "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool")})  # fmt: skip
+        env.update(
+            {
+                "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(checkpoint),
+                "ENERGY_ROUTER_ROUTER__FALLBACK": FAIL_OPEN_ID,
+                "ENERGY_ROUTER_KNOB__LAMBDA": "0.2",
+                "ENERGY_ROUTER_TABLE__URL": f"sqlite:///{d / 'production.db'}",
+                "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"),
+            }
+        )
     server = ProxyProcess(d / "config.yaml", env, d)
     port, t0 = server.port, time.monotonic()
     proc = server.start(wait_ready=False).proc

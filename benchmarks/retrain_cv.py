@@ -125,7 +125,9 @@ def _delta(ev, a: str, b: str) -> str:
 
 
 def _jdelta(ev, a: str, b: str) -> str:
-    d = np.asarray(ev.method(a).joules_ratio_folds, dtype=float) - np.asarray(ev.method(b).joules_ratio_folds, dtype=float)
+    d = np.asarray(ev.method(a).joules_ratio_folds, dtype=float) - np.asarray(
+        ev.method(b).joules_ratio_folds, dtype=float
+    )
     d = d[np.isfinite(d)]
     if len(d) < 2:
         return "–"
@@ -168,12 +170,16 @@ def main() -> None:
     ratio = lambda n: ev.method(n).joules_at_best / ev.best_energy  # noqa: E731
     print("\ntraining seconds per fold (the retrain's own): " + ", ".join(f"{k} {v:.0f}" for k, v in cost.items()))
     for n in ("router@budget", "router warm"):
-        print(f"{n} - router full: AIQ {_delta(ev, n, 'router full')}; J at best acc {ratio(n):.3f} vs {ratio('router full'):.3f} "
-              f"x best single (per fold {_jdelta(ev, n, 'router full')})")
+        print(
+            f"{n} - router full: AIQ {_delta(ev, n, 'router full')}; J at best acc {ratio(n):.3f} vs {ratio('router full'):.3f} "
+            f"x best single (per fold {_jdelta(ev, n, 'router full')})"
+        )
     print(f"best baseline {sel.best_baseline} - router full: AIQ {_delta(ev, sel.best_baseline, 'router full')}")
     bd, wd = ev.paired_fold_delta("router@budget", "router full"), ev.paired_fold_delta("router warm", "router full")
-    print(f"budget_delta_aiq={bd[0]:+.4f}±{bd[1]:.4f} warm_delta_aiq={wd[0]:+.4f}±{wd[1]:.4f} "
-          f"warm_cost_ratio={cost['router warm'] / cost['router']:.2f} wall_s={time.time() - t0:.0f}")  # fmt: skip
+    print(
+        f"budget_delta_aiq={bd[0]:+.4f}±{bd[1]:.4f} warm_delta_aiq={wd[0]:+.4f}±{wd[1]:.4f} "
+        f"warm_cost_ratio={cost['router warm'] / cost['router']:.2f} wall_s={time.time() - t0:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ import argparse
 import time
 
 import numpy as np
-
-from litellm_energy_router.table import open_store
 from litellm_energy_router.training.crossval import cv_splits
 from litellm_energy_router.training.data import load_matrix
 from litellm_energy_router.training.token_fit import token_errors
+
+from litellm_energy_router.table import open_store
 
 
 def main() -> None:
@@ -27,14 +27,19 @@ def main() -> None:
     store = open_store(a.db)
     m = load_matrix(store)
     store.close()
-    parts = [("all rows", m)] + [(t, m.subset(np.flatnonzero(m.tasks == t))) for t in m.task_names()
-                                 if np.nanstd(m.T[m.tasks == t], axis=0).max() >= 1.0]  # fmt: skip
+    parts = [("all rows", m)] + [
+        (t, m.subset(np.flatnonzero(m.tasks == t)))
+        for t in m.task_names()
+        if np.nanstd(m.T[m.tasks == t], axis=0).max() >= 1.0
+    ]
     for name, sub in parts:
         t0 = time.time()
         errs, _ = token_errors(sub, cv_splits(sub, a.folds, 0))
         print(f"\n{name} ({sub.n} queries, {time.time() - t0:.0f} s): MAE / RMSE, per-task mean -> model")
         for c, e in errs.items():
-            print(f"  {c}: MAE {e['mae_task_mean']:.1f} -> {e['mae_model']:.1f}, RMSE {e['rmse_task_mean']:.1f} -> {e['rmse_model']:.1f}")
+            print(
+                f"  {c}: MAE {e['mae_task_mean']:.1f} -> {e['mae_model']:.1f}, RMSE {e['rmse_task_mean']:.1f} -> {e['rmse_model']:.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -22,14 +22,14 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 import numpy as np
-
-from litellm_energy_router.router.format import UNKNOWN_TASK
-from litellm_energy_router.router.length_model import buckets, request_tokens, sketch
-from litellm_energy_router.table import open_store
 from litellm_energy_router.training.baselines import make_baseline
 from litellm_energy_router.training.data import TableMatrix, concat_rows
 from litellm_energy_router.training.energy_fit import fit_energy_from_pairs
 from litellm_energy_router.training.pairs import load_pairs, partial_only
+
+from litellm_energy_router.router.format import UNKNOWN_TASK
+from litellm_energy_router.router.length_model import buckets, request_tokens, sketch
+from litellm_energy_router.table import open_store
 
 
 class HashEmbedder:
@@ -61,9 +61,16 @@ def _replay_records(pool: TableMatrix, profile: Any) -> list[Any]:
         recorded = {r.query_id: r.answers for r in iter_records(bundled_files()) if r.query_id in want}
     prior, _ = chat_output_tokens(pool.candidates, profile)
     filler = {c: " ok" * int(round(prior[c])) for c in pool.candidates}
-    return [SimpleNamespace(prompt=pool.texts[i], answers={
-        c: (float(pool.Y[i, k]), recorded[q][c][1] if q in recorded else filler[c]) for k, c in enumerate(pool.candidates)})
-        for i, q in enumerate(pool.ids.tolist())]  # fmt: skip
+    return [
+        SimpleNamespace(
+            prompt=pool.texts[i],
+            answers={
+                c: (float(pool.Y[i, k]), recorded[q][c][1] if q in recorded else filler[c])
+                for k, c in enumerate(pool.candidates)
+            },
+        )
+        for i, q in enumerate(pool.ids.tolist())
+    ]
 
 
 def _table_without(url: str, task: str, dest: Path) -> str:
@@ -79,9 +86,10 @@ def _table_without(url: str, task: str, dest: Path) -> str:
 
 
 def _serving_checkpoint(train: TableMatrix, tmp: Path, profile: Any) -> Path:
-    from litellm_energy_router.router.checkpoint import point_to, read_manifest, write_manifest
     from litellm_energy_router.training.baselines import export_baseline
     from litellm_energy_router.training.selection import UNKNOWN_TASK_FALLBACK
+
+    from litellm_energy_router.router.checkpoint import point_to, read_manifest, write_manifest
 
     ck = export_baseline("task_prior", train, tmp / "ck", embedder=HashEmbedder(), profile=profile)
     man = read_manifest(ck)
@@ -91,8 +99,18 @@ def _serving_checkpoint(train: TableMatrix, tmp: Path, profile: Any) -> Path:
     return tmp / "router.json"
 
 
-def serve_production(url: str, train: TableMatrix, pool: TableMatrix, task: str, ns: list[int], tmp: Path, a: Any,
-                     profile: Any, profile_path: Path | None, log: Any) -> Iterator[tuple[int, str, Any]]:  # fmt: skip
+def serve_production(
+    url: str,
+    train: TableMatrix,
+    pool: TableMatrix,
+    task: str,
+    ns: list[int],
+    tmp: Path,
+    a: Any,
+    profile: Any,
+    profile_path: Path | None,
+    log: Any,
+) -> Iterator[tuple[int, str, Any]]:
     """Serve the pool's first ``ns[-1]`` queries (seeded order) in steps, every request from one app (the key
     alias ``app-<task>``: its context); yields (N, table url, the served checkpoint's runtime) after each step,
     the table then holding N labelled production rows of ``task`` and the process's online state
@@ -107,13 +125,22 @@ def serve_production(url: str, train: TableMatrix, pool: TableMatrix, task: str,
 
     url_d = _table_without(url, task, tmp / "table.db")
     ck = _serving_checkpoint(train, tmp, profile)
-    settings = Settings.model_validate({
-        "table": {"url": url_d},
-        "router": {"checkpoint": str(ck), "epsilon": a.epsilon, "timeout_ms": 5000, "context_refresh_s": 0,
-                   "context_rows": True},
-        "knob": {"lambda": a.lam}, "energy": {"meter": "estimate", "profile": str(profile_path) if profile_path else None},
-        "privacy": {"store_text": True}, "writer": {"spool_dir": str(tmp / "spool"), "flush_interval_s": 0.2, "task": task},
-    })  # fmt: skip
+    settings = Settings.model_validate(
+        {
+            "table": {"url": url_d},
+            "router": {
+                "checkpoint": str(ck),
+                "epsilon": a.epsilon,
+                "timeout_ms": 5000,
+                "context_refresh_s": 0,
+                "context_rows": True,
+            },
+            "knob": {"lambda": a.lam},
+            "energy": {"meter": "estimate", "profile": str(profile_path) if profile_path else None},
+            "privacy": {"store_text": True},
+            "writer": {"spool_dir": str(tmp / "spool"), "flush_interval_s": 0.2, "task": task},
+        }
+    )
     rt = RouterRuntime(ck, background=False)
     ADAPT.reset()
     ADAPT.enabled = True
@@ -126,13 +153,21 @@ def serve_production(url: str, train: TableMatrix, pool: TableMatrix, task: str,
         with LocalBackend(ReplayAnswers(recs)) as backend:
             for n in ns:
                 step = recs[done:n]
-                calls, counts = serve([r.prompt for r in step], pool.candidates, backend.base_url, settings, concurrency=8,
-                                      metadata={"user_api_key_alias": app_of(task)})  # fmt: skip
+                calls, counts = serve(
+                    [r.prompt for r in step],
+                    pool.candidates,
+                    backend.base_url,
+                    settings,
+                    concurrency=8,
+                    metadata={"user_api_key_alias": app_of(task)},
+                )
                 label_production(url_d, calls, lambda i, c, off=done: recs[off + i].answers[c][0])
                 ADAPT.refresh_table(url_d)  # the labels, as the process's next refresh reads them
                 served = np.bincount([pool.candidates.index(c.candidate) for c in calls], minlength=pool.K).tolist()
-                log(f"    (d) served {n} production requests (written {counts['written']}, per candidate {served}, "
-                    f"replay misses {backend.answers.unknown}, online rows {ADAPT.energy.rows if ADAPT.energy else 0})")  # fmt: skip
+                log(
+                    f"    (d) served {n} production requests (written {counts['written']}, per candidate {served}, "
+                    f"replay misses {backend.answers.unknown}, online rows {ADAPT.energy.rows if ADAPT.energy else 0})"
+                )
                 done = n
                 yield n, url_d, rt
     finally:
@@ -163,8 +198,9 @@ def online_after(rt: Any, ev: TableMatrix, task: str) -> dict[str, tuple[np.ndar
     return {"online": (P, E), "ctxprior": (Pc, E)}
 
 
-def full_rows_router(train: TableMatrix, pool: TableMatrix, ev: TableMatrix, task: str, lm: Any,
-                     profile: Any) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def full_rows_router(
+    train: TableMatrix, pool: TableMatrix, ev: TableMatrix, task: str, lm: Any, profile: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """(P, Ê) of the router trained with the task's complete tournament rows (the served pool's, tag shown):
     ``task_prior`` on the table + the pool, energy estimate refitted on both (the task's own mean lengths)."""
     from litellm_energy_router.training.energy_fit import fit_energy_estimate
@@ -178,8 +214,9 @@ def full_rows_router(train: TableMatrix, pool: TableMatrix, ev: TableMatrix, tas
     return make_baseline("task_prior", seed=0).fit(both).predict_proba(m), m.prompt_tokens[:, None] * jp + T * jo
 
 
-def refit_after_production(url_d: str, train: TableMatrix, ev: TableMatrix, task: str, lm: Any,
-                           profile: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:  # fmt: skip
+def refit_after_production(
+    url_d: str, train: TableMatrix, ev: TableMatrix, task: str, lm: Any, profile: Any
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(P, Ê) per tag ("shown": ``task``, "hidden": ``UNKNOWN_TASK``) for the judged queries ``ev``, from the
     table at ``url_d``: the prior on the complete rows + the production rows, the energy estimate on every run,
     output length as the checkpoint has it (the task's mean once it holds the task, else ``lm`` / the prior)."""

@@ -51,23 +51,35 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda
-from litellm_energy_router.router.format import UNKNOWN_TASK
-from litellm_energy_router.router.length_model import request_tokens
-from litellm_energy_router.table import open_store
 from litellm_energy_router.training.baselines import make_baseline
 from litellm_energy_router.training.data import TableMatrix, holdout_split, load_matrix
 from litellm_energy_router.training.energy_fit import estimate_energy, fit_energy_estimate
 from litellm_energy_router.training.evaluate import Curve, aiq, sweep_lambda
 from litellm_energy_router.training.length_fit import fit_length_model
 
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda
+from litellm_energy_router.router.format import UNKNOWN_TASK
+from litellm_energy_router.router.length_model import request_tokens
+from litellm_energy_router.table import open_store
+
 try:
-    from benchmarks.unseen_production import (HashEmbedder, full_rows_router, online_after, refit_after_production,
-                                              serve_production, with_tag)  # fmt: skip
+    from benchmarks.unseen_production import (
+        HashEmbedder,
+        full_rows_router,
+        online_after,
+        refit_after_production,
+        serve_production,
+        with_tag,
+    )
 except ImportError:  # run as a script: benchmarks/ is on sys.path
-    from unseen_production import (HashEmbedder, full_rows_router, online_after, refit_after_production, serve_production,
-                                   with_tag)  # fmt: skip
+    from unseen_production import (
+        HashEmbedder,
+        full_rows_router,
+        online_after,
+        refit_after_production,
+        serve_production,
+        with_tag,
+    )
 
 NS = (25, 50, 100, 200)
 LLM_PROFILE = Path(__file__).resolve().parent.parent / "config_examples" / "energy_profile_llmrouter.yaml"
@@ -90,7 +102,9 @@ def ensure_tables(a, workdir: Path, log) -> list[tuple[str, str, Path | None]]:
         url = a.llmrouter_db or f"sqlite:///{workdir / 'llmrouter.db'}"
         if not a.llmrouter_db and not (workdir / "llmrouter.db").exists():
             here = Path(__file__).resolve().parents
-            a.llmrouter = a.llmrouter or next(p / "shared/data/llmrouter" for p in (here[2], here[3]) if (p / "shared").is_dir())
+            a.llmrouter = a.llmrouter or next(
+                p / "shared/data/llmrouter" for p in (here[2], here[3]) if (p / "shared").is_dir()
+            )
             from litellm_energy_router.profiling.matrix_import import import_matrix
 
             with open_store(url) as s:
@@ -111,8 +125,16 @@ def judge(methods: dict, ev: TableMatrix, lam: float, e_ref: float, n_boot: int,
         ch = decide_lambda(P, Eh, lam, DEFAULT_E_REF_J)
         acc_q, j_q = ev.Y[rng_n, ch], ev.E[rng_n, ch]
         full = (aiq(curve.energy_j, curve.accuracy, x_max), acc_q.mean(), j_q.mean())
-        st = np.array([(aiq(*_xy(Curve.from_choices(name, "lambda", curve.knob, C[:, i], ev.Y[i], ev.E[i])), x_max),
-                        acc_q[i].mean(), j_q[i].mean()) for i in idx])  # fmt: skip
+        st = np.array(
+            [
+                (
+                    aiq(*_xy(Curve.from_choices(name, "lambda", curve.knob, C[:, i], ev.Y[i], ev.E[i])), x_max),
+                    acc_q[i].mean(),
+                    j_q[i].mean(),
+                )
+                for i in idx
+            ]
+        )
         rows[name] = {"full": full, "boot": st, "e_hat": Eh.mean(axis=0)}
     out = {}
     for name, r in rows.items():
@@ -124,8 +146,11 @@ def judge(methods: dict, ev: TableMatrix, lam: float, e_ref: float, n_boot: int,
         if "full" in rows:  # against the router trained with the task's complete rows: paired
             f, b = rows["full"], r["boot"]
             pct = lambda x: tuple(float(v) for v in np.percentile(x, [2.5, 97.5]))  # noqa: E731
-            out[name]["vs_full"] = {"d_aiq": pct(b[:, 0] - f["boot"][:, 0]), "d_acc": pct(b[:, 1] - f["boot"][:, 1]),
-                                    "j_ratio": (float(r["full"][2] / f["full"][2]), *pct(b[:, 2] / f["boot"][:, 2]))}  # fmt: skip
+            out[name]["vs_full"] = {
+                "d_aiq": pct(b[:, 0] - f["boot"][:, 0]),
+                "d_acc": pct(b[:, 1] - f["boot"][:, 1]),
+                "j_ratio": (float(r["full"][2] / f["full"][2]), *pct(b[:, 2] / f["boot"][:, 2])),
+            }
     return out
 
 
@@ -139,10 +164,18 @@ def static_methods(train: TableMatrix, ev: TableMatrix, profile, log) -> dict[st
     est = fit_energy_estimate(train, profile)
     lm, info = fit_length_model(train, profile)
     emb = HashEmbedder()
-    fits = {n: make_baseline(k, embedder=emb, seed=0, **kw).fit(train) for n, k, kw in (
-        ("prior", "task_prior", {}), ("knn", "knn", {"k": 40, "shrink": 10.0}), ("logreg", "logreg", {"C": 1.0}))}  # fmt: skip
-    log(f"    fitted on {train.n} queries in {time.time() - t0:.0f} s (length model: {info.get('model')}; pseudo-rows "
-        f"by leave-task-out CV: {fits['prior'].params['alpha']})")  # fmt: skip
+    fits = {
+        n: make_baseline(k, embedder=emb, seed=0, **kw).fit(train)
+        for n, k, kw in (
+            ("prior", "task_prior", {}),
+            ("knn", "knn", {"k": 40, "shrink": 10.0}),
+            ("logreg", "logreg", {"C": 1.0}),
+        )
+    }
+    log(
+        f"    fitted on {train.n} queries in {time.time() - t0:.0f} s (length model: {info.get('model')}; pseudo-rows "
+        f"by leave-task-out CV: {fits['prior'].params['alpha']})"
+    )
     jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
     jo = np.array([est.j_per_output_token[c] for c in train.candidates])
     out = {}
@@ -151,8 +184,13 @@ def static_methods(train: TableMatrix, ev: TableMatrix, profile, log) -> dict[st
         T, _ = request_tokens(est, lm, m.candidates, m.texts, list(m.tasks), m.prompt_tokens)
         e_len, e_std = m.prompt_tokens[:, None] * jp + T * jo, estimate_energy(est, m)
         P = {n: f.predict_proba(m) for n, f in fits.items()}
-        out[tag] = {"router": (P["prior"], e_len), "pooled_prior": (P["prior"], e_std), "knn": (P["knn"], e_std),
-                    "knn+length": (P["knn"], e_len), "logreg+length": (P["logreg"], e_len)}  # fmt: skip
+        out[tag] = {
+            "router": (P["prior"], e_len),
+            "pooled_prior": (P["prior"], e_std),
+            "knn": (P["knn"], e_std),
+            "knn+length": (P["knn"], e_len),
+            "logreg+length": (P["logreg"], e_len),
+        }
     return out, lm
 
 
@@ -179,7 +217,9 @@ def held_out(name: str, url: str, m: TableMatrix, t: str, a, profile, profile_pa
                     methods["hidden"][f"{k}_{n}"] = v
     out = []
     for tag in ("shown", "hidden"):
-        res = judge(methods[tag], with_tag(ev, ev.tasks[0] if tag == "shown" else UNKNOWN_TASK), a.lam, e_ref, a.boot, 0)
+        res = judge(
+            methods[tag], with_tag(ev, ev.tasks[0] if tag == "shown" else UNKNOWN_TASK), a.lam, e_ref, a.boot, 0
+        )
         out += [{"matrix": name, "task": t, "tag": tag, "method": k, "n": ev.n, **v} for k, v in res.items()]
     return out
 
@@ -194,21 +234,34 @@ def summary_tables(rows: list[dict], has_tokens: dict) -> str:
     by = {(r["matrix"], r["task"], r["tag"], r["method"]): r for r in rows}
     tasks = list(dict.fromkeys((r["matrix"], r["task"]) for r in rows))
     d = lambda v: f"[{v[0]:+.3f}, {v[1]:+.3f}]"  # noqa: E731
-    out = ["| matrix | held-out task (judged) | router AIQ | pooled prior AIQ | kNN AIQ | router − pooled | router − kNN "
-           "| router acc / J at λ | router Ê / E per candidate |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| matrix | held-out task (judged) | router AIQ | pooled prior AIQ | kNN AIQ | router − pooled | router − kNN "
+        "| router acc / J at λ | router Ê / E per candidate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m, t in tasks:
         R, P, K = (by[(m, t, "hidden", x)] for x in ("router", "pooled_prior", "knn"))
         ratio = ", ".join(f"{x:.2f}" for x in R["e_ratio"]) if has_tokens[m] else "–"
-        out.append(f"| {m} | {t} ({R['n']}) | {fmt(R['aiq'])} | {fmt(P['aiq'])} | {fmt(K['aiq'])} | {d(P['d_aiq'])} | "
-                   f"{d(K['d_aiq'])} | {R['acc'][0]:.3f} / {R['j'][0]:.1f} | {ratio} |")  # fmt: skip
-    out += ["", "| matrix | task | tag | method | AIQ | router − method | acc at λ | J/query at λ | Ê / E per candidate |",
-            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        out.append(
+            f"| {m} | {t} ({R['n']}) | {fmt(R['aiq'])} | {fmt(P['aiq'])} | {fmt(K['aiq'])} | {d(P['d_aiq'])} | "
+            f"{d(K['d_aiq'])} | {R['acc'][0]:.3f} / {R['j'][0]:.1f} | {ratio} |"
+        )
+    out += [
+        "",
+        "| matrix | task | tag | method | AIQ | router − method | acc at λ | J/query at λ | Ê / E per candidate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (m, t, tag, meth), r in by.items():
-        if meth == "router" and any(k[:3] == (m, t, tag) and k[3].startswith("after_") for k in by) or meth.startswith(
-                ("after_", "online_", "full")):
+        if (
+            meth == "router"
+            and any(k[:3] == (m, t, tag) and k[3].startswith("after_") for k in by)
+            or meth.startswith(("after_", "online_", "full"))
+        ):
             ratio = ", ".join(f"{x:.2f}" for x in r["e_ratio"]) if has_tokens[m] else "–"
-            out.append(f"| {m} | {t} | {tag} | {meth} | {fmt(r['aiq'])} | {d(r['d_aiq'])} | {fmt(r['acc'])} | "
-                       f"{fmt(r['j'])} | {ratio} |")  # fmt: skip
+            out.append(
+                f"| {m} | {t} | {tag} | {meth} | {fmt(r['aiq'])} | {d(r['d_aiq'])} | {fmt(r['acc'])} | "
+                f"{fmt(r['j'])} | {ratio} |"
+            )
     return "\n".join(out)
 
 
@@ -218,17 +271,26 @@ def online_table(rows: list[dict]) -> str:
     prior's AIQ, and the refitted lookup's (tag shown), markdown."""
     by = {(r["matrix"], r["task"], r["tag"], r["method"]): r for r in rows}
     d = lambda v: f"[{v[0]:+.3f}, {v[1]:+.3f}]"  # noqa: E731
-    out = ["| matrix | task | N | online AIQ | online − full | J online / full at λ | acc online − full | "
-           "ctx prior AIQ | ctx prior − full | refit (tag shown) AIQ | full AIQ / acc / J |", "|---" * 11 + "|"]  # fmt: skip
+    out = [
+        "| matrix | task | N | online AIQ | online − full | J online / full at λ | acc online − full | "
+        "ctx prior AIQ | ctx prior − full | refit (tag shown) AIQ | full AIQ / acc / J |",
+        "|---" * 11 + "|",
+    ]
     for (m, t, tag, meth), r in by.items():
         if tag != "hidden" or not meth.startswith("online_"):
             continue
         n = meth.split("_")[1]
-        c, f, rf = by[(m, t, "hidden", f"ctxprior_{n}")], by[(m, t, "hidden", "full")], by.get((m, t, "shown", f"after_{n}"))
+        c, f, rf = (
+            by[(m, t, "hidden", f"ctxprior_{n}")],
+            by[(m, t, "hidden", "full")],
+            by.get((m, t, "shown", f"after_{n}")),
+        )
         j = r["vs_full"]["j_ratio"]
-        out.append(f"| {m} | {t} | {n} | {fmt(r['aiq'])} | {d(r['vs_full']['d_aiq'])} | {j[0]:.2f} [{j[1]:.2f}, {j[2]:.2f}] | "
-                   f"{d(r['vs_full']['d_acc'])} | {fmt(c['aiq'])} | {d(c['vs_full']['d_aiq'])} | "
-                   f"{fmt(rf['aiq']) if rf else '–'} | {f['aiq'][0]:.3f} / {f['acc'][0]:.3f} / {f['j'][0]:.1f} |")  # fmt: skip
+        out.append(
+            f"| {m} | {t} | {n} | {fmt(r['aiq'])} | {d(r['vs_full']['d_aiq'])} | {j[0]:.2f} [{j[1]:.2f}, {j[2]:.2f}] | "
+            f"{d(r['vs_full']['d_acc'])} | {fmt(c['aiq'])} | {d(c['vs_full']['d_aiq'])} | "
+            f"{fmt(rf['aiq']) if rf else '–'} | {f['aiq'][0]:.3f} / {f['acc'][0]:.3f} / {f['j'][0]:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -248,18 +310,23 @@ def verdict(rows: list[dict], has_tokens: dict) -> str:
     r = [x for x in rows if x["method"] in ("pooled_prior", "knn")]
     ok = sum(x["d_aiq"][1] >= 0 for x in r)
     beat = sum(x["d_aiq"][0] > 0 for x in r)
-    ratios = [v for x in rows if x["method"] == "router" and x["tag"] == "hidden" and has_tokens[x["matrix"]]
-              for v in x["e_ratio"]]  # fmt: skip
+    ratios = [
+        v
+        for x in rows
+        if x["method"] == "router" and x["tag"] == "hidden" and has_tokens[x["matrix"]]
+        for v in x["e_ratio"]
+    ]
     within = sum(1 / 1.5 <= v <= 1.5 for v in ratios)
-    return (f"comparisons={len(r)} router_not_below={ok} router_above={beat} "
-            f"e_ratio_within_1_5={within}/{len(ratios)}")  # fmt: skip
+    return f"comparisons={len(r)} router_not_below={ok} router_above={beat} e_ratio_within_1_5={within}/{len(ratios)}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--routerbench-db", default=None)
     ap.add_argument("--llmrouter-db", default=None)
-    ap.add_argument("--llmrouter", type=Path, default=None, help="LLMRouter data folder (default: ../shared/data/llmrouter)")
+    ap.add_argument(
+        "--llmrouter", type=Path, default=None, help="LLMRouter data folder (default: ../shared/data/llmrouter)"
+    )
     ap.add_argument("--no-routerbench", action="store_true")
     ap.add_argument("--no-llmrouter", action="store_true")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "unseen_traffic")
@@ -289,16 +356,20 @@ def main() -> None:
             do_d = not a.quick or t in a.d_tasks.split(",")
             for r in held_out(name, url, m, t, a, profile, profile_path, log, do_d):
                 rows.append(r)
-                log(f"| {name} | {t} | {r['tag']} | {r['method']} | {fmt(r['aiq'])} | "
+                log(
+                    f"| {name} | {t} | {r['tag']} | {r['method']} | {fmt(r['aiq'])} | "
                     f"[{r['d_aiq'][0]:+.3f}, {r['d_aiq'][1]:+.3f}] | {fmt(r['acc'])} | {fmt(r['j'])} | "
-                    f"{r['e_ratio'] if has_tokens[name] else '-'} |")  # fmt: skip
+                    f"{r['e_ratio'] if has_tokens[name] else '-'} |"
+                )
             if a.out:
                 a.out.write_text(json.dumps(rows, indent=1))
     print("\n" + summary_tables(rows, has_tokens) + "\n")
     if any(r["method"].startswith("online_") for r in rows):
         print(online_table(rows) + "\n")
-    print(f"{verdict(rows, has_tokens)} {online_verdict(rows)} held_out={len({(r['matrix'], r['task']) for r in rows})} "
-          f"seconds={time.time() - t0:.0f}")
+    print(
+        f"{verdict(rows, has_tokens)} {online_verdict(rows)} held_out={len({(r['matrix'], r['task']) for r in rows})} "
+        f"seconds={time.time() - t0:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .metrics import RateLimitedWarning
+from litellm_energy_router.metrics import RateLimitedWarning
 
 log = logging.getLogger("litellm_energy_router")
 CHEAPEST_LAMBDA = 1e9  # hard_action cheapest: λ at which the cheapest candidate in the objective always wins
@@ -201,8 +201,11 @@ class BudgetBook:
         """The budgets of a request (its metadata dicts): its key's, then its team's."""
         out: list[BudgetState] = []
         for md in mds:
-            for field, book in (("user_api_key_alias", self.keys), ("user_api_key_team_alias", self.teams),
-                                ("user_api_key_team_id", self.teams)):  # fmt: skip
+            for field, book in (
+                ("user_api_key_alias", self.keys),
+                ("user_api_key_team_alias", self.teams),
+                ("user_api_key_team_id", self.teams),
+            ):
                 v = md.get(field)
                 st = book.get(str(v)) if v is not None else None
                 if st is not None and st not in out:
@@ -235,7 +238,7 @@ class BudgetBook:
 
     # -- refresh ------------------------------------------------------------------------------------------
     def _read(self, now_s: float) -> dict[int, float]:
-        from .table import ledger, open_store
+        from litellm_energy_router.table import ledger, open_store
 
         if self._engine is None:
             self._engine = open_store(self.url).engine

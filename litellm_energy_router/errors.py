@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from .redact import redact
+from litellm_energy_router.redact import redact
 
 
 def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str = "<root>") -> str:

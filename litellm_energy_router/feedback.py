@@ -23,9 +23,9 @@ import hmac
 import math
 from typing import Any
 
-from .table import TableError, TableStore
-from .table.production import stored_call_id
-from .errors import UserError
+from litellm_energy_router.errors import UserError
+from litellm_energy_router.table import TableError, TableStore
+from litellm_energy_router.table.production import stored_call_id
 
 
 class FeedbackError(UserError, ValueError):

@@ -39,16 +39,27 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
-from .decision import KNOB_KEY
-from .metrics import counts_knob_refusals
-from .router.decide import DEFAULT_E_REF_J
+from litellm_energy_router.litellm_glue.decision import KNOB_KEY
+from litellm_energy_router.metrics import counts_knob_refusals
+from litellm_energy_router.router.decide import DEFAULT_E_REF_J
 
 KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
-SCOPES = ("request", "key", "global")  # where a field may be set: per request (and below), per key (and global), global only
+SCOPES = (
+    "request",
+    "key",
+    "global",
+)  # where a field may be set: per request (and below), per key (and global), global only
 
 
-def _field(default: Any, *, scope: str, description: str, policy: str | None = None,
-           request_range: tuple[float, float] | None = None, **bounds: Any) -> Any:  # fmt: skip
+def _field(
+    default: Any,
+    *,
+    scope: str,
+    description: str,
+    policy: str | None = None,
+    request_range: tuple[float, float] | None = None,
+    **bounds: Any,
+) -> Any:
     """A knob field: ``scope`` (see :data:`SCOPES`); a request-scoped number names its policy range
     setting ``policy`` and that range's default ``request_range``."""
     extra: dict[str, Any] = {"scope": scope}
@@ -71,24 +82,46 @@ class Knob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     lambda_: float = _field(
-        0.0, alias="lambda", ge=0, le=1000, scope="request", policy="lambda_range", request_range=(0.0, 1000.0),
+        0.0,
+        alias="lambda",
+        ge=0,
+        le=1000,
+        scope="request",
+        policy="lambda_range",
+        request_range=(0.0, 1000.0),
         description="accuracy (a fraction, 0-1) given up to save e_ref_j joules; the router picks argmax P_j - λ·Ê_j/e_ref_j",
-    )  # fmt: skip
+    )
     target_accuracy: Optional[float] = _field(
-        None, ge=0, le=1, scope="request", policy="target_range", request_range=(0.0, 1.0),
+        None,
+        ge=0,
+        le=1,
+        scope="request",
+        policy="target_range",
+        request_range=(0.0, 1.0),
         description="the cheapest candidate whose predicted success reaches it (wins over lambda)",
-    )  # fmt: skip
+    )
     max_energy_j: Optional[float] = _field(
-        None, gt=0, le=1e12, scope="request", policy="max_energy_j_range", request_range=(1e-9, 1e9),
+        None,
+        gt=0,
+        le=1e12,
+        scope="request",
+        policy="max_energy_j_range",
+        request_range=(1e-9, 1e9),
         description="energy budget per request, J (estimated): costlier candidates are not considered (none fits: the cheapest)",
-    )  # fmt: skip
+    )
     objective: Literal["joules", "carbon"] = _field(
-        "joules", scope="request",
+        "joules",
+        scope="request",
         description="what λ and the target weigh against accuracy: joules, or carbon (Ê x PUE x grid intensity of the "
         "cleanest site serving the candidate now, in reference grams: e_ref_j joules at carbon.reference_g_per_kwh)",
-    )  # fmt: skip
-    e_ref_j: float = _field(DEFAULT_E_REF_J, gt=0, le=1e12, scope="global",
-                            description="the energy unit of lambda, J; fixed in the settings, so λ means the same after every retrain")  # fmt: skip
+    )
+    e_ref_j: float = _field(
+        DEFAULT_E_REF_J,
+        gt=0,
+        le=1e12,
+        scope="global",
+        description="the energy unit of lambda, J; fixed in the settings, so λ means the same after every retrain",
+    )
 
     @classmethod
     def point(cls, **values: Any) -> "Knob":
@@ -110,7 +143,9 @@ def _alias(name: str) -> str:
 
 KEY_SCOPED = tuple(n for n in FIELDS if _extra(n)["scope"] in ("request", "key"))
 REQUEST_FIELDS = {_alias(n): n for n in FIELDS if _extra(n)["scope"] == "request"}  # request field -> Knob field
-RANGES = {a: _extra(n)["policy"] for a, n in REQUEST_FIELDS.items() if "policy" in _extra(n)}  # request field -> policy range
+RANGES = {
+    a: _extra(n)["policy"] for a, n in REQUEST_FIELDS.items() if "policy" in _extra(n)
+}  # request field -> policy range
 
 
 def _limits(fi: FieldInfo) -> tuple[float, float, bool]:
@@ -127,7 +162,9 @@ def _limits(fi: FieldInfo) -> tuple[float, float, bool]:
 
 
 # the widest bounds a policy range may set: (lowest lo, highest hi, lo must be > 0), from the field's own bounds
-RANGE_LIMITS: dict[str, tuple[float, float, bool]] = {RANGES[a]: _limits(FIELDS[n]) for a, n in REQUEST_FIELDS.items() if a in RANGES}
+RANGE_LIMITS: dict[str, tuple[float, float, bool]] = {
+    RANGES[a]: _limits(FIELDS[n]) for a, n in REQUEST_FIELDS.items() if a in RANGES
+}
 Range = tuple[float, float]
 
 
@@ -162,20 +199,28 @@ class _PolicyBase(BaseModel):
 
 
 KnobPolicyOverride: type[_PolicyBase] = create_model(  # type: ignore[call-overload]
-    "KnobPolicyOverride", __base__=_PolicyBase, __module__=__name__,
+    "KnobPolicyOverride",
+    __base__=_PolicyBase,
+    __module__=__name__,
     __doc__="One key's policy (``knob.per_key.<key>.policy``): the fields it sets replace the default's.",
-    allow_override=(Optional[bool], None), **{r: (Optional[Range], None) for r in RANGE_LIMITS},
-)  # fmt: skip
+    allow_override=(Optional[bool], None),
+    **{r: (Optional[Range], None) for r in RANGE_LIMITS},
+)
 
 KnobPolicy: type[_PolicyBase] = create_model(  # type: ignore[call-overload]
-    "KnobPolicy", __base__=KnobPolicyOverride, __module__=__name__,
+    "KnobPolicy",
+    __base__=KnobPolicyOverride,
+    __module__=__name__,
     __doc__="What a request may change of the knob through its metadata ``energy_router`` (``knob.policy``, the "
     "default; ``knob.per_key.<key>.policy`` per LiteLLM key alias / team). A request that sends a field its key may "
     "not override, or a value outside the key's range (closed interval), is refused (HTTP 400).",
     allow_override=(bool, Field(True, description=f"may requests override {' / '.join(REQUEST_FIELDS)}")),
-    **{RANGES[a]: (Range, Field(tuple(_extra(n)["request_range"]), description=f"[lo, hi] of a request's {a}"))
-       for a, n in REQUEST_FIELDS.items() if a in RANGES},
-)  # fmt: skip
+    **{
+        RANGES[a]: (Range, Field(tuple(_extra(n)["request_range"]), description=f"[lo, hi] of a request's {a}"))
+        for a, n in REQUEST_FIELDS.items()
+        if a in RANGES
+    },
+)
 
 
 def _optional(fi: FieldInfo) -> tuple[Any, FieldInfo]:
@@ -184,11 +229,13 @@ def _optional(fi: FieldInfo) -> tuple[Any, FieldInfo]:
 
 
 KnobOverride: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "KnobOverride", __config__=_SECTION, __module__=__name__,
+    "KnobOverride",
+    __config__=_SECTION,
+    __module__=__name__,
     __doc__="One key's knob defaults (``knob.per_key.<key>``) and, optionally, its policy.",
     **{n: _optional(FIELDS[n]) for n in KEY_SCOPED},
     policy=(Optional[KnobPolicyOverride], Field(None, description="replaces fields of knob.policy for this key")),
-)  # fmt: skip
+)
 
 
 class _KnobSettingsBase(BaseModel):
@@ -210,26 +257,36 @@ _BASES: dict[tuple, Knob] = {}
 
 
 KnobSettings: type[_KnobSettingsBase] = create_model(  # type: ignore[call-overload]
-    "KnobSettings", __base__=_KnobSettingsBase, __module__=__name__,
+    "KnobSettings",
+    __base__=_KnobSettingsBase,
+    __module__=__name__,
     __doc__="The accuracy/energy trade-off (:class:`Knob`'s fields, global defaults), what requests may override "
     "(``policy``) and per-key defaults (``per_key``); see :mod:`litellm_energy_router.knob`.",
     **{n: (fi.annotation, copy.copy(fi)) for n, fi in FIELDS.items()},
-    policy=(KnobPolicy, Field(default_factory=KnobPolicy, description="what requests may override, within which bounds")),
+    policy=(
+        KnobPolicy,
+        Field(default_factory=KnobPolicy, description="what requests may override, within which bounds"),
+    ),
     per_key=(dict[str, KnobOverride], Field(default_factory=dict, description="LiteLLM key alias/team -> knob")),
-)  # fmt: skip
+)
 
 
 def knob_table() -> str:
     """The knob's fields as the Markdown table of ``docs/serving.md``."""
     where = {"request": "request, key, global", "key": "key, global", "global": "global (`knob`)"}
-    rows = ["| field | default | bounds | set per | request range (default policy) | meaning |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| field | default | bounds | set per | request range (default policy) | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
     for n, fi in FIELDS.items():
         lo, hi, positive = _limits(fi)
         choices = get_args(fi.annotation) if get_origin(fi.annotation) is Literal else ()
         bounds = " or ".join(choices) if choices else f"{'(' if positive else '['}{lo:g}, {hi:g}]"
         rng = _extra(n).get("request_range")
         rng_s = f"`knob.policy.{_extra(n)['policy']}` = [{rng[0]:g}, {rng[1]:g}]" if rng else "–"
-        rows.append(f"| `{_alias(n)}` | {fi.default!r} | {bounds} | {where[_extra(n)['scope']]} | {rng_s} | {fi.description} |")
+        rows.append(
+            f"| `{_alias(n)}` | {fi.default!r} | {bounds} | {where[_extra(n)['scope']]} | {rng_s} | {fi.description} |"
+        )
     return "\n".join(rows)
 
 
@@ -313,11 +370,15 @@ def request_values(md: dict[str, Any], policy: Any, who: str | None) -> dict[str
         raise KnobError(KNOB_KEY, 'must be an object such as {"lambda": 0.3}')
     for k in req:
         if k not in REQUEST_FIELDS:
-            raise KnobError(re.sub(r"[^\w.-]", "?", str(k))[:64], f"is not a knob field (known: {', '.join(REQUEST_FIELDS)})")
+            raise KnobError(
+                re.sub(r"[^\w.-]", "?", str(k))[:64], f"is not a knob field (known: {', '.join(REQUEST_FIELDS)})"
+            )
     given = {k: v for k, v in req.items() if v is not None}
     if given and not policy.allow_override:
         field = next(iter(given))
-        raise KnobError(field, f"may not be overridden by key {who!r}" if who else "may not be overridden (knob.policy)")
+        raise KnobError(
+            field, f"may not be overridden by key {who!r}" if who else "may not be overridden (knob.policy)"
+        )
     return {REQUEST_FIELDS[k]: _checked(v, k, policy, who) for k, v in given.items()}
 
 

@@ -60,45 +60,56 @@ from prometheus_client import Counter, Gauge, Histogram
 # -- router -----------------------------------------------------------------------------------------
 DECISIONS = Counter("energy_router_decisions", "Routing decisions per chosen candidate", ["candidate"])
 DECISION_SECONDS = Histogram(
-    "energy_router_decision_seconds", "Decision time, seconds",
+    "energy_router_decision_seconds",
+    "Decision time, seconds",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
-)  # fmt: skip
+)
 FALLBACKS = Counter("energy_router_fallbacks", "Requests served by the fallback, per reason", ["reason"])
 RELOADS = Counter("energy_router_reloads", "Checkpoint (re)loads, per result", ["result"])
 CHECKPOINT_LOAD_SECONDS = Histogram(
-    "energy_router_checkpoint_load_seconds", "Time to load a router checkpoint, seconds",
+    "energy_router_checkpoint_load_seconds",
+    "Time to load a router checkpoint, seconds",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
-)  # fmt: skip
+)
 
 # -- energy callback / table writer ------------------------------------------------------------------
 JOULE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
-REQUEST_JOULES = Histogram("energy_router_request_joules", "GPU energy per request, J", ["candidate", "method"],
-                           buckets=JOULE_BUCKETS)  # fmt: skip
+REQUEST_JOULES = Histogram(
+    "energy_router_request_joules", "GPU energy per request, J", ["candidate", "method"], buckets=JOULE_BUCKETS
+)
 ROWS = Counter("energy_router_rows", "production rows by energy method", ["method"])
 MEASURED_ENERGY_RATIO = Gauge("energy_router_measured_energy_ratio", "share of rows with measured energy")
-WRITER_QUEUE_DEPTH = Gauge("energy_router_writer_queue_depth", "rows held in memory by the writer",
-                           multiprocess_mode="livesum")  # fmt: skip
-SPOOL_BACKLOG_ROWS = Gauge("energy_router_spool_backlog_rows", "rows in the local spool, not yet in the table",
-                           multiprocess_mode="livesum")  # fmt: skip
+WRITER_QUEUE_DEPTH = Gauge(
+    "energy_router_writer_queue_depth", "rows held in memory by the writer", multiprocess_mode="livesum"
+)
+SPOOL_BACKLOG_ROWS = Gauge(
+    "energy_router_spool_backlog_rows", "rows in the local spool, not yet in the table", multiprocess_mode="livesum"
+)
 SPOOLED_ROWS = Counter("energy_router_spooled_rows", "rows written to the local spool")
 ROWS_WRITTEN = Counter("energy_router_rows_written", "rows written to the table")
 REJECTED_ROWS = Counter("energy_router_rejected_rows", "rows the table rejected (kept in rejected.jsonl)")
 CALLBACK_ERRORS = Counter("energy_router_callback_errors", "callback events that could not be turned into a row")
-SPOOL_DROPPED_ROWS = Counter("energy_router_spool_dropped_rows", "rows dropped (oldest first) to keep the spool under its cap")
+SPOOL_DROPPED_ROWS = Counter(
+    "energy_router_spool_dropped_rows", "rows dropped (oldest first) to keep the spool under its cap"
+)
 SPOOL_WRITE_ERRORS = Counter("energy_router_spool_write_errors", "failed writes to the local spool")
 ROWS_LOST = Counter("energy_router_rows_lost", "rows lost: spool unwritable and the in-memory bound reached")
-KNOB_REFUSALS = Counter("energy_router_knob_refusals", "request knob overrides refused with HTTP 400, per field",
-                        ["field"])  # fmt: skip
-CALL_IDS_REASSIGNED = Counter("energy_router_call_ids_reassigned",
-                              "production rows stored under a server-side call id, per reason", ["reason"])  # fmt: skip
+KNOB_REFUSALS = Counter(
+    "energy_router_knob_refusals", "request knob overrides refused with HTTP 400, per field", ["field"]
+)
+CALL_IDS_REASSIGNED = Counter(
+    "energy_router_call_ids_reassigned", "production rows stored under a server-side call id, per reason", ["reason"]
+)
 
 # -- energy and carbon accounting --------------------------------------------------------------------
 JOULES_TOTAL = Counter("energy_router_joules", "GPU joules of served requests, J", ["team", "model_group", "method"])
 CO2E_GRAMS_TOTAL = Counter("energy_router_co2e_grams", "CO2e of served requests, grams", ["team", "model_group"])
-JOULES_SAVED_TOTAL = Counter("energy_router_joules_saved", "estimated joules saved against the reference deployment, J",
-                             ["team", "model_group"])  # fmt: skip
-CARBON_FALLBACKS = Counter("energy_router_carbon_fallbacks", "grid intensity lookups served by a fallback, per reason",
-                           ["reason"])  # fmt: skip
+JOULES_SAVED_TOTAL = Counter(
+    "energy_router_joules_saved", "estimated joules saved against the reference deployment, J", ["team", "model_group"]
+)
+CARBON_FALLBACKS = Counter(
+    "energy_router_carbon_fallbacks", "grid intensity lookups served by a fallback, per reason", ["reason"]
+)
 
 LABEL_CAP = 50
 _label_lock = threading.Lock()
@@ -118,8 +129,14 @@ def bounded_label(kind: str, value: str | None) -> str:
         return v
 
 
-def observe_accounting(team: str | None, model_group: str | None, measured: bool, joules: float | None,
-                       co2e_g: float | None, saved_j: float | None) -> None:  # fmt: skip
+def observe_accounting(
+    team: str | None,
+    model_group: str | None,
+    measured: bool,
+    joules: float | None,
+    co2e_g: float | None,
+    saved_j: float | None,
+) -> None:
     """Count one settled request's joules (J), gCO2e and estimated joules saved (J) by team and model group."""
     t, g = bounded_label("team", team), bounded_label("model_group", model_group)
     if joules is not None:

@@ -25,21 +25,22 @@ See ``docs/plugins.md``.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 import importlib
 import importlib.metadata
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
-from .errors import UserError
+
+from litellm_energy_router.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
-    from .energy.meter import EnergyMeter
-    from .profiling.tasks.base import Task
-    from .router.checkpoint import Manifest
+    from litellm_energy_router.energy.meter import EnergyMeter
+    from litellm_energy_router.profiling.tasks.base import Task
+    from litellm_energy_router.router.checkpoint import Manifest
 
 GROUP = "litellm_energy_router"
 """The entry-point group, and pluggy's project name (markers must use it)."""
@@ -102,13 +103,17 @@ def load_entry_points(pm: pluggy.PluginManager | None = None) -> list[str]:
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown distribution"
         if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
             if _DISTS.get(ep.name, dist) != dist:
-                raise PluginError(f"plugin name {ep.name!r} is declared by two distributions: {_DISTS[ep.name]} and {dist}")
+                raise PluginError(
+                    f"plugin name {ep.name!r} is declared by two distributions: {_DISTS[ep.name]} and {dist}"
+                )
             continue
         try:
             plugin = ep.load()
         except Exception as e:  # noqa: BLE001 - any import failure of a third-party module
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise PluginError(f"plugin {ep.name!r} ({dist}): cannot load {ep.value!r}: {type(e).__name__}: {first}") from None
+            raise PluginError(
+                f"plugin {ep.name!r} ({dist}): cannot load {ep.value!r}: {type(e).__name__}: {first}"
+            ) from None
         try:
             pm.register(plugin, name=ep.name)
             pm.check_pending()  # a hook name no spec has (a typo) is an error, not silence
@@ -134,14 +139,22 @@ def _merged(hook: str, what: str) -> dict[str, Callable[..., Any]]:
         if got is None:
             continue
         if not isinstance(got, Mapping):
-            raise PluginError(f"plugin {_label(impl.plugin_name)}: {hook}() returned {type(got).__name__}, expected a dict name -> factory")
+            raise PluginError(
+                f"plugin {_label(impl.plugin_name)}: {hook}() returned {type(got).__name__}, expected a dict name -> factory"
+            )
         for name, factory in got.items():
             if not isinstance(name, str) or not name:
-                raise PluginError(f"plugin {_label(impl.plugin_name)}: {hook}() gave the {what} name {name!r} (need a non-empty string)")
+                raise PluginError(
+                    f"plugin {_label(impl.plugin_name)}: {hook}() gave the {what} name {name!r} (need a non-empty string)"
+                )
             if not callable(factory):
-                raise PluginError(f"plugin {_label(impl.plugin_name)}: {what} {name!r} is {type(factory).__name__}, not a factory")
+                raise PluginError(
+                    f"plugin {_label(impl.plugin_name)}: {what} {name!r} is {type(factory).__name__}, not a factory"
+                )
             if name in out:
-                raise PluginError(f"{what} {name!r} is provided by two plugins: {_label(owner[name])} and {_label(impl.plugin_name)}")
+                raise PluginError(
+                    f"{what} {name!r} is provided by two plugins: {_label(owner[name])} and {_label(impl.plugin_name)}"
+                )
             out[name], owner[name] = factory, impl.plugin_name
     return out
 
@@ -255,4 +268,3 @@ def lazy(target: str) -> Callable[..., Any]:
     factory.__name__ = factory.__qualname__ = f"lazy({target})"
     factory.target = target  # type: ignore[attr-defined]
     return factory
-

@@ -21,14 +21,26 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
-from .budgets import BudgetSettings
-from .energy.carbon import CarbonSettings
-from .errors import UserError, one_line
-from .knob import KnobSettings
+from litellm_energy_router.budgets import BudgetSettings
+from litellm_energy_router.energy.carbon import CarbonSettings
+from litellm_energy_router.errors import UserError, one_line
+from litellm_energy_router.knob import KnobSettings
 
 ENV_PREFIX = "ENERGY_ROUTER_"
 DEFAULT_TABLE_URL = "sqlite:///energy_router.db"
@@ -64,8 +76,12 @@ class CandidateSettings(_Section):
     active_params_b: float | None = Field(None, ge=0, description="parameters active per token, billions")
     hardware: str | None = Field(None, description="e.g. '1x H100 80GB'")
     deployment_id: str | None = Field(None, description="LiteLLM model_info.id, when matching by id")
-    context_tokens: int | None = Field(None, ge=1, description="context length, tokens (prompt + output): bounds the "
-                                       "energy estimate; a deployment's model_info.max_input_tokens overrides it")  # fmt: skip
+    context_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="context length, tokens (prompt + output): bounds the "
+        "energy estimate; a deployment's model_info.max_input_tokens overrides it",
+    )
 
 
 class RouterSettings(_Section):
@@ -75,18 +91,28 @@ class RouterSettings(_Section):
     timeout_ms: float = Field(50.0, gt=0, description="decision budget, milliseconds; over it we fail open")
     batch_wait_ms: float = Field(0.0, ge=0, description="idle wait for company (micro-batch), ms; 0 = next loop turn")
     cache_size: int = Field(4096, ge=0, description="LRU entries keyed by prompt hash")
-    threads: int = Field(1, ge=1, description="torch threads for scoring; 1 keeps OpenMP spin-waits off the proxy's cores")
+    threads: int = Field(
+        1, ge=1, description="torch threads for scoring; 1 keeps OpenMP spin-waits off the proxy's cores"
+    )
     scorer: str = Field(
-        "auto", pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        "auto",
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
         description="scorer kind (router/scoring.py): auto = the checkpoint's own; student, lm, task_prior, knn, logreg or a plugin's",
-    )  # fmt: skip
+    )
     fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")
     match_by: Literal["id", "name"] = "name"
     epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")
-    online: bool = Field(True, description="learn between retrains: Ê from settled rows, a prior per context (router/adapt.py)")
-    context_refresh_s: float = Field(300.0, ge=0, description="seconds between reads of new table rows for the context prior; 0 = never")
-    context_rows: bool = Field(False, description="a context's own labelled rows move P on every request, not only without "
-                               "support (router/adapt.py); off: mixed results in docs/unseen_traffic.md")
+    online: bool = Field(
+        True, description="learn between retrains: Ê from settled rows, a prior per context (router/adapt.py)"
+    )
+    context_refresh_s: float = Field(
+        300.0, ge=0, description="seconds between reads of new table rows for the context prior; 0 = never"
+    )
+    context_rows: bool = Field(
+        False,
+        description="a context's own labelled rows move P on every request, not only without "
+        "support (router/adapt.py); off: mixed results in docs/unseen_traffic.md",
+    )
 
 
 class EnergySettings(_Section):
@@ -104,18 +130,30 @@ class EnergySettings(_Section):
     agent_url: str | None = Field(None, description="GPU-node agent base URL, e.g. http://gpu-node:9400")
     agent_token: str | None = Field(None, description="bearer token of the agent (client and server side)")
     agent_timeout_s: float = Field(2.0, gt=0, description="HTTP timeout of one agent call, seconds")
-    agent_ca_bundle: Path | None = Field(None, description="client: PEM CA bundle an https agent_url is verified with; None = system CAs")
-    agent_tls_cert: Path | None = Field(None, description="agent: PEM certificate chain; with agent_tls_key it serves https")
+    agent_ca_bundle: Path | None = Field(
+        None, description="client: PEM CA bundle an https agent_url is verified with; None = system CAs"
+    )
+    agent_tls_cert: Path | None = Field(
+        None, description="agent: PEM certificate chain; with agent_tls_key it serves https"
+    )
     agent_tls_key: Path | None = Field(None, description="agent: PEM private key of agent_tls_cert")
-    agent_max_requests: int = Field(20_000, ge=1, le=10_000_000, description="agent: requests tracked at most (oldest dropped first)")
-    agent_stale_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="agent: an unfinished request silent this long expires, s")
-    agent_max_body_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024, description="agent: largest POST body read, bytes")
+    agent_max_requests: int = Field(
+        20_000, ge=1, le=10_000_000, description="agent: requests tracked at most (oldest dropped first)"
+    )
+    agent_stale_s: float = Field(
+        300.0, gt=0, allow_inf_nan=False, description="agent: an unfinished request silent this long expires, s"
+    )
+    agent_max_body_bytes: int = Field(
+        256 * 1024, ge=1024, le=64 * 1024 * 1024, description="agent: largest POST body read, bytes"
+    )
     agent_max_clock_skew_s: float = Field(
         30.0, gt=0, le=3600, allow_inf_nan=False, description="agent: how far callers' timestamps may lead its clock, s"
     )
     gpus: list[int] | None = Field(None, description="GPU indices metered (nvml); None = all")
     sample_hz: float = Field(10.0, ge=1, le=100, description="meter sampling rate for attribution, Hz")
-    prefill_weight: float = Field(0.125, ge=0, description="attribution weight of one prompt token (decode token = decode_weight)")
+    prefill_weight: float = Field(
+        0.125, ge=0, description="attribution weight of one prompt token (decode token = decode_weight)"
+    )
     decode_weight: float = Field(1.0, gt=0, description="attribution weight of one output token")
     idle_power_w: float | Literal["auto"] = Field(
         0.0, description="static power line, W, charged to idle while requests run; 'auto' = lowest 1 s power seen"
@@ -127,7 +165,9 @@ class EnergySettings(_Section):
     @field_validator("meter")
     @classmethod
     def _registered_meter(cls, v: str) -> str:
-        from .plugins import meter_factories  # entry points are read on first use, not at import
+        from litellm_energy_router.plugins import (
+            meter_factories,  # entry points are read on first use, not at import
+        )
 
         factories = meter_factories()
         if v not in factories:
@@ -158,7 +198,9 @@ class WriterSettings(_Section):
     flush_interval_s: float = Field(0.5, gt=0, description="max seconds a row waits before a batch is written")
     spool_dir: Path = Field(Path("energy_router_spool"), description="directory of the append-only spool files (0700)")
     spool_max_mb: float = Field(
-        1024.0, gt=0, description="cap on the spool's size on disk, MiB; beyond it the oldest rows are dropped (counted)"
+        1024.0,
+        gt=0,
+        description="cap on the spool's size on disk, MiB; beyond it the oldest rows are dropped (counted)",
     )
     retry_max_s: float = Field(5.0, gt=0, description="max backoff between reconnection attempts, seconds")
     task: str = Field("production", min_length=1, max_length=64, description="task name of production queries")
@@ -175,9 +217,16 @@ class FeedbackSettings(_Section):
 class PrivacySettings(_Section):
     """What the callback writes about a production query."""
 
-    store_text: bool = Field(False, description="store query text (table, spool, rejected rows); otherwise only its salted SHA-256")
-    salt: str = Field("", description="salt for the query hash (use os.environ/ENERGY_ROUTER_SALT); empty = generated once, kept in salt_file")
-    salt_file: Path | None = Field(None, description="file (0600) holding the generated salt; None = <writer.spool_dir>/salt")
+    store_text: bool = Field(
+        False, description="store query text (table, spool, rejected rows); otherwise only its salted SHA-256"
+    )
+    salt: str = Field(
+        "",
+        description="salt for the query hash (use os.environ/ENERGY_ROUTER_SALT); empty = generated once, kept in salt_file",
+    )
+    salt_file: Path | None = Field(
+        None, description="file (0600) holding the generated salt; None = <writer.spool_dir>/salt"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
@@ -195,7 +244,10 @@ class ShadowSettings(_Section):
 class AccountingSettings(_Section):
     """Per-request energy and carbon figures and the ledger (docs/accounting.md)."""
 
-    reference: str | None = Field(None, description="candidate whose estimated joules 'saved' is measured against; None = the pool's most energy-hungry")
+    reference: str | None = Field(
+        None,
+        description="candidate whose estimated joules 'saved' is measured against; None = the pool's most energy-hungry",
+    )
     headers: bool = Field(True, description="x-energy-router-* response headers (proxy)")
     ledger: bool = Field(True, description="keep the per key/team/user/model group/deployment/day ledger in the table")
 
@@ -203,7 +255,9 @@ class AccountingSettings(_Section):
 class Settings(BaseSettings):
     """The whole tree; build it with :func:`load_settings` (file, environment, ``os.environ/`` references)."""
 
-    model_config = SettingsConfigDict(extra="forbid", populate_by_name=True, env_prefix=ENV_PREFIX, env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        extra="forbid", populate_by_name=True, env_prefix=ENV_PREFIX, env_nested_delimiter="__"
+    )
 
     table: TableSettings = Field(default_factory=TableSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
@@ -219,14 +273,15 @@ class Settings(BaseSettings):
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
 
 
-
 def resolve_env_refs(value: Any, environ: Mapping[str, str] | None = None, path: str = "") -> Any:
     """Replace every ``os.environ/VAR`` string (at any depth) by the environment value."""
     environ = os.environ if environ is None else environ
     if isinstance(value, str) and value.startswith("os.environ/"):
-        var = value[len("os.environ/"):]
+        var = value[len("os.environ/") :]
         if var not in environ:
-            raise ConfigError(f"config key '{path or '<root>'}': environment variable {var!r} is not set (value {value!r})")
+            raise ConfigError(
+                f"config key '{path or '<root>'}': environment variable {var!r} is not set (value {value!r})"
+            )
         return environ[var]
     if isinstance(value, Mapping):
         return {k: resolve_env_refs(v, environ, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
@@ -252,7 +307,9 @@ class _EnvOverrides(EnvSettingsSource):
             return yaml.safe_load(value)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or type(e).__name__
-            raise ValueError(f"environment value of config key '{field_name}' = {value!r}: not valid JSON or YAML ({problem})") from None
+            raise ValueError(
+                f"environment value of config key '{field_name}' = {value!r}: not valid JSON or YAML ({problem})"
+            ) from None
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -265,7 +322,9 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = True, required: bool = False) -> dict[str, Any]:
+def read_yaml_section(
+    path: str | Path, key: str, *, whole_if_absent: bool = True, required: bool = False
+) -> dict[str, Any]:
     """The mapping under ``key`` of a YAML file (when ``key`` is absent: the whole document, or ``{}``
     with ``whole_if_absent=False``; refused with ``required=True``).
     Raises :class:`ConfigError` with one line naming the file (and line) on any problem."""
@@ -280,8 +339,10 @@ def read_yaml_section(path: str | Path, key: str, *, whole_if_absent: bool = Tru
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
     if required and key not in doc:
-        raise ConfigError(f"{path}: no top-level '{key}:' key (found: {', '.join(map(str, doc)) or 'an empty file'}); "
-                          f"the settings go under '{key}:'")  # fmt: skip
+        raise ConfigError(
+            f"{path}: no top-level '{key}:' key (found: {', '.join(map(str, doc)) or 'an empty file'}); "
+            f"the settings go under '{key}:'"
+        )
     data = doc.get(key, doc if whole_if_absent else {})
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: config key '{key}' must be a mapping")

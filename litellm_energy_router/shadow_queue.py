@@ -41,7 +41,9 @@ class ShadowQueue:
         self._lock = threading.Lock()
         self.enqueued = 0
 
-    def maybe_enqueue(self, query_id: str, task: str, text: str, call_id: str | None, created: float | None = None) -> bool:
+    def maybe_enqueue(
+        self, query_id: str, task: str, text: str, call_id: str | None, created: float | None = None
+    ) -> bool:
         """Queue the query when its call id (else query id) is sampled. Returns whether it was queued."""
         if not sampled(call_id or query_id, self.fraction):
             return False
@@ -50,9 +52,14 @@ class ShadowQueue:
 
     def enqueue(self, query_id: str, task: str, text: str, call_id: str | None, created: float | None = None) -> None:
         line = json.dumps(
-            {"query_id": query_id, "task": task, "text": text, "call_id": call_id,
-             "created": float(created if created is not None else time.time())},
-        )  # fmt: skip
+            {
+                "query_id": query_id,
+                "task": task,
+                "text": text,
+                "call_id": call_id,
+                "created": float(created if created is not None else time.time()),
+            },
+        )
         with self._lock:
             if self.path.parent and not self.path.parent.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)

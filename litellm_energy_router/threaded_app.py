@@ -26,8 +26,15 @@ class ThreadedApp:
         port: TCP port on 127.0.0.1 (0: a free one).
     """
 
-    def __init__(self, app_factory: Callable[[], web.Application], *, name: str = "aiohttp app", backlog: int = 128,
-                 start_timeout_s: float = 30.0, port: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app_factory: Callable[[], web.Application],
+        *,
+        name: str = "aiohttp app",
+        backlog: int = 128,
+        start_timeout_s: float = 30.0,
+        port: int = 0,
+    ) -> None:
         self.app_factory = app_factory
         self.want_port = port
         self.name = name

@@ -35,7 +35,11 @@ _PROMPT_REF = (
     "[Question]\n{question}\n\n[The Start of Reference Answer]\n{reference}\n[The End of Reference Answer]\n\n"
     "[The Start of Assistant's Answer]\n{answer}\n[The End of Assistant's Answer]"
 )
-_RATING = [re.compile(r"\[\[(\d+(?:\.\d+)?)\]\]"), re.compile(r"\[(\d+(?:\.\d+)?)\]"), re.compile(r"[Rr]ating:\s*(\d+(?:\.\d+)?)")]
+_RATING = [
+    re.compile(r"\[\[(\d+(?:\.\d+)?)\]\]"),
+    re.compile(r"\[(\d+(?:\.\d+)?)\]"),
+    re.compile(r"[Rr]ating:\s*(\d+(?:\.\d+)?)"),
+]
 
 
 def judge_messages(question: str, answer: str, reference: str | None = None) -> list[dict[str, str]]:

@@ -71,11 +71,13 @@ class MatrixSummary:
     held_back: int = 0
 
     def line(self, url: str) -> str:
-        return (f"imported {self.queries} queries, {self.runs} runs ({len(self.per_candidate)} candidates) into {url}; "
-                f"skipped {self.skipped_pairs} (query, model) pairs without a score; {self.prior_runs} runs priced "
-                f"with the chat-length prior (no output tokens)"
-                + (f"; held back {self.held_back} queries" if self.held_back else "")
-                + "; energy_method=estimate source=import")  # fmt: skip
+        return (
+            f"imported {self.queries} queries, {self.runs} runs ({len(self.per_candidate)} candidates) into {url}; "
+            f"skipped {self.skipped_pairs} (query, model) pairs without a score; {self.prior_runs} runs priced "
+            f"with the chat-length prior (no output tokens)"
+            + (f"; held back {self.held_back} queries" if self.held_back else "")
+            + "; energy_method=estimate source=import"
+        )
 
 
 def parse_map(specs: list[str] | None, where: str = "--map") -> dict[str, str]:
@@ -209,7 +211,9 @@ def iter_matrix(path: str | Path, default_task: str | None = None) -> Iterator[M
             h = text_hash(text)
             task = tasks.get(h, default_task)
             if task is None:
-                raise MatrixFormatError(f"{where}: question has no task in default_query_train.jsonl (use --default-task)")
+                raise MatrixFormatError(
+                    f"{where}: question has no task in default_query_train.jsonl (use --default-task)"
+                )
             yield _wide(obj, f"llmrouter:{h[:16]}", task, text, where)
         return
     rows = _json_lines(path) if kind == "jsonl" else _csv_rows(path)
@@ -262,13 +266,27 @@ def _wide(obj: Mapping[str, Any], qid: str, task: str, text: str, where: str) ->
     scores, outs = obj.get("scores"), obj.get("output_tokens") or {}
     if not isinstance(scores, dict) or not scores or not isinstance(outs, dict):
         raise MatrixFormatError(f"{where}: field 'scores' must be a non-empty object model -> score")
-    return MatrixRow(qid, task, text, _count(obj.get("prompt_tokens"), where, "prompt_tokens"),
-                     {str(m): (_score(v, where, str(m)), _count(outs.get(m), where, "output_tokens"))  # type: ignore[misc]
-                      for m, v in scores.items()}, where)  # fmt: skip
+    return MatrixRow(
+        qid,
+        task,
+        text,
+        _count(obj.get("prompt_tokens"), where, "prompt_tokens"),
+        {
+            str(m): (_score(v, where, str(m)), _count(outs.get(m), where, "output_tokens"))  # type: ignore[misc]
+            for m, v in scores.items()
+        },
+        where,
+    )
 
 
-def _runs(row: MatrixRow, models: Mapping[str, str], profile: EnergyProfile, prior: Mapping[str, float], enc: Any,
-          summary: MatrixSummary) -> tuple[Query, list[Run]]:  # fmt: skip
+def _runs(
+    row: MatrixRow,
+    models: Mapping[str, str],
+    profile: EnergyProfile,
+    prior: Mapping[str, float],
+    enc: Any,
+    summary: MatrixSummary,
+) -> tuple[Query, list[Run]]:
     """The query and runs of ``row`` (unknown model: an error naming the line)."""
     pt = row.prompt_tokens if row.prompt_tokens is not None else len(enc.encode(row.text))
     runs = []
@@ -283,9 +301,20 @@ def _runs(row: MatrixRow, models: Mapping[str, str], profile: EnergyProfile, pri
         e = profile.models[cand]
         n_out = out if out is not None else prior[cand]
         summary.prior_runs += out is None
-        runs.append(Run(query_id=row.query_id, candidate=cand, source="import", score=score, prompt_tokens=pt,
-                        completion_tokens=out, energy_j=e.estimate_j(pt, n_out), energy_method="estimate", gpu=e.hardware,
-                        grade_note=None if out is not None else PRIOR_NOTE))  # fmt: skip
+        runs.append(
+            Run(
+                query_id=row.query_id,
+                candidate=cand,
+                source="import",
+                score=score,
+                prompt_tokens=pt,
+                completion_tokens=out,
+                energy_j=e.estimate_j(pt, n_out),
+                energy_method="estimate",
+                gpu=e.hardware,
+                grade_note=None if out is not None else PRIOR_NOTE,
+            )
+        )
     return Query(id=row.query_id, task=row.task, text=row.text, text_hash=text_hash(row.text), source="import"), runs
 
 
@@ -295,14 +324,24 @@ def _checked_runs(row: MatrixRow, *args: Any) -> tuple[Query, list[Run]]:
     except ValueError as e:
         if isinstance(e, MatrixFormatError):
             raise
-        raise MatrixFormatError(f"{row.where}: {one_line(e, row.where).split(': ', 1)[1]}" if hasattr(e, "errors")
-                                else f"{row.where}: {str(e).splitlines()[0]}") from None
+        raise MatrixFormatError(
+            f"{row.where}: {one_line(e, row.where).split(': ', 1)[1]}"
+            if hasattr(e, "errors")
+            else f"{row.where}: {str(e).splitlines()[0]}"
+        ) from None
 
 
-def import_matrix(store: TableStore, path: str | Path, profile: EnergyProfile, models: Mapping[str, str] | None = None,
-                  *, default_task: str | None = None, profile_origin: str = "energy profile",
-                  keep: Callable[[MatrixRow], bool] | None = None,
-                  progress: Callable[[int], None] | None = None) -> MatrixSummary:  # fmt: skip
+def import_matrix(
+    store: TableStore,
+    path: str | Path,
+    profile: EnergyProfile,
+    models: Mapping[str, str] | None = None,
+    *,
+    default_task: str | None = None,
+    profile_origin: str = "energy profile",
+    keep: Callable[[MatrixRow], bool] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> MatrixSummary:
     """Validate ``path`` in one streaming pass, then write it in batches of :data:`BATCH` queries.
     ``models``: matrix model → candidate (default: each model name as its own candidate, which the profile
     must hold). ``keep(row)`` selects the queries written (others are counted in ``held_back``)."""
@@ -317,14 +356,23 @@ def import_matrix(store: TableStore, path: str | Path, profile: EnergyProfile, m
     seen: set[str] = set()
     for row in iter_matrix(path, default_task):  # pass 1: validate everything, write nothing
         if row.query_id in seen:
-            raise MatrixFormatError(f"{row.where}: query_id {row.query_id!r} appears twice (its rows must be consecutive)")
+            raise MatrixFormatError(
+                f"{row.where}: query_id {row.query_id!r} appears twice (its rows must be consecutive)"
+            )
         seen.add(row.query_id)
         _checked_runs(row, models, profile, prior, enc, check)
     del seen
     summary = MatrixSummary()
-    cands = [Candidate(name=c, model=profile.models[c].model, params_b=profile.models[c].params_b,
-                       active_params_b=profile.models[c].active_params_b, hardware=profile.models[c].hardware)
-             for c in sorted(set(models.values()))]  # fmt: skip
+    cands = [
+        Candidate(
+            name=c,
+            model=profile.models[c].model,
+            params_b=profile.models[c].params_b,
+            active_params_b=profile.models[c].active_params_b,
+            hardware=profile.models[c].hardware,
+        )
+        for c in sorted(set(models.values()))
+    ]
     store.write(candidates=cands)
     queries: list[Query] = []
     runs: list[Run] = []

@@ -34,7 +34,9 @@ class Accountant(Protocol):
 
     def begin(self) -> Any: ...
 
-    def end(self, handle: Any, candidate: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+    def end(
+        self, handle: Any, candidate: str, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> float | None:
         """Joules of the request started by ``begin()`` (None when unknown)."""
         ...
 
@@ -53,7 +55,9 @@ class EstimateAccountant:
     def begin(self) -> None:
         return None
 
-    def end(self, handle: Any, candidate: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+    def end(
+        self, handle: Any, candidate: str, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> float | None:
         if prompt_tokens is None or completion_tokens is None:
             return None
         return self.entries[candidate].estimate_j(prompt_tokens, completion_tokens)
@@ -113,7 +117,9 @@ class MeterAccountant:
     def begin(self) -> int:
         return self.ledger.open()
 
-    def end(self, handle: Any, candidate: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+    def end(
+        self, handle: Any, candidate: str, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> float | None:
         return self.ledger.close(handle)
 
     def close(self) -> None:
@@ -121,9 +127,13 @@ class MeterAccountant:
 
 
 def make_accountant(
-    meter_name: str, *, candidates: Iterable[tuple[str, str]], profile: str | None = None,
-    options: dict[str, Any] | None = None, meter: EnergyMeter | None = None,
-) -> Accountant:  # fmt: skip
+    meter_name: str,
+    *,
+    candidates: Iterable[tuple[str, str]],
+    profile: str | None = None,
+    options: dict[str, Any] | None = None,
+    meter: EnergyMeter | None = None,
+) -> Accountant:
     """Build the accountant for ``meter_name``. ``candidates`` are (candidate name, profile key)
     pairs; with ``estimate`` each key must be in the profile. A meter name that is not registered
     raises :class:`ConfigError` naming it."""
@@ -142,5 +152,6 @@ def make_accountant(
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     except Exception as e:  # noqa: BLE001  (driver missing, no GPU...)
-        raise ConfigError(f"energy meter {meter_name!r} could not start: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
-
+        raise ConfigError(
+            f"energy meter {meter_name!r} could not start: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+        ) from None

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from litellm_energy_router.energy.profile import EnergyProfile
-from litellm_energy_router.table import Candidate, Query, Run, TableStore, text_hash
 from litellm_energy_router.errors import UserError
+from litellm_energy_router.table import Candidate, Query, Run, TableStore, text_hash
 
 OPEN_MODELS: tuple[str, ...] = (
     "mistralai/mistral-7b-chat",
@@ -133,7 +133,10 @@ def iter_records(
             needed = ["prompt", "eval_name"] + [c for m in models for c in (m, f"{m}|model_response")]
             missing = [c for c in needed if c not in header]
             if missing:
-                raise ImportFormatError(f"{path}: missing column {missing[0]!r}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+                raise ImportFormatError(
+                    f"{path}: missing column {missing[0]!r}"
+                    + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+                )
             try:
                 for row in reader:
                     line = reader.line_num
@@ -143,7 +146,9 @@ def iter_records(
                     key = row[key_col].strip()
                     task = row["eval_name"].strip()
                     if not key or not task:
-                        raise ImportFormatError(f"{path}:{line}: column {'eval_name' if key else repr(key_col)} is empty")
+                        raise ImportFormatError(
+                            f"{path}:{line}: column {'eval_name' if key else repr(key_col)} is empty"
+                        )
                     prompt = "".join(_literal_list(row["prompt"], f"{path}:{line}: column 'prompt'"))
                     qid = f"routerbench:{task}:{key}"
                     answers: dict[str, tuple[float, str]] = {}
@@ -152,7 +157,9 @@ def iter_records(
                         if s is None:
                             summary.skipped_pairs += 1
                             continue
-                        resp = "".join(_literal_list(row[f"{m}|model_response"], f"{path}:{line}: column '{m}|model_response'"))
+                        resp = "".join(
+                            _literal_list(row[f"{m}|model_response"], f"{path}:{line}: column '{m}|model_response'")
+                        )
                         answers[m] = (s, resp)
                     if not answers:
                         summary.skipped_queries += 1
@@ -191,17 +198,24 @@ def parse_files(
             continue
         try:
             n_prompt = len(enc.encode(rec.prompt))
-            queries.append(Query(id=rec.query_id, task=rec.task, text=rec.prompt, text_hash=text_hash(rec.prompt), source="import"))
+            queries.append(
+                Query(id=rec.query_id, task=rec.task, text=rec.prompt, text_hash=text_hash(rec.prompt), source="import")
+            )
             for m, (s, resp) in rec.answers.items():
                 n_out = len(enc.encode(resp))
                 runs.append(
                     Run(
-                        query_id=rec.query_id, candidate=m, source="import", score=s,
-                        prompt_tokens=n_prompt, completion_tokens=n_out,
-                        energy_j=entries[m].estimate_j(n_prompt, n_out), energy_method="estimate",
+                        query_id=rec.query_id,
+                        candidate=m,
+                        source="import",
+                        score=s,
+                        prompt_tokens=n_prompt,
+                        completion_tokens=n_out,
+                        energy_j=entries[m].estimate_j(n_prompt, n_out),
+                        energy_method="estimate",
                         gpu=entries[m].hardware,
                     )
-                )  # fmt: skip
+                )
                 summary.per_model[m] = summary.per_model.get(m, 0) + 1
         except ValueError as e:  # pydantic: a bad value in a built row
             raise ImportFormatError(f"{rec.where}: {str(e).splitlines()[0]}") from None

@@ -104,8 +104,10 @@ class TournamentSummary:
         done = sum(c.done for c in self.candidates.values())
         failed = sum(c.failed for c in self.candidates.values())
         skipped = sum(c.skipped for c in self.candidates.values())
-        return (f"{done} pairs run ({failed} failed), {skipped} already in the table, {self.written} rows written "
-                f"in {self.elapsed_s:.1f} s")  # fmt: skip
+        return (
+            f"{done} pairs run ({failed} failed), {skipped} already in the table, {self.written} rows written "
+            f"in {self.elapsed_s:.1f} s"
+        )
 
 
 class ProgressSink(Protocol):
@@ -135,9 +137,13 @@ def build_router(config: TournamentConfig) -> Any:
 
     deployments = [*config.candidates, *([config.judge] if config.judge else [])]
     deployments = [d for d in deployments if d.litellm_params.get("model")]  # vllm_offline candidates have none
-    model_list = [{"model_name": d.model_name, "litellm_params": dict(d.litellm_params), "model_info": dict(d.model_info)}
-                  for d in deployments]  # fmt: skip
-    return litellm.Router(model_list=model_list, num_retries=config.generation.num_retries, timeout=config.generation.timeout_s)
+    model_list = [
+        {"model_name": d.model_name, "litellm_params": dict(d.litellm_params), "model_info": dict(d.model_info)}
+        for d in deployments
+    ]
+    return litellm.Router(
+        model_list=model_list, num_retries=config.generation.num_retries, timeout=config.generation.timeout_s
+    )
 
 
 def _first_line(e: BaseException) -> str:
@@ -152,20 +158,27 @@ class Tournament:
     """Runs jobs against the configured candidates and writes the runs to ``store``."""
 
     def __init__(
-        self, config: TournamentConfig, store: TableStore, *, source: str = "tournament",
-        accountant: Accountant | None = None, progress: ProgressSink | None = None, router: Any = None,
+        self,
+        config: TournamentConfig,
+        store: TableStore,
+        *,
+        source: str = "tournament",
+        accountant: Accountant | None = None,
+        progress: ProgressSink | None = None,
+        router: Any = None,
         write_batch: int = 256,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.config = config
         self.store = store
         self.source = source
         self.progress = progress
         self.write_batch = write_batch
         self.accountant = accountant or make_accountant(
-            config.energy.meter, profile=str(config.energy.profile) if config.energy.profile else None,
+            config.energy.meter,
+            profile=str(config.energy.profile) if config.energy.profile else None,
             options=config.energy.options,
             candidates=[(c.model_name, c.energy_profile_key or c.model_name) for c in config.candidates],
-        )  # fmt: skip
+        )
         self._router = router
         self.sandbox = Sandbox(config.sandbox)
         self.summary = TournamentSummary()
@@ -183,8 +196,9 @@ class Tournament:
         assert judge is not None
         handle = self.accountant.begin() if isinstance(self.accountant, MeterAccountant) else None
         try:
-            resp = await self.router.acompletion(model=judge.model_name, messages=messages, max_tokens=judge.max_tokens,
-                                                 temperature=judge.temperature)  # fmt: skip
+            resp = await self.router.acompletion(
+                model=judge.model_name, messages=messages, max_tokens=judge.max_tokens, temperature=judge.temperature
+            )
         finally:
             if handle is not None:  # the judge's share of a shared GPU is discarded, not billed to candidates
                 self.accountant.end(handle, judge.model_name, None, None)
@@ -207,8 +221,9 @@ class Tournament:
         t0 = time.perf_counter()
         ttft = None
         try:
-            stream = await self.router.acompletion(model=cand.model_name, messages=messages, stream=True,
-                                                   stream_options={"include_usage": True}, **kwargs)  # fmt: skip
+            stream = await self.router.acompletion(
+                model=cand.model_name, messages=messages, stream=True, stream_options={"include_usage": True}, **kwargs
+            )
             async for chunk in stream:
                 if chunk.choices:
                     delta = chunk.choices[0].delta
@@ -269,12 +284,22 @@ class Tournament:
         window = gen.energy_window_s or gen.latency_s
         power = gen.energy_j / window if gen.energy_j is not None and window else None
         run = Run(
-            query_id=job.item.query_id, candidate=cand.model_name, source=self.source, score=grade.score,
-            latency_s=gen.latency_s, ttft_s=gen.ttft_s, prompt_tokens=gen.prompt_tokens,
-            completion_tokens=gen.completion_tokens, energy_j=gen.energy_j, avg_power_w=power,
-            energy_method=gen.energy_method, gpu=self.config.energy.gpu or cand.hardware,
-            status="success" if grade.score is not None else "failure", call_id=job.call_id, grade_note=grade.note,
-        )  # fmt: skip
+            query_id=job.item.query_id,
+            candidate=cand.model_name,
+            source=self.source,
+            score=grade.score,
+            latency_s=gen.latency_s,
+            ttft_s=gen.ttft_s,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=gen.completion_tokens,
+            energy_j=gen.energy_j,
+            avg_power_w=power,
+            energy_method=gen.energy_method,
+            gpu=self.config.energy.gpu or cand.hardware,
+            status="success" if grade.score is not None else "failure",
+            call_id=job.call_id,
+            grade_note=grade.note,
+        )
         if grade.score is None:
             log.warning("%s on %s: %s", cand.model_name, job.item.query_id, grade.detail)
         assert self._queue is not None
@@ -328,23 +353,38 @@ class Tournament:
     # -- the run ---------------------------------------------------------------------------------
     def done_pairs(self) -> set[tuple[str, str]]:
         """(query_id, candidate) pairs already in the table for this source (failures excluded)."""
-        return {(r["query_id"], r["candidate"]) for r in self.store.iter_runs(sources=[self.source])
-                if r.get("status") != "failure"}  # fmt: skip
+        return {
+            (r["query_id"], r["candidate"])
+            for r in self.store.iter_runs(sources=[self.source])
+            if r.get("status") != "failure"
+        }
 
-    async def run(self, jobs: Sequence[Job], driver: Driver | None = None, sequential: bool | None = None) -> TournamentSummary:
+    async def run(
+        self, jobs: Sequence[Job], driver: Driver | None = None, sequential: bool | None = None
+    ) -> TournamentSummary:
         """Run every job on every candidate not yet in the table; returns this run's summary.
         ``sequential`` (default: the accountant's choice) runs candidates one after another."""
         t0 = time.perf_counter()
         cands = self.config.candidates
-        self.store.write(candidates=[Candidate(name=c.model_name, model=c.model or c.litellm_params.get("model"),
-                                               params_b=c.params_b, active_params_b=c.active_params_b,
-                                               hardware=c.hardware) for c in cands])  # fmt: skip
+        self.store.write(
+            candidates=[
+                Candidate(
+                    name=c.model_name,
+                    model=c.model or c.litellm_params.get("model"),
+                    params_b=c.params_b,
+                    active_params_b=c.active_params_b,
+                    hardware=c.hardware,
+                )
+                for c in cands
+            ]
+        )
         done = self.done_pairs()
         todo: dict[str, list[Job]] = {}
         for c in cands:
             todo[c.model_name] = [j for j in jobs if (j.item.query_id, c.model_name) not in done]
-            self.summary.candidates[c.model_name] = CandidateSummary(c.model_name, len(todo[c.model_name]),
-                                                                     len(jobs) - len(todo[c.model_name]))  # fmt: skip
+            self.summary.candidates[c.model_name] = CandidateSummary(
+                c.model_name, len(todo[c.model_name]), len(jobs) - len(todo[c.model_name])
+            )
             if self.progress:
                 self.progress.start(c.model_name, len(todo[c.model_name]), len(jobs) - len(todo[c.model_name]))
         if any(j.task.name == "mbpp" for j in jobs) and any(todo.values()):
@@ -392,4 +432,3 @@ class Tournament:
 
     def close(self) -> None:
         self.accountant.close()
-

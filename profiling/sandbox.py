@@ -140,7 +140,9 @@ class Sandbox:
         want = self.config.isolation
         if want == "process":
             if not self.config.python_guard:
-                raise SandboxError("sandbox.python_guard=false needs real isolation (sandbox.isolation: auto or namespaces)")
+                raise SandboxError(
+                    "sandbox.python_guard=false needs real isolation (sandbox.isolation: auto or namespaces)"
+                )
             log.warning(
                 "sandbox.isolation=process: model-written code runs not isolated (limits, seccomp and a Python "
                 "guard only; it can read the host's files and fill its disk); the rows it grades are marked"
@@ -173,16 +175,27 @@ class Sandbox:
     def _spec(self, work: Path, isolation: str, probe: bool) -> dict:
         cfg = self.config
         spec = {
-            "workdir": str(work), "isolation": isolation, "python_guard": cfg.python_guard, "probe": probe,
-            "cpu_s": int(cfg.timeout_s) + 1, "wall_s": cfg.timeout_s + 1, "memory_mb": cfg.memory_mb,
-            "file_size_mb": cfg.file_size_mb, "seccomp": self._seccomp(),
-        }  # fmt: skip
+            "workdir": str(work),
+            "isolation": isolation,
+            "python_guard": cfg.python_guard,
+            "probe": probe,
+            "cpu_s": int(cfg.timeout_s) + 1,
+            "wall_s": cfg.timeout_s + 1,
+            "memory_mb": cfg.memory_mb,
+            "file_size_mb": cfg.file_size_mb,
+            "seccomp": self._seccomp(),
+        }
         if isolation == "namespaces":
             if spec["seccomp"] is None:
-                raise SandboxError(f"no seccomp filter for architecture {sandbox_seccomp.machine()!r} (x86_64, aarch64)")
-            spec.update(visible=visible_paths(), work_dir_mb=cfg.work_dir_mb,
-                        pivot_root_nr=sandbox_seccomp.syscall_number("pivot_root"),
-                        uid=NOBODY if os.geteuid() == 0 else None)  # fmt: skip
+                raise SandboxError(
+                    f"no seccomp filter for architecture {sandbox_seccomp.machine()!r} (x86_64, aarch64)"
+                )
+            spec.update(
+                visible=visible_paths(),
+                work_dir_mb=cfg.work_dir_mb,
+                pivot_root_nr=sandbox_seccomp.syscall_number("pivot_root"),
+                uid=NOBODY if os.geteuid() == 0 else None,
+            )
         return spec
 
     async def _execute(self, code: str, tests: str, isolation: str, probe: bool = False) -> SandboxResult:
@@ -197,13 +210,20 @@ class Sandbox:
         t0 = time.monotonic()
         try:
             spec = self._spec(work, isolation, probe)
-            cmd = ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + (self._unshare_cmd() if isolation == "namespaces" else [])
+            cmd = ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + (
+                self._unshare_cmd() if isolation == "namespaces" else []
+            )
             cmd += [sys.executable, "-I", str(HARNESS), json.dumps(spec)]
             with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
                 proc = await asyncio.create_subprocess_exec(
-                    *cmd, stdin=asyncio.subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
+                    *cmd,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=out,
+                    stderr=err,
+                    cwd=work,
+                    env=env,
                     start_new_session=True,
-                )  # fmt: skip
+                )
                 timed_out = await self._feed_and_wait(proc, {"nonce": nonce, "code": code, "tests": tests})
             seconds = time.monotonic() - t0
             stdout = (logs / "out").read_bytes()[-4096:].decode("utf-8", "replace")
@@ -217,11 +237,15 @@ class Sandbox:
         if proc.returncode == 0 and lines and lines[-1] == nonce:
             return SandboxResult(True, "all tests passed", seconds, isolation)
         if proc.returncode == 3:
-            raise SandboxError(f"sandbox setup failed ({isolation}): {stderr.splitlines()[-1] if stderr else 'no message'}")
+            raise SandboxError(
+                f"sandbox setup failed ({isolation}): {stderr.splitlines()[-1] if stderr else 'no message'}"
+            )
         last = stderr.splitlines()[-1] if stderr else ""
         if proc.returncode is not None and proc.returncode < 0:
             last = f"killed by signal {-proc.returncode}" + (f" ({last})" if last else "")
-        return SandboxResult(False, last or f"exit code {proc.returncode} without finishing the tests", seconds, isolation)
+        return SandboxResult(
+            False, last or f"exit code {proc.returncode} without finishing the tests", seconds, isolation
+        )
 
     async def _feed_and_wait(self, proc: asyncio.subprocess.Process, job: dict) -> bool:
         """Send the job, wait at most ``timeout_s``, kill the process tree; True when it timed out."""

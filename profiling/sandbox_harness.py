@@ -32,8 +32,14 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
-_FLAG = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}  # fmt: skip
+_FLAG = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
@@ -132,8 +138,14 @@ def lock_down_filesystem(cfg):
     if not _make_parents(root, work):
         raise OSError(f"work dir {work}: cannot be made inside the new root")
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    _mount(libc, "er-sandbox-work", inner, "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={cfg['work_dir_mb']}m,nr_inodes=16384,mode=0700{owner}")  # fmt: skip
+    _mount(
+        libc,
+        "er-sandbox-work",
+        inner,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={cfg['work_dir_mb']}m,nr_inodes=16384,mode=0700{owner}",
+    )
     _remount_read_only(libc, root, keep=inner)
     os.chdir(root)
     _check(libc.syscall(cfg["pivot_root_nr"], b".", b"."), "pivot_root")
@@ -200,19 +212,67 @@ def set_limits(cfg):
 
 
 _BLOCKED = {
-    "os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-    "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn", "os.setuid", "os.setgid",
-    "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-    "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex", "socket.gethostbyaddr",
-    "ctypes.dlopen", "ctypes.dlsym", "resource.setrlimit", "resource.prlimit",
+    "os.system",
+    "os.exec",
+    "os.fork",
+    "os.forkpty",
+    "os.posix_spawn",
+    "os.spawn",
+    "subprocess.Popen",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "pty.spawn",
+    "os.setuid",
+    "os.setgid",
+    "socket.__new__",
+    "socket.connect",
+    "socket.bind",
+    "socket.sendto",
+    "socket.sendmsg",
+    "socket.getaddrinfo",
+    "socket.gethostbyname",
+    "socket.gethostbyname_ex",
+    "socket.gethostbyaddr",
+    "ctypes.dlopen",
+    "ctypes.dlsym",
+    "resource.setrlimit",
+    "resource.prlimit",
 }
-_PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.truncate": 1, "os.chmod": 1, "os.chown": 1,
-                "os.link": 2, "os.symlink": 2, "os.mkdir": 1, "os.utime": 1, "os.setxattr": 1,
-                "os.removexattr": 1, "shutil.rmtree": 1, "os.chflags": 1, "os.lchflags": 1}  # fmt: skip
+_PATH_EVENTS = {
+    "os.remove": 1,
+    "os.rmdir": 1,
+    "os.rename": 2,
+    "os.truncate": 1,
+    "os.chmod": 1,
+    "os.chown": 1,
+    "os.link": 2,
+    "os.symlink": 2,
+    "os.mkdir": 1,
+    "os.utime": 1,
+    "os.setxattr": 1,
+    "os.removexattr": 1,
+    "shutil.rmtree": 1,
+    "os.chflags": 1,
+    "os.lchflags": 1,
+}
 # native code, and C libraries that create files the audit hook never hears of (sqlite3's ATTACH,
 # dbm files, POSIX semaphores in /dev/shm)
-_NATIVE = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess", "_xxsubinterpreters", "_sqlite3",
-           "sqlite3", "_dbm", "_gdbm", "dbm", "_multiprocessing", "_posixshmem"}  # fmt: skip
+_NATIVE = {
+    "ctypes",
+    "_ctypes",
+    "cffi",
+    "_cffi_backend",
+    "_posixsubprocess",
+    "_xxsubinterpreters",
+    "_sqlite3",
+    "sqlite3",
+    "_dbm",
+    "_gdbm",
+    "dbm",
+    "_multiprocessing",
+    "_posixshmem",
+}
 _NO_AUDIT_EVENT = ("mkfifo", "mknod")  # os functions that raise no audit event: removed
 
 

@@ -101,7 +101,9 @@ def existing_query_ids(store: TableStore, ids: Iterable[str]) -> set[str]:
     return found
 
 
-def shadow_jobs(entries: list[ShadowEntry], store: TableStore, privacy: PrivacySettings, max_tokens: int | None = None) -> list[Job]:
+def shadow_jobs(
+    entries: list[ShadowEntry], store: TableStore, privacy: PrivacySettings, max_tokens: int | None = None
+) -> list[Job]:
     """Jobs for queued production queries. A query row is written only when the callback has not
     written it yet (as a production query, honouring the privacy settings)."""
     task = OpenQuestion()
@@ -109,8 +111,18 @@ def shadow_jobs(entries: list[ShadowEntry], store: TableStore, privacy: PrivacyS
     jobs = []
     for e in entries:
         item = TaskItem(e.task, e.query_id, e.text, None, {}, key=e.query_id)
-        query = None if e.query_id in have else make_query(
-            e.query_id, e.task, e.text, store_text=privacy.store_text, salt=privacy.salt, source="production", created=e.created
-        )  # fmt: skip
+        query = (
+            None
+            if e.query_id in have
+            else make_query(
+                e.query_id,
+                e.task,
+                e.text,
+                store_text=privacy.store_text,
+                salt=privacy.salt,
+                source="production",
+                created=e.created,
+            )
+        )
         jobs.append(Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id))
     return jobs

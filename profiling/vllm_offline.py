@@ -78,8 +78,12 @@ def _metric(out: Any, name: str) -> float | None:
 class OfflineDriver:
     """Runner driver: one engine per candidate, batched generation, batch energy split by tokens."""
 
-    def __init__(self, engine_factory: EngineFactory = vllm_engine, params_factory: ParamsFactory = vllm_sampling_params,
-                 unload_fn: Callable[[Any], None] = unload) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine_factory: EngineFactory = vllm_engine,
+        params_factory: ParamsFactory = vllm_sampling_params,
+        unload_fn: Callable[[Any], None] = unload,
+    ) -> None:
         self.engine_factory = engine_factory
         self.params_factory = params_factory
         self.unload_fn = unload_fn
@@ -92,7 +96,10 @@ class OfflineDriver:
             from_meter = isinstance(t.accountant, MeterAccountant)
             for i in range(0, len(jobs), cfg.batch_size):
                 batch = jobs[i : i + cfg.batch_size]
-                prompts = [tok.apply_chat_template(j.task.messages(j.item), tokenize=False, add_generation_prompt=True) for j in batch]
+                prompts = [
+                    tok.apply_chat_template(j.task.messages(j.item), tokenize=False, add_generation_prompt=True)
+                    for j in batch
+                ]
                 params = [self.params_factory(cfg, j.max_tokens) for j in batch]
                 r0 = t.accountant.meter.read().total_j if from_meter else 0.0  # type: ignore[attr-defined]
                 t0 = time.perf_counter()
@@ -107,18 +114,28 @@ class OfflineDriver:
                 else:
                     energies = [t.accountant.end(None, cand.model_name, p, c) for p, c in zip(p_tok, c_tok)]
                 for job, out, p, c, e in zip(batch, outs, p_tok, c_tok, energies):
-                    arrival, first, done = (_metric(out, k) for k in ("arrival_time", "first_token_time", "finished_time"))
+                    arrival, first, done = (
+                        _metric(out, k) for k in ("arrival_time", "first_token_time", "finished_time")
+                    )
                     latency = done - arrival if done is not None and arrival is not None else wall
                     ttft = first - arrival if first is not None and arrival is not None else None
-                    gen = Generation(out.outputs[0].text, latency, ttft, p, c, energy_j=e,
-                                     energy_method=t.accountant.method if e is not None else None)  # fmt: skip
+                    gen = Generation(
+                        out.outputs[0].text,
+                        latency,
+                        ttft,
+                        p,
+                        c,
+                        energy_j=e,
+                        energy_method=t.accountant.method if e is not None else None,
+                    )
                     await t.finish(cand, job, gen)
         finally:
             await asyncio.to_thread(self.unload_fn, engine)
 
 
-def run_offline(cfg: TournamentConfig, url: str, *, progress: ProgressSink | None = None,
-                driver: OfflineDriver | None = None) -> TournamentSummary:  # fmt: skip
+def run_offline(
+    cfg: TournamentConfig, url: str, *, progress: ProgressSink | None = None, driver: OfflineDriver | None = None
+) -> TournamentSummary:
     """Profile every candidate model one after another on the local GPU; rows go to ``url``."""
     jobs = build_jobs(cfg)
     with open_store(url) as store:

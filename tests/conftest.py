@@ -104,8 +104,20 @@ def example_plugin_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("example_plugin")
     src, target = root / "src", root / "site"
     shutil.copytree(EXAMPLE_PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-           "--disable-pip-version-check", "--target", str(target), str(src)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+        str(src),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return target

@@ -122,7 +122,15 @@ def make_fake_pynvml(gpus: list[FakeGPU], clock: Callable[[], float] = time.mono
                 values[i].nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
         return values
 
-    for f in (nvmlInit, nvmlShutdown, nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetName,
-              nvmlDeviceGetTotalEnergyConsumption, nvmlDeviceGetPowerUsage, nvmlDeviceGetFieldValues):  # fmt: skip
+    for f in (
+        nvmlInit,
+        nvmlShutdown,
+        nvmlDeviceGetCount,
+        nvmlDeviceGetHandleByIndex,
+        nvmlDeviceGetName,
+        nvmlDeviceGetTotalEnergyConsumption,
+        nvmlDeviceGetPowerUsage,
+        nvmlDeviceGetFieldValues,
+    ):
         setattr(m, f.__name__, f)
     return m

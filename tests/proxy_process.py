@@ -12,8 +12,12 @@ import urllib.request
 from pathlib import Path
 
 # The `litellm` console script run by this interpreter (the script's own shebang may name another venv).
-LITELLM = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points; "
-           "sys.exit(next(iter(entry_points(group='console_scripts', name='litellm'))).load()())"]  # fmt: skip
+LITELLM = [
+    sys.executable,
+    "-c",
+    "import sys; from importlib.metadata import entry_points; "
+    "sys.exit(next(iter(entry_points(group='console_scripts', name='litellm'))).load()())",
+]
 
 
 def free_port() -> int:
@@ -26,8 +30,15 @@ class ProxyProcess:
     """One proxy at a fixed port, its output in ``<cwd>/<log_name>`` (``proxy-<n>.log`` after a restart);
     ``start`` again after :meth:`kill`."""
 
-    def __init__(self, config: Path, env: dict[str, str], cwd: Path, *, log_name: str = "proxy.log",
-                 ready_timeout_s: float = 180.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Path,
+        env: dict[str, str],
+        cwd: Path,
+        *,
+        log_name: str = "proxy.log",
+        ready_timeout_s: float = 180.0,
+    ) -> None:
         self.config, self.env, self.cwd, self.port = Path(config), env, Path(cwd), free_port()
         self.log_name, self.ready_timeout_s = log_name, ready_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -48,8 +59,13 @@ class ProxyProcess:
         if self._log is not None:
             self._log.close()
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([*LITELLM, "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)],
-                                     env=self.env, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.cwd)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [*LITELLM, "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.cwd,
+        )
         if wait_ready:
             self.wait_live()
         return self

@@ -34,8 +34,17 @@ def planted_rows(n: int = 60, seed: int = 0, names=None, prefix: str = "q"):
         queries.append(q)
         for c in CANDS:
             ok = 1.0 if (not hard or c == "large") else 0.0
-            runs.append({"query_id": q.id, "candidate": rename[c], "source": "tournament", "score": ok,
-                         "energy_j": ENERGY[c], "prompt_tokens": 8, "completion_tokens": 20})  # fmt: skip
+            runs.append(
+                {
+                    "query_id": q.id,
+                    "candidate": rename[c],
+                    "source": "tournament",
+                    "score": ok,
+                    "energy_j": ENERGY[c],
+                    "prompt_tokens": 8,
+                    "completion_tokens": 20,
+                }
+            )
     cands = [{"name": rename[c]} for c in CANDS]
     return cands, queries, runs
 
@@ -61,13 +70,16 @@ def retrain_yaml(tmp_path: Path, url: str, min_new_rows: int, retrain_extra: str
     """A settings file with a ``retrain:`` section (quick training, 30 % held out) over the table ``url``,
     its pointer under ``tmp_path``; ``retrain_extra``: more YAML inside ``retrain:``."""
     p = tmp_path / "retrain.yaml"
-    p.write_text(textwrap.dedent(f"""
+    p.write_text(
+        textwrap.dedent(f"""
         energy_router:
           table: {{url: "{url}"}}
-          router: {{checkpoint: "{tmp_path / 'current.json'}"}}
+          router: {{checkpoint: "{tmp_path / "current.json"}"}}
         retrain:
           quick: true
           min_new_rows: {min_new_rows}
           holdout_fraction: 0.3
-        """) + textwrap.indent(textwrap.dedent(retrain_extra), "  "))
+        """)
+        + textwrap.indent(textwrap.dedent(retrain_extra), "  ")
+    )
     return p

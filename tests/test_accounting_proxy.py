@@ -16,20 +16,20 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from proxy_process import ProxyProcess
+from router_fixtures import train_planted
 from typer.testing import CliRunner
 
 from litellm_energy_router.demo.backend import LocalBackend as Backend
-from litellm_energy_router.litellm_compat import PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks
+from litellm_energy_router.litellm_glue.litellm_compat import PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks
 from litellm_energy_router.router.checkpoint import point_to
 from litellm_energy_router.table import open_store
-from proxy_process import ProxyProcess
-from router_fixtures import train_planted
 
 pytestmark = pytest.mark.litellm_integration
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
-AUTH = '''
+AUTH = """
 from fastapi import HTTPException
 from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
 
@@ -45,7 +45,7 @@ async def user_api_key_auth(request, api_key):
         raise HTTPException(status_code=401, detail="unknown key")
     alias, team, team_alias = KEYS[api_key]
     return UserAPIKeyAuth(api_key=api_key, key_alias=alias, team_id=team, team_alias=team_alias, user_id="u-" + alias)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -66,19 +66,33 @@ def proxy(tmp_path_factory):
         ]
     (d / "proxy.yaml").write_text(yaml.safe_dump(cfg))
     (d / "acct_keys.py").write_text(AUTH)
-    (d / "intensity.csv").write_text("region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},120\nS,{h},480\n" for h in range(24)))
+    (d / "intensity.csv").write_text(
+        "region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},120\nS,{h},480\n" for h in range(24))
+    )
     # the routing it asserts is the checkpoint scorer's: online adaptation (blend toward the table's prior) off here
-    er = {"router": {"checkpoint": str(d / "current.json"), "timeout_ms": 5000, "online": False}, "knob": {"lambda": 0.05},
-          "table": {"url": f"sqlite:///{d / 'production.db'}"}, "energy": {"meter": "simulated"},
-          "writer": {"spool_dir": str(d / "spool"), "flush_interval_s": 0.1},
-          "carbon": {"intensity_csv": str(d / "intensity.csv"),
-                     "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.3, "region": "S"}}},
-          "budgets": {"keys": {"svc-capped": {"limit": 1e-6, "mode": "hard"}}}}  # fmt: skip
+    er = {
+        "router": {"checkpoint": str(d / "current.json"), "timeout_ms": 5000, "online": False},
+        "knob": {"lambda": 0.05},
+        "table": {"url": f"sqlite:///{d / 'production.db'}"},
+        "energy": {"meter": "simulated"},
+        "writer": {"spool_dir": str(d / "spool"), "flush_interval_s": 0.1},
+        "carbon": {
+            "intensity_csv": str(d / "intensity.csv"),
+            "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.3, "region": "S"}},
+        },
+        "budgets": {"keys": {"svc-capped": {"limit": 1e-6, "mode": "hard"}}},
+    }
     (d / "energy-router.yaml").write_text(yaml.safe_dump({"energy_router": er}))
     backend = Backend().start()
-    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-0123456789", "VLLM_API_KEY": "none",
-           "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
-           "LARGE_API_BASE": backend.base("large"), "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml")}  # fmt: skip
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": "sk-master-0123456789",
+        "VLLM_API_KEY": "none",
+        "SMALL_API_BASE": backend.base("small"),
+        "MEDIUM_API_BASE": backend.base("medium"),
+        "LARGE_API_BASE": backend.base("large"),
+        "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml"),
+    }
     server = ProxyProcess(d / "proxy.yaml", env, d, ready_timeout_s=180)
     server.start()
     deadline = time.time() + 180
@@ -91,9 +105,17 @@ def proxy(tmp_path_factory):
 
 def _post(port, key, text, metadata=None, stream=False):
     """(status, headers, routed deployment or None when the response carries no energy headers)."""
-    body = {"model": "chat", "messages": [{"role": "user", "content": text}], "stream": stream, **({"metadata": metadata} if metadata else {})}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+    body = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": text}],
+        "stream": stream,
+        **({"metadata": metadata} if metadata else {}),
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         r.read()
         h = {k.lower(): v for k, v in r.headers.items()}
@@ -116,7 +138,9 @@ def test_headers_metrics_report_and_attribution(proxy):
         status, h, dep = _post(port, "sk-search-0123456789", f"Give a proof about chess number {i}")
         assert status == 200 and dep == "vllm-llama-70b", h
         assert h["x-energy-router-site"] == "south" and float(h["x-energy-router-co2e-grams-estimate"]) > 0
-        assert float(h["x-energy-router-joules-saved-estimate"]) == pytest.approx(0.0, abs=1e-6)  # the largest is the reference
+        assert float(h["x-energy-router-joules-saved-estimate"]) == pytest.approx(
+            0.0, abs=1e-6
+        )  # the largest is the reference
     status, h, dep = _post(port, "sk-search-0123456789", "Tell me about rivers number 7")
     assert dep == "vllm-mistral-7b" and float(h["x-energy-router-joules-saved-estimate"]) > 0
     assert float(h["x-energy-router-joules-estimate"]) < float(h["x-energy-router-joules-reference-estimate"])
@@ -133,16 +157,29 @@ def test_headers_metrics_report_and_attribution(proxy):
     by_team = {r["team"]: r for r in store.ledger("team")}
     store.close()
     assert set(by_team) == {"team-search", "team-ads"}, by_team
-    assert by_team["team-search"]["requests"] == before.get("team-search", 0) + 5 and by_team["team-ads"]["requests"] == 1
+    assert (
+        by_team["team-search"]["requests"] == before.get("team-search", 0) + 5 and by_team["team-ads"]["requests"] == 1
+    )
     assert by_team["team-ads"]["label"] == "Ads" and by_team["team-ads"]["joules_measured"] > 0
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": "Bearer sk-master-0123456789"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": "Bearer sk-master-0123456789"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}  # fmt: skip
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(r.read().decode())
+            for s in f.samples
+        }
     joules = {k[1]: v for k, v in samples.items() if k[0] == "energy_router_joules_total"}
-    assert joules[(("method", "measured"), ("model_group", "chat"), ("team", "Ads"))] == pytest.approx(by_team["team-ads"]["joules_measured"])
-    assert any(k[0] == "energy_router_co2e_grams_total" and ("team", "Search") in k[1] and v > 0 for k, v in samples.items())
-    assert any(k[0] == "energy_router_joules_saved_total" and ("team", "Search") in k[1] and v > 0 for k, v in samples.items())
+    assert joules[(("method", "measured"), ("model_group", "chat"), ("team", "Ads"))] == pytest.approx(
+        by_team["team-ads"]["joules_measured"]
+    )
+    assert any(
+        k[0] == "energy_router_co2e_grams_total" and ("team", "Search") in k[1] and v > 0 for k, v in samples.items()
+    )
+    assert any(
+        k[0] == "energy_router_joules_saved_total" and ("team", "Search") in k[1] and v > 0 for k, v in samples.items()
+    )
     from litellm_energy_router.cli import app
 
     r = CliRunner().invoke(app, ["report", "--db", proxy["db"], "--by", "team"])

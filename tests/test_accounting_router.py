@@ -12,15 +12,15 @@ import litellm
 import pytest
 from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
+from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend as Backend
-from litellm_energy_router.callback import EnergyLogger
-from litellm_energy_router.figures import headers
-from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.callback import EnergyLogger
+from litellm_energy_router.litellm_glue.figures import headers
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import open_store
-from router_fixtures import CANDS
 
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 SITES = {"small": "north", "medium": "north", "large": "south"}
@@ -43,20 +43,36 @@ def test_figures_reach_row_payload_and_ledger(tmp_path, sqlite_url, planted_ckpt
     csv.write_text("region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},{100 + h}\nS,{h},{600 - h}\n" for h in range(24)))
     backend = Backend(delay_s=0.01).start()
     try:
-        s = Settings.model_validate({
-            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
-            "knob": {"lambda": 0.05}, "table": {"url": sqlite_url}, "energy": {"meter": "simulated"},
-            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
-            "carbon": {"intensity_csv": str(csv), "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.4, "region": "S"}}},
-        })  # fmt: skip
-        model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                       "model_info": {"id": f"dep-{c}", "energy_router_site": SITES[c]}} for c in CANDS]  # fmt: skip
+        s = Settings.model_validate(
+            {
+                "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000},
+                "candidates": [{"name": c} for c in CANDS],
+                "knob": {"lambda": 0.05},
+                "table": {"url": sqlite_url},
+                "energy": {"meter": "simulated"},
+                "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
+                "carbon": {
+                    "intensity_csv": str(csv),
+                    "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.4, "region": "S"}},
+                },
+            }
+        )
+        model_list = [
+            {
+                "model_name": "pool",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"dep-{c}", "energy_router_site": SITES[c]},
+            }
+            for c in CANDS
+        ]
         router = Router(model_list=model_list)
         strategy = EnergyRoutingStrategy(router, s)
         register_strategy(router, strategy)
         logger, spy = EnergyLogger(s), PayloadSpy()
         litellm.callbacks = [logger, spy]
-        texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(20)]
+        texts = [
+            f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(20)
+        ]
         decisions = {}
 
         async def go():
@@ -83,7 +99,9 @@ def test_figures_reach_row_payload_and_ledger(tmp_path, sqlite_url, planted_ckpt
         e = d["energy_j"]
         assert f["joules_estimate"] == e[d["candidate"]] == r["energy_estimate_j"]
         assert f["reference"] == max(e, key=e.get) and f["joules_reference_estimate"] == r["energy_reference_j"]
-        assert f["joules_saved_estimate"] == pytest.approx(f["joules_reference_estimate"] - f["joules_estimate"], abs=1e-3)
+        assert f["joules_saved_estimate"] == pytest.approx(
+            f["joules_reference_estimate"] - f["joules_estimate"], abs=1e-3
+        )
         site = SITES[r["candidate"]]
         assert f["site"] == r["site"] == site
         hour = int(r["created"] // 3600) % 24
@@ -94,6 +112,8 @@ def test_figures_reach_row_payload_and_ledger(tmp_path, sqlite_url, planted_ckpt
         assert float(h["x-energy-router-joules-estimate"]) == pytest.approx(f["joules_estimate"], rel=1e-5)
     by_team = {x["team"]: x for x in store.ledger("team")}
     assert sum(x["requests"] for x in by_team.values()) == 20 and set(by_team) == {"team-0", "team-1"}
-    assert sum(x["joules_measured"] for x in by_team.values()) == pytest.approx(sum(r["energy_j"] for r in rows.values()))
+    assert sum(x["joules_measured"] for x in by_team.values()) == pytest.approx(
+        sum(r["energy_j"] for r in rows.values())
+    )
     assert sum(x["co2e_g"] for x in by_team.values()) == pytest.approx(sum(r["co2e_g"] for r in rows.values()))
     store.close()

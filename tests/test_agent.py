@@ -13,9 +13,9 @@ import httpx
 import pytest
 from aiohttp import web
 
-from litellm_energy_router.energy import RequestUsage
-from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, check_bind, parse_vllm_tokens
 from litellm_energy_router.agent.client import AgentMeter
+from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, check_bind, parse_vllm_tokens
+from litellm_energy_router.energy import RequestUsage
 from litellm_energy_router.energy.simulated import SimulatedMeter
 from litellm_energy_router.threaded_app import ThreadedApp
 
@@ -38,16 +38,21 @@ def test_local_bind_needs_no_token(host):
 
 def test_cli_refuses_non_local_bind_without_token():
     env = {k: v for k, v in os.environ.items() if "AGENT_TOKEN" not in k}
-    r = subprocess.run([EXE, "agent", "--host", "0.0.0.0", "--meter", "simulated"], capture_output=True, text=True,
-                       timeout=60, env=env)  # fmt: skip
+    r = subprocess.run(
+        [EXE, "agent", "--host", "0.0.0.0", "--meter", "simulated"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 2
     assert "refusing to bind '0.0.0.0' without a bearer token" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_cli_agent_serves_with_token():
-    p = subprocess.Popen([EXE, "agent", "--port", "0", "--meter", "simulated", "--token", "tok", "--sample-hz", "20"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [EXE, "agent", "--port", "0", "--meter", "simulated", "--token", "tok", "--sample-hz", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stdout.readline()
         assert "energy agent listening on http://127.0.0.1:" in line, p.stderr.read() if p.poll() is not None else line
@@ -124,17 +129,26 @@ def test_agent_meter_against_running_agent():
             assert r.status_code == 404 and "unknown request id" in r.json()["error"]
             # the meter always sends timings: a request without tokens costs nothing
             time.sleep(0.15)
-            assert client.energy_for_request(RequestUsage("nope", "m", t0, t0 + 0.01, None, 0, 0), final=True).energy_j == 0.0
-            bad = httpx.get(f"{srv.url}/v1/energy/x", params={"start": "a", "end": "1"}, headers={"Authorization": "Bearer tok"})
+            assert (
+                client.energy_for_request(RequestUsage("nope", "m", t0, t0 + 0.01, None, 0, 0), final=True).energy_j
+                == 0.0
+            )
+            bad = httpx.get(
+                f"{srv.url}/v1/energy/x", params={"start": "a", "end": "1"}, headers={"Authorization": "Bearer tok"}
+            )
             assert bad.status_code == 400 and "bad query parameter" in bad.json()["error"]
             # live progress from an engine hook
             now = time.time()
-            ev = [{"request_id": "live-1", "t": now - 0.2, "prompt_tokens": 0, "output_tokens": 0},
-                  {"request_id": "live-1", "t": now - 0.1, "prompt_tokens": 50, "output_tokens": 1},
-                  {"request_id": "live-1", "t": now, "prompt_tokens": 50, "output_tokens": 9, "finished": True}]  # fmt: skip
+            ev = [
+                {"request_id": "live-1", "t": now - 0.2, "prompt_tokens": 0, "output_tokens": 0},
+                {"request_id": "live-1", "t": now - 0.1, "prompt_tokens": 50, "output_tokens": 1},
+                {"request_id": "live-1", "t": now, "prompt_tokens": 50, "output_tokens": 9, "finished": True},
+            ]
             r = httpx.post(f"{srv.url}/v1/progress", json={"events": ev}, headers={"Authorization": "Bearer tok"})
             assert r.json() == {"accepted": 3}
-            r = httpx.post(f"{srv.url}/v1/progress", json={"events": [{"t": 1}]}, headers={"Authorization": "Bearer tok"})
+            r = httpx.post(
+                f"{srv.url}/v1/progress", json={"events": [{"t": 1}]}, headers={"Authorization": "Bearer tok"}
+            )
             assert r.status_code == 400 and "events[0]" in r.json()["error"]
             w = httpx.get(f"{srv.url}/v1/energy", headers={"Authorization": "Bearer tok"}).json()["window"]
             assert w["requests_j"] + w["idle_j"] + w["unattributed_j"] == pytest.approx(w["meter_j"], rel=1e-9)

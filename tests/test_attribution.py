@@ -27,8 +27,16 @@ def simulate(n_requests=150, seed=0, max_batch=32):
     arrivals = sorted(rng.uniform(0.0, 12.0) for _ in range(n_requests))
     reqs = {}
     for i, a in enumerate(arrivals):
-        reqs[f"r{i}"] = {"arrival": a, "prompt": rng.randint(20, 400), "output": rng.randint(5, 120),
-                         "prefilled": False, "decoded": 0, "start": None, "first": None, "end": None}  # fmt: skip
+        reqs[f"r{i}"] = {
+            "arrival": a,
+            "prompt": rng.randint(20, 400),
+            "output": rng.randint(5, 120),
+            "prefilled": False,
+            "decoded": 0,
+            "start": None,
+            "first": None,
+            "end": None,
+        }
     steps, t, waiting, running = [], 0.0, list(reqs), []
     while waiting or running:
         t1 = t + STEP
@@ -81,7 +89,9 @@ def run_schedule(attributor, steps, reqs, *, progress=True, counters=False, samp
     cum = {r: [0, 0] for r in reqs}
     agg = [0.0, 0.0]
     next_sample = 0.0
-    attributor.add_sample(0.0, meter.read().total_j, 0.0, 0.0) if counters else attributor.add_sample(0.0, meter.read().total_j)
+    attributor.add_sample(0.0, meter.read().total_j, 0.0, 0.0) if counters else attributor.add_sample(
+        0.0, meter.read().total_j
+    )
     for t0, t1, work in steps:
         for r, (dp, dd) in work.items():
             if progress and cum[r] == [0, 0]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from router_fixtures import CANDS, TOPICS, planted_rows
 
 from litellm_energy_router.table import make_query, open_store
-
-from router_fixtures import CANDS, TOPICS, planted_rows
 
 
 def _store(tmp_path, name="t.db"):
@@ -16,8 +15,17 @@ def _store(tmp_path, name="t.db"):
 
 
 def _prod(qid, cand, score, energy=10.0, prop=0.5, **kw):
-    return {"query_id": qid, "candidate": cand, "source": "production", "score": score, "energy_j": energy,
-            "prompt_tokens": 8, "completion_tokens": 20, "propensity": prop, **kw}  # fmt: skip
+    return {
+        "query_id": qid,
+        "candidate": cand,
+        "source": "production",
+        "score": score,
+        "energy_j": energy,
+        "prompt_tokens": 8,
+        "completion_tokens": 20,
+        "propensity": prop,
+        **kw,
+    }
 
 
 def test_unbiased_row_wins_over_production_and_weights_normalise(any_url):
@@ -25,10 +33,16 @@ def test_unbiased_row_wins_over_production_and_weights_normalise(any_url):
 
     st = open_store(any_url)
     qs = [make_query(f"q{i}", "t", f"text {i}", source="tournament") for i in range(4)]
-    runs = [{"query_id": "q0", "candidate": c, "source": "tournament", "score": 1.0, "energy_j": 5.0} for c in ("a", "b")]
-    runs += [_prod("q0", "a", 0.0, prop=0.5),  # same pair as a tournament run: the tournament run labels it
-             _prod("q1", "a", 1.0, prop=0.5), _prod("q2", "a", 0.0, prop=0.25), _prod("q3", "b", 1.0, prop=1e-6),
-             {**_prod("q3", "a", None), "score": None}]  # unlabelled: energy only  # fmt: skip
+    runs = [
+        {"query_id": "q0", "candidate": c, "source": "tournament", "score": 1.0, "energy_j": 5.0} for c in ("a", "b")
+    ]
+    runs += [
+        _prod("q0", "a", 0.0, prop=0.5),  # same pair as a tournament run: the tournament run labels it
+        _prod("q1", "a", 1.0, prop=0.5),
+        _prod("q2", "a", 0.0, prop=0.25),
+        _prod("q3", "b", 1.0, prop=1e-6),
+        {**_prod("q3", "a", None), "score": None},
+    ]  # unlabelled: energy only
     st.write(qs, runs, candidates=[{"name": "a"}, {"name": "b"}])
     p = load_pairs(st)
     st.close()
@@ -36,7 +50,9 @@ def test_unbiased_row_wins_over_production_and_weights_normalise(any_url):
     i0 = int(np.flatnonzero(p.ids == "q0")[0])
     a = p.candidates.index("a")
     row = np.flatnonzero((p.q == i0) & (p.c == a))
-    assert len(row) == 1 and SOURCES[p.source[row[0]]] == "tournament" and p.y[row[0]] == 1.0 and p.weight[row[0]] == 1.0
+    assert (
+        len(row) == 1 and SOURCES[p.source[row[0]]] == "tournament" and p.y[row[0]] == 1.0 and p.weight[row[0]] == 1.0
+    )
     prod_a = (p.c == a) & (p.source == SOURCES.index("production"))
     w = p.weight[prod_a]
     assert w.sum() == pytest.approx(prod_a.sum())  # self-normalised per (router version, candidate)
@@ -54,8 +70,12 @@ def test_weights_normalise_per_logging_router_version():
     src = np.array([prod, prod, prod, prod, tour])
     prop = np.array([0.5, 0.1, 0.2, 0.2, np.nan])
     w, stats = ips_weights(src, prop, np.zeros(5, dtype=int), np.array(["v1", "v1", "v2", None, None], dtype=object))
-    assert w.tolist() == pytest.approx([2 / 12 * 2, 10 / 12 * 2, 1.0, 1.0, 1.0])  # each version's rows sum to their count
-    raw, _ = ips_weights(src, prop, np.zeros(5, dtype=int), [None] * 5, PairWeighting(max_weight=8.0, self_normalise=False))
+    assert w.tolist() == pytest.approx(
+        [2 / 12 * 2, 10 / 12 * 2, 1.0, 1.0, 1.0]
+    )  # each version's rows sum to their count
+    raw, _ = ips_weights(
+        src, prop, np.zeros(5, dtype=int), [None] * 5, PairWeighting(max_weight=8.0, self_normalise=False)
+    )
     assert raw.tolist() == pytest.approx([2.0, 8.0, 5.0, 5.0, 1.0])  # 1/p, clipped at 8
     assert stats["production_no_propensity"] == 0
 
@@ -69,8 +89,15 @@ def _skewed_table(tmp_path, n: int, seed: int):
     pa = 0.15 + 0.7 * x
     pick_a = rng.uniform(size=n) < pa
     qs = [make_query(f"q{i}", "t", f"query {i}", source="production") for i in range(n)]
-    runs = [_prod(f"q{i}", "a" if pick_a[i] else "b", Y[i, 0 if pick_a[i] else 1], prop=float(pa[i] if pick_a[i] else 1 - pa[i]))
-            for i in range(n)]  # fmt: skip
+    runs = [
+        _prod(
+            f"q{i}",
+            "a" if pick_a[i] else "b",
+            Y[i, 0 if pick_a[i] else 1],
+            prop=float(pa[i] if pick_a[i] else 1 - pa[i]),
+        )
+        for i in range(n)
+    ]
     st = _store(tmp_path)
     st.write(qs, runs, candidates=[{"name": "a"}, {"name": "b"}])
     return st, Y
@@ -93,7 +120,9 @@ def test_skewed_logging_policy_weighted_estimate_unbiased_unweighted_biased(tmp_
             w = p.weight[rows] if weighted else np.ones(rows.sum())
             y = p.y[rows]
             mu = np.average(y, weights=w)
-            se = float(np.sqrt(np.sum(w**2 * (y - mu) ** 2)) / w.sum())  # the (self-normalised) estimate's standard error
+            se = float(
+                np.sqrt(np.sum(w**2 * (y - mu) ** 2)) / w.sum()
+            )  # the (self-normalised) estimate's standard error
             assert est[k] == pytest.approx(mu, abs=se / 10)  # the baseline's estimate is that weighted mean
             if weighted:
                 assert abs(est[k] - truth[k]) < 4 * se, (k, est[k], truth[k], se)
@@ -128,7 +157,9 @@ class _ConstEmbedder:
         return np.full((len(texts), 4), 0.5, dtype=np.float32)
 
 
-@pytest.mark.parametrize("name,params", [("knn", {"k": 10_000, "shrink": 0.0}), ("logreg", {"C": 100.0}), ("mf", {"dim": 16, "l2": 3e-4})])
+@pytest.mark.parametrize(
+    "name,params", [("knn", {"k": 10_000, "shrink": 0.0}), ("logreg", {"C": 100.0}), ("mf", {"dim": 16, "l2": 3e-4})]
+)
 def test_baselines_fit_partial_rows_with_their_weights(tmp_path, name, params):
     from litellm_energy_router.training.baselines import make_baseline
     from litellm_energy_router.training.pairs import load_pairs
@@ -155,11 +186,27 @@ def test_energy_estimate_prefers_measured_production_joules(tmp_path):
         pt, ct = int(rng.integers(10, 200)), int(rng.integers(5, 100))
         if i < n:  # imported, profile-derived: 2 J per output token for both candidates
             for c, jo in (("s", 2.0), ("l", 8.0)):
-                runs.append({"query_id": f"q{i}", "candidate": c, "source": "import", "score": 1.0, "energy_j": 0.1 * pt + jo * ct,
-                             "prompt_tokens": pt, "completion_tokens": ct, "energy_method": "estimate"})  # fmt: skip
+                runs.append(
+                    {
+                        "query_id": f"q{i}",
+                        "candidate": c,
+                        "source": "import",
+                        "score": 1.0,
+                        "energy_j": 0.1 * pt + jo * ct,
+                        "prompt_tokens": pt,
+                        "completion_tokens": ct,
+                        "energy_method": "estimate",
+                    }
+                )
         else:  # measured in production on `s` only: 6 J per output token (some not yet labelled)
-            runs.append({**_prod(f"q{i}", "s", 1.0 if i % 3 else None, energy=0.1 * pt + 6.0 * ct), "prompt_tokens": pt,
-                         "completion_tokens": ct, "energy_method": "nvml_counter"})  # fmt: skip
+            runs.append(
+                {
+                    **_prod(f"q{i}", "s", 1.0 if i % 3 else None, energy=0.1 * pt + 6.0 * ct),
+                    "prompt_tokens": pt,
+                    "completion_tokens": ct,
+                    "energy_method": "nvml_counter",
+                }
+            )
     st = _store(tmp_path)
     st.write(qs, runs, candidates=[{"name": "s"}, {"name": "l"}])
     m, p = load_matrix(st), load_pairs(st)
@@ -169,7 +216,9 @@ def test_energy_estimate_prefers_measured_production_joules(tmp_path):
     assert est.j_per_output_token["l"] == pytest.approx(8.0, rel=0.02)  # no measured runs: the table's
     assert fit_energy_estimate(m).j_per_output_token["s"] == pytest.approx(2.0, rel=0.02)  # complete queries alone
     fo = est.fitted_on
-    assert fo["s"]["j_per_token_from"] == "measured" and fo["s"]["measured_runs"] == n and fo["s"]["runs_production"] == n
+    assert (
+        fo["s"]["j_per_token_from"] == "measured" and fo["s"]["measured_runs"] == n and fo["s"]["runs_production"] == n
+    )
     assert fo["s"]["runs_import"] == n and fo["l"]["j_per_token_from"] == "table" and fo["l"]["measured_runs"] == 0
     few = p.exclude([f"q{i}" for i in range(n, 2 * n - MIN_MEASURED_RUNS + 1)])  # one measured run short
     assert fit_energy_estimate(m, pairs=few).fitted_on["s"]["j_per_token_from"] == "table"
@@ -180,17 +229,22 @@ def _extra_rows(n: int, start: int, cand: str):
     qs, runs = [], []
     for i in range(n):
         qid = f"p{start + i}"
-        qs.append(make_query(qid, "synthetic", f"Summarise the {TOPICS[i % len(TOPICS)]} report {start + i}", source="production"))
+        qs.append(
+            make_query(
+                qid, "synthetic", f"Summarise the {TOPICS[i % len(TOPICS)]} report {start + i}", source="production"
+            )
+        )
         runs.append(_prod(qid, cand, 0.0, energy=10.0, prop=0.8))
     return qs, runs
 
 
 def test_one_candidate_production_rows_move_that_candidates_prediction(tmp_path):
+    from litellm_energy_router.training.embed import embed_queries
+    from litellm_energy_router.training.pipeline import TrainConfig, train
+
     from litellm_energy_router.router.checkpoint import read_manifest
     from litellm_energy_router.router.model import RouterModel
     from litellm_energy_router.router.probe import PROBE_FILE, Probe
-    from litellm_energy_router.training.embed import embed_queries
-    from litellm_energy_router.training.pipeline import TrainConfig, train
 
     cands, queries, runs = planted_rows(60)
     probe_texts = [f"Summarise the {t} report {900 + i}" for i, t in enumerate(TOPICS)]
@@ -205,7 +259,9 @@ def test_one_candidate_production_rows_move_that_candidates_prediction(tmp_path)
         st.close()
         q = Probe.load(ck / PROBE_FILE).logits(embed_queries(probe_texts), tasks)
         P["probe"][with_extra] = (1 / (1 + np.exp(-q))).mean(axis=0)
-        P["lm"][with_extra] = RouterModel(ck, scorer="lm").score(probe_texts, tasks).mean(axis=0)  # calibrated LM + probe
+        P["lm"][with_extra] = (
+            RouterModel(ck, scorer="lm").score(probe_texts, tasks).mean(axis=0)
+        )  # calibrated LM + probe
         P["student"][with_extra] = RouterModel(ck).score(probe_texts, tasks).mean(axis=0)  # what serves
     small = CANDS.index("small")
     for name in ("probe", "lm"):

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from litellm_energy_router.energy.profile import EnergyProfile, ModelEnergy
-from litellm_energy_router.table import Candidate, Run, make_query, open_store
 from litellm_energy_router.training.baselines import KNN, baseline_names, brier, make_baseline, task_prior
 from litellm_energy_router.training.crossval import baseline_factories, cross_validate
 from litellm_energy_router.training.data import TableMatrix, load_matrix
 from litellm_energy_router.training.embed import CachedEmbedder, MiniLMEmbedder, query_block
 
-PROFILE = EnergyProfile(models={"small": ModelEnergy(j_per_output_token=0.1, j_per_prompt_token=0.001),
-                                "large": ModelEnergy(j_per_output_token=1.0, j_per_prompt_token=0.01)})  # fmt: skip
+from litellm_energy_router.energy.profile import EnergyProfile, ModelEnergy
+from litellm_energy_router.table import Candidate, Run, make_query, open_store
+
+PROFILE = EnergyProfile(
+    models={
+        "small": ModelEnergy(j_per_output_token=0.1, j_per_prompt_token=0.001),
+        "large": ModelEnergy(j_per_output_token=1.0, j_per_prompt_token=0.01),
+    }
+)
 # One few-shot prefix shared by every row, longer than MiniLM's 256-token window: only embedding the
 # query block (after the last blank line) can see the planted signal.
 PREFIX = " ".join(f"Example {i}: the answer to question {i} is option {'AB'[i % 2]}." for i in range(40)) + "\n\n"
@@ -31,14 +35,30 @@ def _planted_rows(n: int = 120, seed: int = 0):
         proof = i % 2 == 0
         if proof:
             a, b = rng.integers(2, 99, size=2)
-            text = PREFIX + f"Prove that for every integer n the expression {a}n^2 + {b}n is divisible by {int(rng.integers(2, 9))}; give a rigorous proof."
+            text = (
+                PREFIX
+                + f"Prove that for every integer n the expression {a}n^2 + {b}n is divisible by {int(rng.integers(2, 9))}; give a rigorous proof."
+            )
         else:
-            text = PREFIX + f"Suggest a simple recipe for {FOODS[int(rng.integers(len(FOODS)))]} to cook for {WHO[int(rng.integers(len(WHO)))]}."
+            text = (
+                PREFIX
+                + f"Suggest a simple recipe for {FOODS[int(rng.integers(len(FOODS)))]} to cook for {WHO[int(rng.integers(len(WHO)))]}."
+            )
         qs.append(make_query(f"q{i}", "mixed", text))
         for c, ok in (("small", not proof), ("large", True)):
             pt, ct = 300, 20
             e = PROFILE.estimate_j(c, pt, ct)
-            runs.append(Run(query_id=f"q{i}", candidate=c, source="tournament", score=float(ok), prompt_tokens=pt, completion_tokens=ct, energy_j=e))
+            runs.append(
+                Run(
+                    query_id=f"q{i}",
+                    candidate=c,
+                    source="tournament",
+                    score=float(ok),
+                    prompt_tokens=pt,
+                    completion_tokens=ct,
+                    energy_j=e,
+                )
+            )
     return qs, runs
 
 

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 from litellm import Router
+from router_fixtures import CANDS
 
 from litellm_energy_router.budgets import Budget, BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.knob import Knob
-from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.settings import ConfigError, Settings, load_settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import Query, Run, ledger, open_store, text_hash
 from litellm_energy_router.table.production import query_id_for
-from litellm_energy_router.demo.backend import LocalBackend
-from router_fixtures import CANDS
 
 DAY0 = 1_764_892_800.0  # 2025-12-05 00:00 UTC
 
@@ -31,13 +31,40 @@ def plant(
     url: str, call_id: str, joules: float, *, t: float = DAY0 + 3600, key_alias: str = "svc-a", team: str = "team-1"
 ) -> None:
     """One stored production run and its ledger increment (what a proxy's writer commits)."""
-    attrs = {"key_hash": "a" * 64, "key_alias": key_alias, "team": team, "team_alias": None, "user_id": "",
-             "model_group": "pool", "deployment": "dep-small"}  # fmt: skip
+    attrs = {
+        "key_hash": "a" * 64,
+        "key_alias": key_alias,
+        "team": team,
+        "team_alias": None,
+        "user_id": "",
+        "model_group": "pool",
+        "deployment": "dep-small",
+    }
     q = Query(id=query_id_for(call_id), task="production", text_hash=text_hash(call_id), source="production", created=t)
-    r = Run(query_id=q.id, candidate="small", source="production", energy_j=joules, energy_method="estimate",
-            call_id=call_id, status="success", created=t, prompt_tokens=5, completion_tokens=7)  # fmt: skip
-    e = ledger.entry(attrs, t_s=t, request=True, prompt_tokens=5, completion_tokens=7, joules=joules, measured=False,
-                     router_estimate_j=None, reference_j=None, co2e_g=joules * 1e-4)  # fmt: skip
+    r = Run(
+        query_id=q.id,
+        candidate="small",
+        source="production",
+        energy_j=joules,
+        energy_method="estimate",
+        call_id=call_id,
+        status="success",
+        created=t,
+        prompt_tokens=5,
+        completion_tokens=7,
+    )
+    e = ledger.entry(
+        attrs,
+        t_s=t,
+        request=True,
+        prompt_tokens=5,
+        completion_tokens=7,
+        joules=joules,
+        measured=False,
+        router_estimate_j=None,
+        reference_j=None,
+        co2e_g=joules * 1e-4,
+    )
     store = open_store(url)
     try:
         store.write(queries=[q], runs=[r], candidates=[{"name": "small"}], keep_first=True, ledger=[e])
@@ -45,15 +72,18 @@ def plant(
         store.close()
 
 
-@pytest.mark.parametrize("yaml_budget, field", [
-    ("{limit: 0}", "budgets.teams.research.limit' = 0"),
-    ("{limit: -5}", "budgets.teams.research.limit' = -5"),
-    ("{limit: 10, unit: watts}", "budgets.teams.research.unit' = 'watts'"),
-    ("{limit: 10, period: week}", "budgets.teams.research.period' = 'week'"),
-    ("{limit: 10, pace: [1, 2]}", "budgets.teams.research.pace' = list"),
-    ("{limit: 10, eta: -1}", "budgets.teams.research.eta' = -1"),
-    ("{limit: 10, hard: true}", "unknown config key 'budgets.teams.research.hard'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "yaml_budget, field",
+    [
+        ("{limit: 0}", "budgets.teams.research.limit' = 0"),
+        ("{limit: -5}", "budgets.teams.research.limit' = -5"),
+        ("{limit: 10, unit: watts}", "budgets.teams.research.unit' = 'watts'"),
+        ("{limit: 10, period: week}", "budgets.teams.research.period' = 'week'"),
+        ("{limit: 10, pace: [1, 2]}", "budgets.teams.research.pace' = list"),
+        ("{limit: 10, eta: -1}", "budgets.teams.research.eta' = -1"),
+        ("{limit: 10, hard: true}", "unknown config key 'budgets.teams.research.hard'"),
+    ],
+)
 def test_bad_budget_is_one_line_naming_the_field(tmp_path, yaml_budget, field):
     cfg = tmp_path / "s.yaml"
     cfg.write_text(f"energy_router:\n  budgets:\n    teams:\n      research: {yaml_budget}\n")
@@ -157,8 +187,7 @@ def test_two_writers_share_one_budget_within_one_refresh(pg_url, tmp_path):
     assert manual.teams["shared"].spent == pytest.approx(3.0)
     live = BudgetBook(cfg, pg_url, clock=lambda: DAY0 + 3600).start()
     writer = WRITER.format(tests=str(Path(__file__).parent), url=pg_url)
-    subprocess.run([sys.executable, "-c", writer],
-                   check=True, timeout=120)  # fmt: skip
+    subprocess.run([sys.executable, "-c", writer], check=True, timeout=120)
     committed = time.monotonic()
     assert manual.teams["shared"].spent == pytest.approx(3.0)  # not yet read
     manual.tick()
@@ -179,9 +208,14 @@ def test_two_writers_share_one_budget_within_one_refresh(pg_url, tmp_path):
 
 
 def _router(backend, s):
-    ml = [{"model_name": "pool", "model_info": {"id": f"dep-{c}"},
-           "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"}}
-          for c in CANDS]  # fmt: skip
+    ml = [
+        {
+            "model_name": "pool",
+            "model_info": {"id": f"dep-{c}"},
+            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+        }
+        for c in CANDS
+    ]
     router = Router(model_list=ml, num_retries=2)
     strategy = EnergyRoutingStrategy(router, s)
     register_strategy(router, strategy)
@@ -195,11 +229,14 @@ def _router(backend, s):
 @pytest.mark.parametrize("action", ["refuse", "cheapest"])
 def test_hard_cap_through_a_real_router(planted_ckpt, sqlite_url, action):
     plant(sqlite_url, "spent", 50.0, t=time.time(), key_alias="svc-a")  # today, over svc-a's cap of 40 J
-    s = Settings.model_validate({
-        "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
-        "table": {"url": sqlite_url},
-        "budgets": {"keys": {"svc-a": {"limit": 40.0, "mode": "hard", "hard_action": action}}},
-    })  # fmt: skip
+    s = Settings.model_validate(
+        {
+            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000},
+            "candidates": [{"name": c} for c in CANDS],
+            "table": {"url": sqlite_url},
+            "budgets": {"keys": {"svc-a": {"limit": 40.0, "mode": "hard", "hard_action": action}}},
+        }
+    )
     proof = [{"role": "user", "content": "Give a proof about chess number 77"}]  # only `large` solves it
     with LocalBackend() as backend:
         router, strategy = _router(backend, s)
@@ -227,4 +264,7 @@ def test_the_docs_budgets_example_is_valid_settings():
     block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "budgets:" in b)
     s = Settings.model_validate(yaml.safe_load(block)["energy_router"])
     assert s.budgets.teams["research"].unit == "gco2e" and s.budgets.keys["svc-batch"].mode == "hard"
-    assert s.budgets.refresh_s == BudgetSettings().refresh_s and s.budgets.teams["research"].eta == Budget.model_fields["eta"].default
+    assert (
+        s.budgets.refresh_s == BudgetSettings().refresh_s
+        and s.budgets.teams["research"].eta == Budget.model_fields["eta"].default
+    )

@@ -10,29 +10,37 @@ from concurrent.futures import ThreadPoolExecutor
 
 import litellm
 import pytest
+from router_fixtures import small_big_pool
 
-from litellm_energy_router.callback import EnergyLogger, query_id_for
-from litellm_energy_router.decision import DECISION_BOOK, Decision
+from litellm_energy_router.demo.backend import LocalBackend, expected_usage
 from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.litellm_glue.callback import EnergyLogger, query_id_for
+from litellm_energy_router.litellm_glue.decision import DECISION_BOOK, Decision
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store, text_hash
-from litellm_energy_router.demo.backend import LocalBackend, expected_usage
-from router_fixtures import small_big_pool
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
-CANDIDATES = [{"name": SMALL, "deployment_id": "dep-small", "params_b": 7}, {"name": BIG, "deployment_id": "dep-big", "params_b": 70}]
+CANDIDATES = [
+    {"name": SMALL, "deployment_id": "dep-small", "params_b": 7},
+    {"name": BIG, "deployment_id": "dep-big", "params_b": 70},
+]
 BY_ID = {"dep-small": SMALL, "dep-big": BIG}
 
 
 def settings(url, tmp_path, meter="estimate", **extra):
-    return Settings.model_validate({
-        "table": {"url": url}, "energy": {"meter": meter}, "candidates": CANDIDATES,
-        "privacy": {"salt": "pepper"}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.2},
-        **extra,
-    })  # fmt: skip
+    return Settings.model_validate(
+        {
+            "table": {"url": url},
+            "energy": {"meter": meter},
+            "candidates": CANDIDATES,
+            "privacy": {"salt": "pepper"},
+            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.2},
+            **extra,
+        }
+    )
 
 
 def prompt(i: int) -> str:
@@ -91,7 +99,9 @@ def test_async_2000_requests_64_concurrent(sqlite_url, tmp_path, backend):
             md = {}
             decision = None
             if i % 2 == 0:
-                decision = Decision(candidate=SMALL if i % 4 == 0 else BIG, propensity=0.5 + (i % 5) / 10, router_version="v1")
+                decision = Decision(
+                    candidate=SMALL if i % 4 == 0 else BIG, propensity=0.5 + (i % 5) / 10, router_version="v1"
+                )
                 DECISION_BOOK.put(md, decision)  # what a routing strategy in this process records
             t = time.time()
             resp = await router.acompletion(model="pool", messages=[{"role": "user", "content": text}], metadata=md)

@@ -9,14 +9,14 @@ import time
 import litellm
 import pytest
 from litellm import Router
+from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend
-from litellm_energy_router.callback import EnergyLogger
-from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.callback import EnergyLogger
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import open_store
-from router_fixtures import CANDS
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
@@ -27,18 +27,31 @@ def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url, planted_ckpt):
     ckpt = planted_ckpt
     backend = LocalBackend(delay_s=0.01).start()
     try:
-        s = Settings.model_validate({
-            "router": {"checkpoint": str(ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
-            "knob": {"lambda": 0.05}, "table": {"url": sqlite_url}, "energy": {"meter": "simulated"},
-            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
-        })  # fmt: skip
-        model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                       "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+        s = Settings.model_validate(
+            {
+                "router": {"checkpoint": str(ckpt), "timeout_ms": 5000},
+                "candidates": [{"name": c} for c in CANDS],
+                "knob": {"lambda": 0.05},
+                "table": {"url": sqlite_url},
+                "energy": {"meter": "simulated"},
+                "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
+            }
+        )
+        model_list = [
+            {
+                "model_name": "pool",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"dep-{c}"},
+            }
+            for c in CANDS
+        ]
         router = Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
         logger = EnergyLogger(s)
         litellm.callbacks = [logger]
-        texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(40)]
+        texts = [
+            f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(40)
+        ]
         served = {}
 
         async def go():

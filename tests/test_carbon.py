@@ -8,7 +8,13 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from litellm_energy_router.energy.carbon import CarbonError, CarbonModel, CarbonSettings, SiteSettings, load_intensity_csv
+from litellm_energy_router.energy.carbon import (
+    CarbonError,
+    CarbonModel,
+    CarbonSettings,
+    SiteSettings,
+    load_intensity_csv,
+)
 from litellm_energy_router.metrics import CARBON_FALLBACKS
 from litellm_energy_router.settings import ConfigError, load_settings
 
@@ -30,9 +36,15 @@ def fallbacks(reason: str) -> float:
 def test_daily_profile_and_pue(tmp_path):
     rows = "".join(f"north,{h},{100 + h}\nsouth,{h},{500 - h}\n" for h in range(24))
     csv = write(tmp_path, "region,hour,g_co2e_per_kwh\n" + rows)
-    cfg = CarbonSettings(intensity_csv=csv, default_site="a",
-                         sites={"a": {"pue": 1.2, "region": "north"}, "b": {"pue": 1.5, "region": "south"},
-                                "c": {"intensity_g_per_kwh": 300}})  # fmt: skip
+    cfg = CarbonSettings(
+        intensity_csv=csv,
+        default_site="a",
+        sites={
+            "a": {"pue": 1.2, "region": "north"},
+            "b": {"pue": 1.5, "region": "south"},
+            "c": {"intensity_g_per_kwh": 300},
+        },
+    )
     m = CarbonModel(cfg)
     assert m.intensity("a", t_at(14)) == 114 and m.intensity("b", t_at(3)) == 497
     # 3.6e6 J = 1 kWh: 1 kWh x PUE 1.5 x 497 g/kWh
@@ -65,8 +77,9 @@ def test_provider_error_falls_back_to_last_known(tmp_path):
             return 250.0
 
     # a provider passed in directly (a registered one is selected by carbon.provider: <name>)
-    cfg = CarbonSettings.model_construct(sites={"x": SiteSettings(region="R")}, default_site=None, intensity_csv=None,
-                                         provider=None, provider_options={})  # fmt: skip
+    cfg = CarbonSettings.model_construct(
+        sites={"x": SiteSettings(region="R")}, default_site=None, intensity_csv=None, provider=None, provider_options={}
+    )
     m = CarbonModel(cfg, provider=Flaky())
     assert m.intensity("x", t_at(1)) == 250.0
     before = fallbacks("provider_error")
@@ -74,14 +87,17 @@ def test_provider_error_falls_back_to_last_known(tmp_path):
     assert fallbacks("provider_error") == before + 1
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("DE,3,-5\n", "line 2: field 'g_co2e_per_kwh' = '-5': must be a finite number >= 0"),
-    ("DE,3,nan\n", "line 2: field 'g_co2e_per_kwh' = 'nan': must be a finite number >= 0"),
-    ("DE,3,\n", "line 2: field 'g_co2e_per_kwh' is missing"),
-    ("DE,1,10\nDE,24,10\n", "line 3: field 'hour' = '24': an hour of the day must be 0-23"),
-    ("DE,noon,10\n", "line 2: field 'hour' = 'noon'"),
-    (",3,10\n", "line 2: field 'region' is missing"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("DE,3,-5\n", "line 2: field 'g_co2e_per_kwh' = '-5': must be a finite number >= 0"),
+        ("DE,3,nan\n", "line 2: field 'g_co2e_per_kwh' = 'nan': must be a finite number >= 0"),
+        ("DE,3,\n", "line 2: field 'g_co2e_per_kwh' is missing"),
+        ("DE,1,10\nDE,24,10\n", "line 3: field 'hour' = '24': an hour of the day must be 0-23"),
+        ("DE,noon,10\n", "line 2: field 'hour' = 'noon'"),
+        (",3,10\n", "line 2: field 'region' is missing"),
+    ],
+)
 def test_bad_csv_is_one_line_naming_file_and_line(tmp_path, body, needle):
     csv = write(tmp_path, "region,hour,g_co2e_per_kwh\n" + body)
     with pytest.raises(CarbonError) as e:
@@ -98,8 +114,11 @@ def test_bad_config_refused_in_one_line(tmp_path):
         ({"sites": {"fra": {"intensity_g_per_kwh": 10}}, "default_site": "nowhere"}, "carbon.default_site 'nowhere'"),
         ({"sites": {"fra": {"intensity_g_per_kwh": -1}}}, "config key 'carbon.sites.fra.intensity_g_per_kwh' = -1"),
         ({"sites": {"fra": {"intensity_g_per_kwh": 10, "pue": 0.5}}}, "config key 'carbon.sites.fra.pue' = 0.5"),
-        ({"provider": "electricity-maps", "sites": {"fra": {"region": "FR"}}}, "carbon.provider 'electricity-maps' is not registered"),
-    ]  # fmt: skip
+        (
+            {"provider": "electricity-maps", "sites": {"fra": {"region": "FR"}}},
+            "carbon.provider 'electricity-maps' is not registered",
+        ),
+    ]
     for carbon, needle in cases:
         cfg = tmp_path / "c.yaml"
         cfg.write_text(yaml.safe_dump({"energy_router": {"carbon": carbon}}))

@@ -9,15 +9,15 @@ import time
 import numpy as np
 import pytest
 from litellm import Router
+from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.carbon import CarbonModel, CarbonSettings
 from litellm_energy_router.knob import Knob, KnobError, resolve_knob
-from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.router.decide import decide
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
-from router_fixtures import CANDS
 
 P = np.array([[0.9, 0.6]])
 E = np.array([[100.0, 20.0]])  # J
@@ -55,16 +55,25 @@ def test_same_model_in_two_sites_goes_to_the_cleaner_grid_at_that_hour(tmp_path,
     csv = tmp_path / "grid.csv"  # north is clean on even hours, south on odd ones
     lines = [f"N,{h},{100 if h % 2 == 0 else 500}\nS,{h},{500 if h % 2 == 0 else 100}\n" for h in range(24)]
     csv.write_text("region,hour,g_co2e_per_kwh\n" + "".join(lines))
-    s = Settings.model_validate({
-        "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
-        "knob": {"lambda": 0.05}, "table": {"url": f"sqlite:///{tmp_path / 't.db'}"},
-        "carbon": {"intensity_csv": str(csv), "sites": {"north": {"region": "N"}, "south": {"region": "S"}}},
-    })  # fmt: skip
+    s = Settings.model_validate(
+        {
+            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000},
+            "candidates": [{"name": c} for c in CANDS],
+            "knob": {"lambda": 0.05},
+            "table": {"url": f"sqlite:///{tmp_path / 't.db'}"},
+            "carbon": {"intensity_csv": str(csv), "sites": {"north": {"region": "N"}, "south": {"region": "S"}}},
+        }
+    )
     with LocalBackend() as backend:
-        ml = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c),
-                                                        "api_key": "k"},
-               "model_info": {"id": f"{c}@{site}", "energy_router_candidate": c, "energy_router_site": site}}
-              for c in CANDS for site in ("north", "south")]  # fmt: skip
+        ml = [
+            {
+                "model_name": "pool",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"{c}@{site}", "energy_router_candidate": c, "energy_router_site": site},
+            }
+            for c in CANDS
+            for site in ("north", "south")
+        ]
         router = Router(model_list=ml)
         strategy = EnergyRoutingStrategy(router, s)
         register_strategy(router, strategy)
@@ -75,8 +84,7 @@ def test_same_model_in_two_sites_goes_to_the_cleaner_grid_at_that_hour(tmp_path,
                 md = {"energy_router": {"objective": objective}}
                 h0 = _hour()
                 msgs = [{"role": "user", "content": f"Give a proof about glass number {i}"}]
-                r = await router.acompletion(model="pool", messages=msgs,
-                                             metadata=md)  # fmt: skip
+                r = await router.acompletion(model="pool", messages=msgs, metadata=md)
                 out.append((h0, _hour(), r._hidden_params["model_id"]))
             return out
 

@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 EXE = str(Path(sys.executable).with_name("energy-router"))
 
@@ -31,14 +29,21 @@ def test_help_lists_commands():
 def test_import_and_stats(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     files = sorted(str(p) for p in (ROOT / "litellm_energy_router/data/routerbench").glob("*.csv.gz"))
-    r = run("table", "import-routerbench", *files, "--db", url, "--energy-profile",
-            str(ROOT / "config_examples/energy_profile_mlenergy_h100.yaml"))  # fmt: skip
+    r = run(
+        "table",
+        "import-routerbench",
+        *files,
+        "--db",
+        url,
+        "--energy-profile",
+        str(ROOT / "config_examples/energy_profile_mlenergy_h100.yaml"),
+    )
     assert r.returncode == 0, r.stderr
     assert "imported 2217 queries, 13302 runs (6 models)" in r.stdout
     assert "skipped 48 (query, model) pairs" in r.stdout
     r = run("table", "stats", "--db", url)
     assert r.returncode == 0
-    line = next(l for l in r.stdout.splitlines() if "zero-one-ai/Yi-34B-Chat" in l)
+    line = next(ln for ln in r.stdout.splitlines() if "zero-one-ai/Yi-34B-Chat" in ln)
     assert "2217" in line and "0.771" in line
 
 
@@ -65,4 +70,3 @@ def test_bad_import_file_exit_2(tmp_path):
     bad.write_text("a,b\n1,2\n")
     r = run("table", "import-routerbench", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
     assert r.returncode == 2 and "missing row-key column" in r.stderr and str(bad) in r.stderr
-

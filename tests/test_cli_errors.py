@@ -42,8 +42,12 @@ def _flag(p) -> str | None:
 
 def _cases(pick):
     """(command path, parameter) for every parameter of every command that ``pick`` selects."""
-    out = [pytest.param(path, p, id=f"{' '.join(path)} {_flag(p) or p.name}")
-           for path, cmd in COMMANDS.items() for p in cmd.params if pick(p)]  # fmt: skip
+    out = [
+        pytest.param(path, p, id=f"{' '.join(path)} {_flag(p) or p.name}")
+        for path, cmd in COMMANDS.items()
+        for p in cmd.params
+        if pick(p)
+    ]
     assert out, "the walk found no parameter to check"
     return out
 
@@ -111,7 +115,7 @@ def _bad_keys_yaml(tmp: Path) -> Path:
         "energy_router:\n  tabel: {url: 'sqlite:///x.db'}\n"
         "tournament:\n  candidates: [{model_name: small, litellm_params: {model: openai/small, api_base: 'http://127.0.0.1:9/v1'}}]\n"
         f"  tasks: [{{name: mmlu, source: '{TASKS / 'mmlu.jsonl'}'}}]\n  concurrencyy: 2\n"
-    )  # fmt: skip
+    )
     return f
 
 
@@ -157,8 +161,14 @@ def test_read_only_commands_refuse_a_missing_sqlite_file(capsys, tmp_path, cmd):
 def test_the_installed_command_prints_one_line(tmp_path):
     """The issue's example through the real ``energy-router`` executable."""
     env = {**os.environ, "ENERGY_ROUTER_CONFIG": ""}
-    r = subprocess.run([EXE, "table", "stats", "--db", "sqlite://energy_router_demo.db"], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path, env=env)  # fmt: skip
+    r = subprocess.run(
+        [EXE, "table", "stats", "--db", "sqlite://energy_router_demo.db"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "sqlite://energy_router_demo.db" in r.stderr and "sqlite:///energy_router_demo.db" in r.stderr
     r = subprocess.run([EXE, "--version"], capture_output=True, text=True, timeout=60, env=env)

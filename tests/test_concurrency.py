@@ -15,16 +15,26 @@ def _writer(url: str, proc: int, errors) -> None:
     try:
         store = open_store(url)  # every process races to create the schema too
         # all processes upsert the same shared candidate and query (contended keys) ...
-        store.write([make_query("shared", "t", "shared query")], candidates=[{"name": "shared-cand"}, {"name": f"c{proc}"}])
+        store.write(
+            [make_query("shared", "t", "shared query")], candidates=[{"name": "shared-cand"}, {"name": f"c{proc}"}]
+        )
         for start in range(0, ROWS, BATCH):
             ids = range(start, start + BATCH)
             queries = [make_query(f"p{proc}-{i}", "t", f"query {proc} {i}") for i in ids]
             runs = [
-                {"query_id": f"p{proc}-{i}", "candidate": f"c{proc}", "source": "tournament", "score": i % 2, "energy_j": float(i)}
+                {
+                    "query_id": f"p{proc}-{i}",
+                    "candidate": f"c{proc}",
+                    "source": "tournament",
+                    "score": i % 2,
+                    "energy_j": float(i),
+                }
                 for i in ids
             ]
             # ... and each batch also rewrites a contended row
-            runs.append({"query_id": "shared", "candidate": "shared-cand", "source": "production", "energy_j": float(proc)})
+            runs.append(
+                {"query_id": "shared", "candidate": "shared-cand", "source": "production", "energy_j": float(proc)}
+            )
             store.write(queries, runs)
         store.close()
     except BaseException as e:  # noqa: BLE001

@@ -11,24 +11,35 @@ from litellm import Router
 from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend as Backend
-from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
 
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 SHORT, LONG = "Tell me about rivers", "Give a proof about chess and rivers and stones " * 40
 
 
-def _decisions(planted_ckpt, context: dict, settings_context: dict, requests: list[tuple[str, int | None]]) -> list[dict]:
+def _decisions(
+    planted_ckpt, context: dict, settings_context: dict, requests: list[tuple[str, int | None]]
+) -> list[dict]:
     backend = Backend().start()
     try:
-        s = Settings.model_validate({
-            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000, "cache_size": 0}, "knob": {"lambda": 0.05},
-            "candidates": [{"name": c, "context_tokens": settings_context.get(c)} for c in CANDS]})  # fmt: skip
-        model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                       "model_info": {"id": f"dep-{c}", **({"max_input_tokens": context[c]} if c in context else {})}}
-                      for c in CANDS]  # fmt: skip
+        s = Settings.model_validate(
+            {
+                "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000, "cache_size": 0},
+                "knob": {"lambda": 0.05},
+                "candidates": [{"name": c, "context_tokens": settings_context.get(c)} for c in CANDS],
+            }
+        )
+        model_list = [
+            {
+                "model_name": "pool",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"dep-{c}", **({"max_input_tokens": context[c]} if c in context else {})},
+            }
+            for c in CANDS
+        ]
         router = Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
         out = []
@@ -37,7 +48,9 @@ def _decisions(planted_ckpt, context: dict, settings_context: dict, requests: li
             for text, max_tokens in requests:
                 md: dict = {}
                 extra = {"max_tokens": max_tokens} if max_tokens else {}
-                await router.acompletion(model="pool", messages=[{"role": "user", "content": text}], metadata=md, **extra)
+                await router.acompletion(
+                    model="pool", messages=[{"role": "user", "content": text}], metadata=md, **extra
+                )
                 out.append(md["energy_router_decision"])
 
         asyncio.run(go())
@@ -59,7 +72,9 @@ def test_context_length_bounds_the_estimate_and_marks_an_over_long_prompt(plante
     long_free, long_bound = free[0], bound[0]
     assert long_bound["energy_note"]["over_context"] == ["large"]  # marked, not extrapolated
     assert long_bound["energy_note"]["context_tokens"] == {"medium": 5000, "large": 60}
-    assert long_bound["energy_j"]["large"] == pytest.approx(60 * jp["large"], abs=1e-3)  # the context, no room to answer
+    assert long_bound["energy_j"]["large"] == pytest.approx(
+        60 * jp["large"], abs=1e-3
+    )  # the context, no room to answer
     assert long_bound["energy_note"]["output_tokens"]["large"] == [0.0, 0.0, 0.0]
     assert long_free["energy_j"]["large"] > long_bound["energy_j"]["large"]
     assert "over_context" not in long_free["energy_note"]

@@ -44,14 +44,26 @@ def test_dashboard_uses_registered_metrics_only():
             assert metrics and metrics <= known, (p["title"], metrics - known)
             assert functions <= PROMQL_FUNCTIONS, (p["title"], functions - PROMQL_FUNCTIONS)
             used |= metrics
-    for name in ("request_joules_sum", "decisions_total", "decision_seconds_bucket", "fallbacks_total",
-                 "spool_backlog_rows", "reloads_total", "checkpoint_load_seconds_sum"):  # fmt: skip
+    for name in (
+        "request_joules_sum",
+        "decisions_total",
+        "decision_seconds_bucket",
+        "fallbacks_total",
+        "spool_backlog_rows",
+        "reloads_total",
+        "checkpoint_load_seconds_sum",
+    ):
         assert f"energy_router_{name}" in used
     assert len({p["id"] for p in panels(dash["panels"])}) == len(panels(dash["panels"]))
 
 
 def test_series_in_reads_promql():
-    expr = 'histogram_quantile(0.99, sum by (le) (rate(energy_router_decision_seconds_bucket{job="x"}[$__rate_interval])))'
+    expr = (
+        'histogram_quantile(0.99, sum by (le) (rate(energy_router_decision_seconds_bucket{job="x"}[$__rate_interval])))'
+    )
     assert series_in(expr) == ({"energy_router_decision_seconds_bucket"}, {"histogram_quantile", "sum", "rate"})
-    assert registered_series() >= {"energy_router_decisions_total", "energy_router_checkpoint_load_seconds_bucket",
-                                   "energy_router_spool_backlog_rows"}  # fmt: skip
+    assert registered_series() >= {
+        "energy_router_decisions_total",
+        "energy_router_checkpoint_load_seconds_bucket",
+        "energy_router_spool_backlog_rows",
+    }

@@ -13,18 +13,23 @@ from pathlib import Path
 import litellm
 import numpy as np
 import pytest
+from litellm_energy_router.profiling.routerbench import Record
 
 from litellm_energy_router.demo.backend import FALLBACK_ANSWER, LocalBackend, ReplayAnswers
-from litellm_energy_router.profiling.routerbench import Record
-from litellm_energy_router.tokens import count_prompt_tokens
 from litellm_energy_router.table import Candidate, Query, Run, open_store, text_hash
+from litellm_energy_router.tokens import count_prompt_tokens
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 
 
 def run(*args, cwd=None, timeout=1100):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
@@ -40,8 +45,12 @@ def test_replay_backend_through_litellm():
         assert r.usage.completion_tokens == count_prompt_tokens(" Jupiter, by far.")
         r = litellm.completion(model=f"openai/{BIG}", api_base=be.base_url, api_key="k", messages=msgs)
         assert r.choices[0].message.content == " Saturn"
-        r = litellm.completion(model=f"openai/{SMALL}", api_base=be.base_url, api_key="k",
-                               messages=[{"role": "user", "content": "not recorded"}])  # fmt: skip
+        r = litellm.completion(
+            model=f"openai/{SMALL}",
+            api_base=be.base_url,
+            api_key="k",
+            messages=[{"role": "user", "content": "not recorded"}],
+        )
         assert r.choices[0].message.content == FALLBACK_ANSWER
         assert r.usage.completion_tokens == count_prompt_tokens(FALLBACK_ANSWER)
         assert (be.requests, be.answers.unknown) == (3, 1)
@@ -92,14 +101,20 @@ def test_quick_demo_numbers_match_the_table(quick_demo):
     acc, joules = np.mean([r["score"] for r in prod]), np.mean([r["energy_j"] for r in prod])
     assert s["served"]["accuracy"] == pytest.approx(acc) and s["served"]["energy_j"] == pytest.approx(joules)
     # the served row as printed
-    line = next(l for l in stdout.splitlines() if l.startswith("energy router, served"))
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("energy router, served"))
     m = re.search(r"\)\s+([\d.]+)\s+[+-][\d.]+\s+([\d.]+) J est\.", line)
-    assert m and float(m.group(1)) == pytest.approx(acc, abs=5e-4) and float(m.group(2)) == pytest.approx(joules, abs=5e-3)
+    assert (
+        m and float(m.group(1)) == pytest.approx(acc, abs=5e-4) and float(m.group(2)) == pytest.approx(joules, abs=5e-3)
+    )
     # the production row of the served candidate agrees with that candidate's shadow row (same answer)
     shadow = {(r["query_id"], r["candidate"]): r for r in rows if r["source"] == "shadow"}
     for r in prod:
         sh = shadow[(r["query_id"], r["candidate"])]
-        assert (sh["score"], sh["prompt_tokens"], sh["completion_tokens"]) == (r["score"], r["prompt_tokens"], r["completion_tokens"])
+        assert (sh["score"], sh["prompt_tokens"], sh["completion_tokens"]) == (
+            r["score"],
+            r["prompt_tokens"],
+            r["completion_tokens"],
+        )
         assert sh["energy_j"] == pytest.approx(r["energy_j"])
     # baselines recomputed from the shadow rows (every candidate on every served query)
     by_cand: dict[str, list] = {}
@@ -116,7 +131,7 @@ def test_quick_demo_numbers_match_the_table(quick_demo):
     assert b["random"]["accuracy"] == pytest.approx(np.mean(list(mean_acc.values())))
     assert b["random"]["energy_j"] == pytest.approx(np.mean(list(mean_j.values())))
     for key in ("always_largest", "always_smallest", "random"):
-        assert f"{b[key]['accuracy']:.3f}" in next(l for l in stdout.splitlines() if l.startswith(b[key]["name"]))
+        assert f"{b[key]['accuracy']:.3f}" in next(ln for ln in stdout.splitlines() if ln.startswith(b[key]["name"]))
 
 
 @pytest.mark.slow
@@ -140,8 +155,11 @@ def test_quick_demo_says_what_is_estimated_and_writes_the_plot(quick_demo):
 def test_demo_refuses_a_foreign_table_and_bad_options(tmp_path):
     url = f"sqlite:///{tmp_path / 'mine.db'}"
     store = open_store(url)
-    store.write([Query(id="q", task="t", text="x", text_hash=text_hash("x"))], [Run(query_id="q", candidate=SMALL, source="tournament")],
-                candidates=[Candidate(name=SMALL)])  # fmt: skip
+    store.write(
+        [Query(id="q", task="t", text="x", text_hash=text_hash("x"))],
+        [Run(query_id="q", candidate=SMALL, source="tournament")],
+        candidates=[Candidate(name=SMALL)],
+    )
     store.close()
     r = run("demo", "--quick", "--db", url, "--workdir", str(tmp_path / "w"), cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
@@ -210,7 +228,13 @@ def test_longest_gap_counts_start_lines_and_exit():
 
 def test_demo_docs_quote_the_code_defaults():
     """docs/demo.md and `demo --help` quote the defaults the code runs with (λ, ε, concurrency, SFT epochs, e_ref)."""
-    from litellm_energy_router.demo.loop import DEFAULT_CONCURRENCY, DEFAULT_EPSILON, DEFAULT_LAMBDA, DEMO_SFT_EPOCHS, DemoConfig
+    from litellm_energy_router.demo.loop import (
+        DEFAULT_CONCURRENCY,
+        DEFAULT_EPSILON,
+        DEFAULT_LAMBDA,
+        DEMO_SFT_EPOCHS,
+        DemoConfig,
+    )
     from litellm_energy_router.router.decide import DEFAULT_E_REF_J
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text()
@@ -219,9 +243,15 @@ def test_demo_docs_quote_the_code_defaults():
     assert f"SFT for {DEMO_SFT_EPOCHS:g} epoch" in doc
     quoted = {float(x) for x in re.findall(r"e_ref ([\d.]+) J", doc)}
     assert quoted == {DEFAULT_E_REF_J}, quoted
-    quoted_lam = {float(x) for x in re.findall(r"strategy λ=([\d.]+)", doc)} | {float(x) for x in re.findall(r"served \(λ=([\d.]+)", doc)}
+    quoted_lam = {float(x) for x in re.findall(r"strategy λ=([\d.]+)", doc)} | {
+        float(x) for x in re.findall(r"served \(λ=([\d.]+)", doc)
+    }
     assert quoted_lam == {DEFAULT_LAMBDA}, quoted_lam
     d = DemoConfig()
     assert f"`--db {d.db}`" in doc and f"`--workdir ./{d.workdir}`" in doc
     r = run("demo", "--help")
-    assert r.returncode == 0 and f"default {DEFAULT_LAMBDA:g}" in r.stdout and f"[default: {DEFAULT_EPSILON:g}]" in r.stdout
+    assert (
+        r.returncode == 0
+        and f"default {DEFAULT_LAMBDA:g}" in r.stdout
+        and f"[default: {DEFAULT_EPSILON:g}]" in r.stdout
+    )

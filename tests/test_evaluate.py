@@ -7,19 +7,30 @@ import json
 
 import numpy as np
 import pytest
-
-from litellm_energy_router.energy.profile import EnergyProfile, ModelEnergy
-from litellm_energy_router.router.decide import decide_lambda, lambda_breakpoints, lambda_grid
-from litellm_energy_router.table import Candidate, Run, make_query, open_store
-from litellm_energy_router.router.checkpoint import EnergyEstimate
 from litellm_energy_router.training.data import (
-    MatrixError, holdout_split, kfold, load_matrix, near_duplicate_groups,
+    MatrixError,
+    holdout_split,
+    kfold,
+    load_matrix,
+    near_duplicate_groups,
 )
 from litellm_energy_router.training.energy_fit import estimate_energy, fit_energy_estimate
-from litellm_energy_router.training.report import write_report
 from litellm_energy_router.training.evaluate import (
-    Curve, aiq, evaluate, hull_value, joules_at_accuracy, oracle_choices, pareto_hull, phase_transition,
-)  # fmt: skip
+    Curve,
+    aiq,
+    evaluate,
+    hull_value,
+    joules_at_accuracy,
+    oracle_choices,
+    pareto_hull,
+    phase_transition,
+)
+from litellm_energy_router.training.report import write_report
+
+from litellm_energy_router.energy.profile import EnergyProfile, ModelEnergy
+from litellm_energy_router.router.checkpoint import EnergyEstimate
+from litellm_energy_router.router.decide import decide_lambda, lambda_breakpoints, lambda_grid
+from litellm_energy_router.table import Candidate, Run, make_query, open_store
 
 # -- AIQ and the hull, by hand -------------------------------------------------------------------------
 
@@ -125,7 +136,10 @@ def test_perfect_router_reaches_the_oracle_and_static_router_does_not_beat_zero(
         assert np.allclose(m.curve.shares.sum(axis=1), 1.0)
         assert m.curve.knob[0] == 0.0 and np.all(np.diff(m.curve.knob) >= 0)
         # the cheapest end: every row gets its cheapest candidate by Ê
-        assert m.curve.shares[-1].tolist() == (np.bincount(np.argmin(E if m is perfect else static_E, axis=1), minlength=K) / len(Y)).tolist()
+        assert (
+            m.curve.shares[-1].tolist()
+            == (np.bincount(np.argmin(E if m is perfect else static_E, axis=1), minlength=K) / len(Y)).tolist()
+        )
     assert perfect.target_curve is not None and perfect.aiq_target > zero.aiq
 
 
@@ -203,8 +217,10 @@ FEW_SHOT = "Q: an example?\nA) x\nB) y\nAnswer:\nB\n\n"
 def _twins():
     """WinoGrande-style twins (one word changed), unrelated queries, and a twin text under another task."""
     texts = [
-        FEW_SHOT + "The trophy did not fit in the suitcase because the _ was too large.\nA) trophy\nB) suitcase\nAnswer:",
-        FEW_SHOT + "The trophy did not fit in the suitcase because the _ was too small.\nA) trophy\nB) suitcase\nAnswer:",
+        FEW_SHOT
+        + "The trophy did not fit in the suitcase because the _ was too large.\nA) trophy\nB) suitcase\nAnswer:",
+        FEW_SHOT
+        + "The trophy did not fit in the suitcase because the _ was too small.\nA) trophy\nB) suitcase\nAnswer:",
         FEW_SHOT + "Write a function to reverse the words of a sentence.",
         FEW_SHOT + "Which gas do plants take in from the air?\nA) oxygen\nB) carbon dioxide\nAnswer:",
         "The trophy did not fit in the suitcase because the _ was too large.\nA) trophy\nB) suitcase\nAnswer:",
@@ -262,8 +278,12 @@ def test_splits_keep_near_duplicates_on_one_side():
 
 
 def _profile() -> EnergyProfile:
-    return EnergyProfile(models={"small": ModelEnergy(j_per_output_token=0.1, j_per_prompt_token=0.01),
-                                 "big": ModelEnergy(j_per_output_token=1.0, j_per_prompt_token=0.05)})  # fmt: skip
+    return EnergyProfile(
+        models={
+            "small": ModelEnergy(j_per_output_token=0.1, j_per_prompt_token=0.01),
+            "big": ModelEnergy(j_per_output_token=1.0, j_per_prompt_token=0.05),
+        }
+    )
 
 
 def _fill(url: str) -> None:
@@ -278,14 +298,43 @@ def _fill(url: str) -> None:
             ct = (10 if task == "chat" else 50) + (i % 3)
             if c == "other" and i == 39:
                 continue  # q39 misses a label for "other"
-            runs.append(Run(query_id=f"q{i}", candidate=c, source="import", score=float((i + len(c)) % 2),
-                            prompt_tokens=pt, completion_tokens=ct, energy_j=pt * jp + ct * jo))  # fmt: skip
+            runs.append(
+                Run(
+                    query_id=f"q{i}",
+                    candidate=c,
+                    source="import",
+                    score=float((i + len(c)) % 2),
+                    prompt_tokens=pt,
+                    completion_tokens=ct,
+                    energy_j=pt * jp + ct * jo,
+                )
+            )
     # a production query stored without its text (privacy): dropped unless require_text=False
     qs.append(make_query("secret", "chat", "hidden", store_text=False))
-    runs += [Run(query_id="secret", candidate=c, source="production", score=1.0, prompt_tokens=5, completion_tokens=5, energy_j=1.0)
-             for c in rate]  # fmt: skip
+    runs += [
+        Run(
+            query_id="secret",
+            candidate=c,
+            source="production",
+            score=1.0,
+            prompt_tokens=5,
+            completion_tokens=5,
+            energy_j=1.0,
+        )
+        for c in rate
+    ]
     # a newer production run overrides q0/small's imported score
-    runs.append(Run(query_id="q0", candidate="small", source="production", score=1.0, prompt_tokens=100, completion_tokens=10, energy_j=2.0))
+    runs.append(
+        Run(
+            query_id="q0",
+            candidate="small",
+            source="production",
+            score=1.0,
+            prompt_tokens=100,
+            completion_tokens=10,
+            energy_j=2.0,
+        )
+    )
     store.write(qs, runs, candidates=[Candidate(name=c) for c in rate])
     store.close()
 
@@ -358,7 +407,9 @@ def test_report_files_written(tmp_path):
     assert f"{ev.method('perfect').aiq:.4f}" in md
     lines = paths["curves.csv"].read_text().splitlines()
     assert lines[0].startswith("method,mode,knob,energy_j,accuracy,share:org/a")
-    n_rows = sum(len(m.curve.knob) + (len(m.target_curve.knob) if m.target_curve is not None else 0) for m in ev.methods)
+    n_rows = sum(
+        len(m.curve.knob) + (len(m.target_curve.knob) if m.target_curve is not None else 0) for m in ev.methods
+    )
     assert len(lines) == 1 + n_rows
     assert paths["pareto.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## Calibration of the predicted P" in md and "| perfect | 0.0000 | 0.0000 |" in md
@@ -386,13 +437,21 @@ def test_eval_command_writes_report_and_rejects_bad_input(sqlite_url, tmp_path):
     exe = str(Path(sys.executable).with_name("energy-router"))
     _fill(sqlite_url)  # candidates absent from the bundled profile: J/token fitted from the rows
     out = tmp_path / "report"
-    r = subprocess.run([exe, "eval", "--db", sqlite_url, "--out", str(out), "--baselines", "task_prior", "--folds", "3"],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [exe, "eval", "--db", sqlite_url, "--out", str(out), "--baselines", "task_prior", "--folds", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "| task_prior |" in r.stdout and "oracle" in r.stdout
     assert all((out / f).stat().st_size > 0 for f in ("report.md", "pareto.png", "phase.png", "curves.csv"))
-    r = subprocess.run([exe, "eval", "--db", sqlite_url, "--out", str(out), "--baselines", "task_prior,nope"],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [exe, "eval", "--db", sqlite_url, "--out", str(out), "--baselines", "task_prior,nope"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "unknown baseline 'nope'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -408,8 +467,19 @@ def test_read_decisions_aligns_route_output_with_the_table(sqlite_url, tmp_path)
         for lam in (0.0, 0.5):  # two operating points: the same scores repeat
             for i in reversed(range(m.n)):
                 task, row = m.tasks[i], str(m.ids[i])[1:]
-                fh.write(json.dumps({"row": int(row), "eval_name": task, "model": m.candidates[0], "lambda": lam,
-                                     "scores": dict(zip(m.candidates, P[i])), "energy_j": dict(zip(m.candidates, m.E[i]))}) + "\n")  # fmt: skip
+                fh.write(
+                    json.dumps(
+                        {
+                            "row": int(row),
+                            "eval_name": task,
+                            "model": m.candidates[0],
+                            "lambda": lam,
+                            "scores": dict(zip(m.candidates, P[i])),
+                            "energy_j": dict(zip(m.candidates, m.E[i])),
+                        }
+                    )
+                    + "\n"
+                )
     P2, E2 = read_decisions(path, m, id_format="q{row}")
     assert np.allclose(P2, P) and np.allclose(E2, m.E)
     gone = int(str(m.ids[0])[1:])

@@ -28,9 +28,16 @@ def test_fast_scorer_matches_hf_on_deeper_qwen2(layers, heads, kv):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=64,
-                      tie_word_embeddings=layers == 2)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=64,
+        tie_word_embeddings=layers == 2,
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     k, B, T = 3, 3, 20
     ids = torch.randint(1, 97, (B, T))
@@ -49,7 +56,15 @@ def test_fast_scorer_matches_hf_on_deeper_qwen2(layers, heads, kv):
 def test_uncovered_architectures_keep_the_hf_forward():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_sliding_window=True,
+        sliding_window=4,
+    )
     assert build_slot_scorer(Qwen2ForCausalLM(cfg), 1, 2) is None
     assert build_slot_scorer(torch.nn.Linear(2, 2), 1, 2) is None

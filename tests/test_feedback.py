@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from litellm_energy_router.callback import PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.feedback import FeedbackError, apply_feedback, feedback_app
+from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.table import open_store
 from litellm_energy_router.threaded_app import ThreadedApp
@@ -22,14 +22,27 @@ EXE = str(Path(sys.executable).with_name("energy-router"))
 
 
 def _row(i: int, status: str = "success") -> PendingRow:
-    return PendingRow(call_id=f"call-{i}", candidate="mistralai/mistral-7b-chat", status=status, text=f"q{i}",
-                      start_s=100.0 + i, end_s=101.0 + i, first_token_s=None, prompt_tokens=10, completion_tokens=5,
-                      propensity=0.5, deployment_id="d", backend_id=None)  # fmt: skip
+    return PendingRow(
+        call_id=f"call-{i}",
+        candidate="mistralai/mistral-7b-chat",
+        status=status,
+        text=f"q{i}",
+        start_s=100.0 + i,
+        end_s=101.0 + i,
+        first_token_s=None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        propensity=0.5,
+        deployment_id="d",
+        backend_id=None,
+    )
 
 
 @pytest.fixture
 def table(any_url, tmp_path):
-    w = TableWriter(any_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings())
+    w = TableWriter(
+        any_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings()
+    )
     for i in range(3):
         w.submit(_row(i))
     w.submit(_row(9, status="failure"))
@@ -40,7 +53,10 @@ def table(any_url, tmp_path):
 
 
 def _snapshot(store):
-    return {r["call_id"]: (r["score"], r["energy_j"], r["latency_s"], r["propensity"], r["updated"]) for r in store.iter_runs()}
+    return {
+        r["call_id"]: (r["score"], r["energy_j"], r["latency_s"], r["propensity"], r["updated"])
+        for r in store.iter_runs()
+    }
 
 
 def test_apply_feedback(table):
@@ -55,9 +71,17 @@ def test_apply_feedback(table):
 
 @pytest.mark.parametrize(
     "call_id,score,status",
-    [("nope", 1, 404), ("call-0", 1.5, 422), ("call-0", -0.1, 422), ("call-0", float("nan"), 422),
-     ("call-0", "abc", 422), ("call-0", True, 422), ("call-9", 1, 409), ("", 1, 400)],
-)  # fmt: skip
+    [
+        ("nope", 1, 404),
+        ("call-0", 1.5, 422),
+        ("call-0", -0.1, 422),
+        ("call-0", float("nan"), 422),
+        ("call-0", "abc", 422),
+        ("call-0", True, 422),
+        ("call-9", 1, 409),
+        ("", 1, 400),
+    ],
+)
 def test_rejected_feedback_writes_nothing(table, call_id, score, status):
     url, store = table
     before = _snapshot(store)
@@ -68,7 +92,9 @@ def test_rejected_feedback_writes_nothing(table, call_id, score, status):
 
 
 def test_http_endpoint(sqlite_url, tmp_path):
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings())
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings()
+    )
     w.submit(_row(0))
     w.close()
     store = open_store(sqlite_url)
@@ -79,7 +105,10 @@ def test_http_endpoint(sqlite_url, tmp_path):
         auth = {"Authorization": "Bearer tok"}
         before = _snapshot(store)
         assert httpx.post(url, json={"call_id": "call-0", "score": 1}).status_code == 401
-        assert httpx.post(url, json={"call_id": "call-0", "score": 1}, headers={"Authorization": "Bearer x"}).status_code == 401
+        assert (
+            httpx.post(url, json={"call_id": "call-0", "score": 1}, headers={"Authorization": "Bearer x"}).status_code
+            == 401
+        )
         r = httpx.post(url, json={"call_id": "unknown", "score": 1}, headers=auth)
         assert r.status_code == 404 and "unknown call id" in r.json()["error"]
         r = httpx.post(url, json={"call_id": "call-0", "score": 2}, headers=auth)
@@ -93,16 +122,24 @@ def test_http_endpoint(sqlite_url, tmp_path):
 
 
 def test_cli(sqlite_url, tmp_path):
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings())
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings()
+    )
     w.submit(_row(0))
     w.close()
-    r = subprocess.run([EXE, "feedback", "set", "call-0", "0", "--db", sqlite_url], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [EXE, "feedback", "set", "call-0", "0", "--db", sqlite_url], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert "scored 1 run(s) of call call-0 = 0" in r.stdout
-    r = subprocess.run([EXE, "feedback", "set", "call-0", "7", "--db", sqlite_url], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [EXE, "feedback", "set", "call-0", "7", "--db", sqlite_url], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "score '7' is out of range [0, 1]" in r.stderr
     env = {k: v for k, v in os.environ.items() if "FEEDBACK" not in k}
-    r = subprocess.run([EXE, "feedback", "serve", "--db", sqlite_url], capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [EXE, "feedback", "serve", "--db", sqlite_url], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 2 and "a bearer token is required" in r.stderr
     store = open_store(sqlite_url)
     assert _snapshot(store)["call-0"][0] == 0.0

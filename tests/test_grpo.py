@@ -8,15 +8,14 @@ import shutil
 
 import numpy as np
 import pytest
+from router_fixtures import planted_rows
 
-from litellm_energy_router.router.checkpoint import read_manifest, write_manifest
 from litellm_energy_router.knob import Knob
+from litellm_energy_router.router.checkpoint import read_manifest, write_manifest
 from litellm_energy_router.router.decide import decide, lambda_breakpoints
 from litellm_energy_router.router.model import RouterModel
 from litellm_energy_router.router.policy import POLICY_FILE
 from litellm_energy_router.table import open_store
-
-from router_fixtures import planted_rows
 
 
 def _planted(n: int = 40, seed: int = 0):
@@ -59,8 +58,13 @@ def test_buckets_sit_where_the_calibrated_decision_switches():
 
 
 def test_sft_start_reproduces_the_decision_rule_on_its_training_queries(planted_ckpt, tmp_path):
-    from litellm_energy_router.training.grpo import (GRPOStageConfig, choice_targets, decision_buckets,
-                                                    policy_choices, train_start)  # fmt: skip
+    from litellm_energy_router.training.grpo import (
+        GRPOStageConfig,
+        choice_targets,
+        decision_buckets,
+        policy_choices,
+        train_start,
+    )
 
     r = RouterModel(planted_ckpt, scorer="lm")
     _, _, _, texts, tasks = _planted(40, seed=3)
@@ -99,10 +103,14 @@ def test_a_bad_policy_is_not_served(grpo_ckpt, tmp_path):
     """A deliberately bad policy (trained to pick the opposite of the decision rule) fails the check on
     held-out planted queries; and even marked served by hand it decides nothing: the checkpoint served
     (and routed, and judged off-policy) decides by the one rule on its scorer's P and Ê."""
+    from litellm_energy_router.training.grpo import (
+        GRPOStageConfig,
+        choice_targets,
+        never_worse_check,
+        policy_choices,
+        train_start,
+    )
     from safetensors.torch import save_model
-
-    from litellm_energy_router.training.grpo import (GRPOStageConfig, choice_targets, never_worse_check,
-                                                    policy_choices, train_start)  # fmt: skip
 
     ck = tmp_path / "ck"
     shutil.copytree(grpo_ckpt, ck)

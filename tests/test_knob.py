@@ -29,7 +29,13 @@ def test_settings_parser_and_policy_follow_the_knob_fields():
     assert set(K.REQUEST_FIELDS) == {"lambda", "target_accuracy", "max_energy_j", "objective"}
     assert set(K.RANGES.values()) == set(K.RANGE_LIMITS) <= set(K.KnobPolicy.model_fields)
     # the bounds of a settings value and of a policy range are the field's own
-    bad_values = ({"lambda": 1001}, {"target_accuracy": 1.5}, {"max_energy_j": 0}, {"e_ref_j": -1}, {"objective": "watts"})
+    bad_values = (
+        {"lambda": 1001},
+        {"target_accuracy": 1.5},
+        {"max_energy_j": 0},
+        {"e_ref_j": -1},
+        {"objective": "watts"},
+    )
     for bad in bad_values:
         with pytest.raises(ValidationError):
             K.Knob(**bad)

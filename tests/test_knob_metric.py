@@ -13,12 +13,15 @@ def _count(field: str) -> float:
     return REGISTRY.get_sample_value("energy_router_knob_refusals_total", {"field": field}) or 0.0
 
 
-@pytest.mark.parametrize("meta, field", [
-    ({"energy_router": {"lambda": -5}}, "lambda"),
-    ({"energy_router": {"target_accuracy": "high"}}, "target_accuracy"),
-    ({"energy_router": "cheap"}, "energy_router"),
-    ({"energy_router": {"lambda_typo_<script>": 1}}, "other"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "meta, field",
+    [
+        ({"energy_router": {"lambda": -5}}, "lambda"),
+        ({"energy_router": {"target_accuracy": "high"}}, "target_accuracy"),
+        ({"energy_router": "cheap"}, "energy_router"),
+        ({"energy_router": {"lambda_typo_<script>": 1}}, "other"),
+    ],
+)
 def test_each_refusal_is_counted_once_by_field(meta, field):
     before = {f: _count(f) for f in ("lambda", "target_accuracy", "max_energy_j", "energy_router", "other")}
     with pytest.raises(KnobError):

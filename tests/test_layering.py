@@ -26,32 +26,56 @@ print(",".join(bad))
 @pytest.mark.parametrize(
     "mods, forbidden",
     [
-        ("litellm_energy_router.strategy, litellm_energy_router.proxy_router, litellm_energy_router.callback, "
-         "litellm_energy_router.router.runtime, litellm_energy_router.router.model, litellm_energy_router.router.student, "
-         "litellm_energy_router.router.fastpath",
-         ["trl", "litellm_energy_router.training"]),
-        ("litellm_energy_router.training.pipeline, litellm_energy_router.training.crossval, "
-         "litellm_energy_router.profiling.runner",
-         ["litellm_energy_router.strategy", "litellm_energy_router.proxy_router", "litellm_energy_router.callback"]),
+        (
+            "litellm_energy_router.litellm_glue.strategy, litellm_energy_router.litellm_glue.proxy_router, litellm_energy_router.litellm_glue.callback, "
+            "litellm_energy_router.router.runtime, litellm_energy_router.router.model, litellm_energy_router.router.student, "
+            "litellm_energy_router.router.fastpath",
+            ["trl", "litellm_energy_router.training"],
+        ),
+        (
+            "litellm_energy_router.training.pipeline, litellm_energy_router.training.crossval, "
+            "litellm_energy_router.profiling.runner",
+            [
+                "litellm_energy_router.litellm_glue.strategy",
+                "litellm_energy_router.litellm_glue.proxy_router",
+                "litellm_energy_router.litellm_glue.callback",
+            ],
+        ),
         # the demo sits above serving and training: it imports training only inside functions
-        ("litellm_energy_router.demo.loop, litellm_energy_router.demo.serve, litellm_energy_router.demo.compare, "
-         "litellm_energy_router.demo.backend, litellm_energy_router.demo.task_answers, litellm_energy_router.cli",
-         ["trl", "litellm_energy_router.training"]),
-        ("litellm_energy_router.table",
-         ["litellm", "litellm_energy_router.router", "litellm_energy_router.training", "litellm_energy_router.profiling"]),
+        (
+            "litellm_energy_router.demo.loop, litellm_energy_router.demo.serve, litellm_energy_router.demo.compare, "
+            "litellm_energy_router.demo.backend, litellm_energy_router.demo.task_answers, litellm_energy_router.cli",
+            ["trl", "litellm_energy_router.training"],
+        ),
+        (
+            "litellm_energy_router.table",
+            [
+                "litellm",
+                "litellm_energy_router.router",
+                "litellm_energy_router.training",
+                "litellm_energy_router.profiling",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_imports_respect_layers(mods, forbidden):
-    r = subprocess.run([sys.executable, "-c", CHECK.format(mods=mods, forbidden=forbidden)],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", CHECK.format(mods=mods, forbidden=forbidden)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "", f"{mods} loaded {r.stdout.strip()}"
 
 
 # -- no import circle among the project's own modules ----------------------------------------------------
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"litellm_energy_router": ROOT / "litellm_energy_router", "litellm_energy_router.profiling": ROOT / "profiling",
-            "litellm_energy_router.training": ROOT / "training"}  # fmt: skip
+PACKAGES = {
+    "litellm_energy_router": ROOT / "litellm_energy_router",
+    "litellm_energy_router.profiling": ROOT / "profiling",
+    "litellm_energy_router.training": ROOT / "training",
+}
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:
@@ -70,7 +94,8 @@ def _modules(root: Path = ROOT) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -83,8 +108,13 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     for mod, f in mods.items():
         is_pkg = f.name == "__init__.py"
         tree = ast.parse(f.read_text(), str(f))
-        typing_only = {id(n) for blk in ast.walk(tree) if isinstance(blk, ast.If) and _is_type_checking(blk.test)
-                       for stmt in blk.body for n in ast.walk(stmt)}  # fmt: skip
+        typing_only = {
+            id(n)
+            for blk in ast.walk(tree)
+            if isinstance(blk, ast.If) and _is_type_checking(blk.test)
+            for stmt in blk.body
+            for n in ast.walk(stmt)
+        }
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
@@ -135,4 +165,6 @@ def test_cycle_finder_sees_function_level_imports(tmp_path):
         (tmp_path / d.relative_to(ROOT) / "__init__.py").write_text("")
     (tmp_path / "training" / "a.py").write_text("from .b import x\n")
     (tmp_path / "training" / "b.py").write_text("def x():\n    from litellm_energy_router.training import a\n")
-    assert import_cycles(import_graph(tmp_path)) == [["litellm_energy_router.training.a", "litellm_energy_router.training.b"]]
+    assert import_cycles(import_graph(tmp_path)) == [
+        ["litellm_energy_router.training.a", "litellm_energy_router.training.b"]
+    ]

@@ -22,19 +22,25 @@ from pathlib import Path
 import litellm
 import pytest
 from litellm import Router
+from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
-from router_fixtures import CANDS
 
 TESTS = Path(__file__).parent
 
 
 def _model_list(backend):
-    return [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-             "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+    return [
+        {
+            "model_name": "pool",
+            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+            "model_info": {"id": f"dep-{c}"},
+        }
+        for c in CANDS
+    ]
 
 
 def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
@@ -45,7 +51,7 @@ def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
             sys.path.insert(0, {str(TESTS)!r})
             from litellm import Router
             from litellm_energy_router.settings import Settings
-            from litellm_energy_router.strategy import EnergyRoutingStrategy
+            from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
             s = Settings.model_validate({{"router": {{"checkpoint": {str(planted_ckpt)!r}, "timeout_ms": 5000}},
                                          "candidates": [{{"name": c}} for c in {CANDS!r}], "knob": {{"lambda": 0.05}}}})
             router = Router(model_list={json.dumps(_model_list(backend))})
@@ -85,8 +91,12 @@ def slow_ckpt(planted_ckpt, example_plugin, tmp_path):
 def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads(slow_ckpt):
     backend = LocalBackend().start()
     timeout_ms = 50.0
-    s = Settings.model_validate({"router": {"checkpoint": str(slow_ckpt), "timeout_ms": timeout_ms, "fallback": "dep-medium"},
-                                 "candidates": [{"name": c} for c in CANDS]})  # fmt: skip
+    s = Settings.model_validate(
+        {
+            "router": {"checkpoint": str(slow_ckpt), "timeout_ms": timeout_ms, "fallback": "dep-medium"},
+            "candidates": [{"name": c} for c in CANDS],
+        }
+    )
     before = FALLBACKS.labels(reason="loading")._value.get()
     proof = [{"role": "user", "content": "Give a proof about chess number 11"}]
 

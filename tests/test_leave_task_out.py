@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from router_fixtures import planted_rows
 
 from litellm_energy_router.table import open_store
@@ -56,9 +55,24 @@ def test_held_out_task_gets_no_prior_of_its_own(tmp_path):
 def test_eval_cli_leave_task_out_prints_the_per_task_table(tmp_path):
     _two_task_table(f"sqlite:///{tmp_path / 't.db'}").close()
     exe = str(Path(sys.executable).with_name("energy-router"))
-    r = subprocess.run([exe, "eval", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "o"), "--no-router",
-                        "--baselines", "task_prior", "--leave-task-out"], capture_output=True, text=True, timeout=600,
-                       env={**os.environ})  # fmt: skip
+    r = subprocess.run(
+        [
+            exe,
+            "eval",
+            "--db",
+            f"sqlite:///{tmp_path / 't.db'}",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-router",
+            "--baselines",
+            "task_prior",
+            "--leave-task-out",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ},
+    )
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "o" / "leave_task_out.md").read_text()
     assert "## held-out task: alpha (20 queries)" in text and "## held-out task: beta (20 queries)" in text

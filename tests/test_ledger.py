@@ -11,29 +11,73 @@ import pytest
 from sqlalchemy import inspect, text
 from typer.testing import CliRunner
 
-from litellm_energy_router.table import Query, Run, open_store, text_hash
-from litellm_energy_router.table import ledger
+from litellm_energy_router.table import Query, Run, ledger, open_store, text_hash
 from litellm_energy_router.table.production import query_id_for
 
 T0 = 1_764_936_000.0  # 2025-12-05 12:00 UTC
-ATTRS = {"key_hash": "a" * 64, "key_alias": "svc-a", "team": "team-1", "team_alias": "Search", "user_id": "u1",
-         "model_group": "chat", "deployment": "dep-small"}  # fmt: skip
+ATTRS = {
+    "key_hash": "a" * 64,
+    "key_alias": "svc-a",
+    "team": "team-1",
+    "team_alias": "Search",
+    "user_id": "u1",
+    "model_group": "chat",
+    "deployment": "dep-small",
+}
 
 
-def production(call_id: str, *, candidate="small", joules=10.0, method="nvml_counter", est=12.0, ref=40.0, co2e=0.5,
-               t=T0, attrs=ATTRS, status="success"):  # fmt: skip
+def production(
+    call_id: str,
+    *,
+    candidate="small",
+    joules=10.0,
+    method="nvml_counter",
+    est=12.0,
+    ref=40.0,
+    co2e=0.5,
+    t=T0,
+    attrs=ATTRS,
+    status="success",
+):
     q = Query(id=query_id_for(call_id), task="production", text_hash=text_hash(call_id), source="production", created=t)
-    r = Run(query_id=q.id, candidate=candidate, source="production", energy_j=joules, energy_method=method, call_id=call_id,
-            status=status, created=t + 1, prompt_tokens=5, completion_tokens=7, energy_estimate_j=est,
-            energy_reference_j=ref, co2e_g=co2e)  # fmt: skip
-    e = ledger.entry(attrs, t_s=t + 1, request=True, prompt_tokens=5, completion_tokens=7, joules=joules,
-                     measured=method != "estimate", router_estimate_j=est, reference_j=ref, co2e_g=co2e)  # fmt: skip
+    r = Run(
+        query_id=q.id,
+        candidate=candidate,
+        source="production",
+        energy_j=joules,
+        energy_method=method,
+        call_id=call_id,
+        status=status,
+        created=t + 1,
+        prompt_tokens=5,
+        completion_tokens=7,
+        energy_estimate_j=est,
+        energy_reference_j=ref,
+        co2e_g=co2e,
+    )
+    e = ledger.entry(
+        attrs,
+        t_s=t + 1,
+        request=True,
+        prompt_tokens=5,
+        completion_tokens=7,
+        joules=joules,
+        measured=method != "estimate",
+        router_estimate_j=est,
+        reference_j=ref,
+        co2e_g=co2e,
+    )
     return q, r, e
 
 
 def write(store, items):
-    store.write(queries=[q for q, _, _ in items], runs=[r for _, r, _ in items], candidates=[{"name": "small"}, {"name": "big"}],
-                keep_first=True, ledger=[e for _, _, e in items])  # fmt: skip
+    store.write(
+        queries=[q for q, _, _ in items],
+        runs=[r for _, r, _ in items],
+        candidates=[{"name": "small"}, {"name": "big"}],
+        keep_first=True,
+        ledger=[e for _, _, e in items],
+    )
 
 
 def test_ledger_sums_once_per_stored_run(any_url):
@@ -59,7 +103,11 @@ def test_ledger_sums_once_per_stored_run(any_url):
     assert [r["day"] for r in store.ledger("day", since="2025-12-06")] == ["2025-12-06"]
     assert store.ledger("key")[0]["label"] == "svc-a"
     rows = {r["call_id"]: r for r in store.iter_runs()}
-    assert rows["c0"]["co2e_g"] == 0.5 and rows["c0"]["energy_estimate_j"] == 12.0 and rows["c0"]["energy_reference_j"] == 40.0
+    assert (
+        rows["c0"]["co2e_g"] == 0.5
+        and rows["c0"]["energy_estimate_j"] == 12.0
+        and rows["c0"]["energy_reference_j"] == 40.0
+    )
     store.close()
 
 
@@ -74,7 +122,9 @@ def test_concurrent_writers_on_postgresql_never_lose_or_double(pg_url):
             for b in range(40):
                 write(store, [production(f"w{w}-b{b}-{i}", joules=1.0 + i, t=T0 + (i % 2) * 86400) for i in range(10)])
                 if b % 10 == 0:  # and replays of an earlier batch: nothing added
-                    write(store, [production(f"w{w}-b0-{i}", joules=1.0 + i, t=T0 + (i % 2) * 86400) for i in range(10)])
+                    write(
+                        store, [production(f"w{w}-b0-{i}", joules=1.0 + i, t=T0 + (i % 2) * 86400) for i in range(10)]
+                    )
         except Exception as e:  # noqa: BLE001
             errors.append(e)
         finally:
@@ -115,7 +165,10 @@ def test_report_command(sqlite_url, tmp_path):
     from litellm_energy_router.cli import app
 
     store = open_store(sqlite_url)
-    write(store, [production(f"c{i}") for i in range(3)] + [production("d", attrs={**ATTRS, "team": "team-2"}, t=T0 + 86400)])
+    write(
+        store,
+        [production(f"c{i}") for i in range(3)] + [production("d", attrs={**ATTRS, "team": "team-2"}, t=T0 + 86400)],
+    )
     store.close()
     run = CliRunner().invoke
     r = run(app, ["report", "--db", sqlite_url, "--by", "team", "--format", "json"])

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import numpy as np
+from litellm_energy_router.training.data import TableMatrix
+from litellm_energy_router.training.length_fit import fit_length_model
 
 from litellm_energy_router.router.checkpoint import EnergyEstimate
 from litellm_energy_router.router.length_model import LengthModel, bounded_energy, request_max_tokens, request_tokens
-from litellm_energy_router.training.data import TableMatrix
-from litellm_energy_router.training.length_fit import fit_length_model
 
 WORDS = "apple river stone cloud music paper light garden window engine forest yellow".split()
 
@@ -18,12 +18,23 @@ def _planted(n: int = 240, seed: int = 0) -> TableMatrix:
     rng = np.random.default_rng(seed)
     code = np.arange(n) % 2 == 0
     topic = lambda: " ".join(rng.choice(WORDS, size=5))  # noqa: E731
-    texts = [f"Task {i % 3}: write a function that sorts the {topic()}." if c else
-             f"Task {i % 3}: which is heavier, the {topic()}?\nA) one\nB) two\nAnswer with the letter." for i, c in enumerate(code)]  # fmt: skip
+    texts = [
+        f"Task {i % 3}: write a function that sorts the {topic()}."
+        if c
+        else f"Task {i % 3}: which is heavier, the {topic()}?\nA) one\nB) two\nAnswer with the letter."
+        for i, c in enumerate(code)
+    ]
     T = np.where(code[:, None], 300.0, 2.0) * np.exp(rng.normal(0, 0.1, (n, 2)))
-    return TableMatrix(candidates=["a", "b"], ids=np.array([f"q{i}" for i in range(n)], dtype=object),
-                       tasks=np.array([f"t{i % 3}" for i in range(n)], dtype=object), texts=texts,
-                       prompt_tokens=np.full(n, 20.0), Y=np.ones((n, 2)), E=T * 0.1, T=T)  # fmt: skip
+    return TableMatrix(
+        candidates=["a", "b"],
+        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+        tasks=np.array([f"t{i % 3}" for i in range(n)], dtype=object),
+        texts=texts,
+        prompt_tokens=np.full(n, 20.0),
+        Y=np.ones((n, 2)),
+        E=T * 0.1,
+        T=T,
+    )
 
 
 def test_learns_a_planted_rule_across_tasks_and_serves_it_from_its_file(tmp_path):
@@ -46,9 +57,14 @@ def test_learns_a_planted_rule_across_tasks_and_serves_it_from_its_file(tmp_path
 def test_unknown_task_does_not_inherit_another_tasks_mean_length():
     m = _planted()
     lm, _ = fit_length_model(m)
-    est = EnergyEstimate(j_per_prompt_token={"a": 0.01, "b": 0.02}, j_per_output_token={"a": 0.1, "b": 0.2},
-                         output_tokens={"t0": {"a": 2.0, "b": 2.0}}, output_tokens_any={"a": 2.0, "b": 2.0},
-                         output_tokens_prior={"a": 430.0, "b": 400.0}, prior_source="chat-length prior")  # fmt: skip
+    est = EnergyEstimate(
+        j_per_prompt_token={"a": 0.01, "b": 0.02},
+        j_per_output_token={"a": 0.1, "b": 0.2},
+        output_tokens={"t0": {"a": 2.0, "b": 2.0}},
+        output_tokens_any={"a": 2.0, "b": 2.0},
+        output_tokens_prior={"a": 430.0, "b": 400.0},
+        prior_source="chat-length prior",
+    )
     novel = "Zzqx vortal plinth 97 ~~ ## qwv jjj kkk"  # unlike every training row, no cue
     T, notes = request_tokens(est, lm, ["a", "b"], [novel, novel], ["t0", "never-seen"], [20, 20])
     assert T[0].tolist() == [2.0, 2.0] and notes[0]["output_tokens_source"] == "task_mean"
@@ -60,8 +76,13 @@ def test_unknown_task_does_not_inherit_another_tasks_mean_length():
 
 
 def test_max_tokens_bounds_the_estimate():
-    est = EnergyEstimate(j_per_prompt_token={"a": 0.0}, j_per_output_token={"a": 1.0}, output_tokens={},
-                         output_tokens_any={"a": 5.0}, output_tokens_prior={"a": 430.0})  # fmt: skip
+    est = EnergyEstimate(
+        j_per_prompt_token={"a": 0.0},
+        j_per_output_token={"a": 1.0},
+        output_tokens={},
+        output_tokens_any={"a": 5.0},
+        output_tokens_prior={"a": 430.0},
+    )
     T, notes = request_tokens(est, None, ["a"], ["hi", "hi"], [None, None], [3, 3], max_tokens=[64, None])
     assert T[:, 0].tolist() == [64.0, 430.0] and notes[0]["output_tokens"]["a"][2] == 64.0
     assert bounded_energy(np.array([430.0]), np.array([430.0]), np.array([1.0]), 64)[0] == 64.0
@@ -84,9 +105,14 @@ def test_known_task_prices_a_candidate_without_its_rows_with_the_length_model():
     """A task known from a few production rows of candidate "a" only: "b" gets the length model, not the prior."""
     m = _planted()
     lm, _ = fit_length_model(m.subset(np.flatnonzero(m.tasks != "t2")))
-    est = EnergyEstimate(j_per_prompt_token={"a": 0.01, "b": 0.02}, j_per_output_token={"a": 0.1, "b": 0.2},
-                         output_tokens={"t2": {"a": 5.0}}, output_tokens_any={"a": 100.0, "b": 100.0},
-                         output_tokens_prior={"a": 430.0, "b": 400.0}, prior_source="chat-length prior")  # fmt: skip
+    est = EnergyEstimate(
+        j_per_prompt_token={"a": 0.01, "b": 0.02},
+        j_per_output_token={"a": 0.1, "b": 0.2},
+        output_tokens={"t2": {"a": 5.0}},
+        output_tokens_any={"a": 100.0, "b": 100.0},
+        output_tokens_prior={"a": 430.0, "b": 400.0},
+        prior_source="chat-length prior",
+    )
     held = m.subset(np.flatnonzero((m.tasks == "t2") & np.array(["letter" in t for t in m.texts])))
     T, notes = request_tokens(est, lm, ["a", "b"], held.texts, list(held.tasks), held.prompt_tokens)
     assert (T[:, 0] == 5.0).all()  # the task's own mean where the candidate has rows
@@ -103,12 +129,40 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
     exactly what a search of the whole tail flags: every anchor, upper case, non-ASCII text, near misses."""
     from litellm_energy_router.router.length_model import CUE_CHARS, CUES, LENGTH_RE, LENGTH_UNITS, _fires
 
-    texts = ["Write a Python function that adds two numbers.", "WRITE THE PROGRAM", "prefix: fix this", "def f(x):\n  return x",
-             "ASSERT Foo(1)", "```js\nx\n```", "I like javascript", "c++ and SQL", "Explain step-by-step", "STEP BY STEP",
-             "summarise the article", "in detail please", "Solve 3 + 4", "how MANY apples", "12 * 3", "no digits here",
-             "Fill in the ____", "the Blank is", "blanket", "(B) second\nAnswer:", "Answer with the letter", "yes or no?",
-             "Describe ÄÖÜ in 200 words", "ſtep by ſtep explain", "K\u212a 3 Lines", "write 5 bullet points", "a" * 5000 + " essay",
-             "essay " + "b" * 5000, "", "Compare 10 items", "one sentence only", "story time: 2 paragraphs"]
+    texts = [
+        "Write a Python function that adds two numbers.",
+        "WRITE THE PROGRAM",
+        "prefix: fix this",
+        "def f(x):\n  return x",
+        "ASSERT Foo(1)",
+        "```js\nx\n```",
+        "I like javascript",
+        "c++ and SQL",
+        "Explain step-by-step",
+        "STEP BY STEP",
+        "summarise the article",
+        "in detail please",
+        "Solve 3 + 4",
+        "how MANY apples",
+        "12 * 3",
+        "no digits here",
+        "Fill in the ____",
+        "the Blank is",
+        "blanket",
+        "(B) second\nAnswer:",
+        "Answer with the letter",
+        "yes or no?",
+        "Describe ÄÖÜ in 200 words",
+        "ſtep by ſtep explain",
+        "K\u212a 3 Lines",
+        "write 5 bullet points",
+        "a" * 5000 + " essay",
+        "essay " + "b" * 5000,
+        "",
+        "Compare 10 items",
+        "one sentence only",
+        "story time: 2 paragraphs",
+    ]
     for t in texts:
         tail = t[-CUE_CHARS:]
         low = tail.lower() if tail.isascii() else None
@@ -117,4 +171,6 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
             assert fast == any(p.search(tail) for p, _ in alts), (name, t[:40])
         if low is not None and not any(u in low for u in LENGTH_UNITS):
             assert not list(LENGTH_RE.finditer(tail)), t[:40]
-    assert all(a == a.lower() for _, alts in CUES for _, anchors in alts for a in anchors)  # found in the lower-cased tail
+    assert all(
+        a == a.lower() for _, alts in CUES for _, anchors in alts for a in anchors
+    )  # found in the lower-cased tail

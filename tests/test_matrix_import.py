@@ -7,11 +7,11 @@ import csv
 import json
 
 import pytest
+from litellm_energy_router.training.data import load_matrix
 
 from litellm_energy_router.cli import main
 from litellm_energy_router.energy.profile import load_profile
 from litellm_energy_router.table import open_store
-from litellm_energy_router.training.data import load_matrix
 
 A, B = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"  # candidates of the bundled profile
 
@@ -28,8 +28,22 @@ def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 def _long_rows() -> list[dict]:
     return [
-        {"query_id": "q1", "task": "trivia", "query": "Capital of France?", "model": "small", "score": 1, "output_tokens": 3},
-        {"query_id": "q1", "task": "trivia", "query": "Capital of France?", "model": "big", "score": 1, "output_tokens": 4},
+        {
+            "query_id": "q1",
+            "task": "trivia",
+            "query": "Capital of France?",
+            "model": "small",
+            "score": 1,
+            "output_tokens": 3,
+        },
+        {
+            "query_id": "q1",
+            "task": "trivia",
+            "query": "Capital of France?",
+            "model": "big",
+            "score": 1,
+            "output_tokens": 4,
+        },
         {"query_id": "q2", "task": "code", "query": "Write fizzbuzz in Python.", "model": "small", "score": 0},
         {"query_id": "q2", "task": "code", "query": "Write fizzbuzz in Python.", "model": "big", "score": 0.5},
     ]
@@ -57,11 +71,15 @@ def test_jsonl_long_form_imports_rows_with_estimated_energy(tmp_path, capsys):
     store.close()
     prof = load_profile()
     r = runs[("q1", B)]
-    assert r["score"] == 1 and r["completion_tokens"] == 4 and r["energy_method"] == "estimate" and r["source"] == "import"
+    assert (
+        r["score"] == 1 and r["completion_tokens"] == 4 and r["energy_method"] == "estimate" and r["source"] == "import"
+    )
     assert r["energy_j"] == pytest.approx(prof.estimate_j(B, r["prompt_tokens"], 4))
     r = runs[("q2", A)]  # no output tokens: priced with the candidate's chat-length prior, tokens left unknown
     prior = prof.models[A].reference["avg_output_tokens"]
-    assert r["completion_tokens"] is None and r["energy_j"] == pytest.approx(prof.estimate_j(A, r["prompt_tokens"], prior))
+    assert r["completion_tokens"] is None and r["energy_j"] == pytest.approx(
+        prof.estimate_j(A, r["prompt_tokens"], prior)
+    )
     assert runs[("q2", B)]["score"] == 0.5
     assert sorted(m.task_names()) == ["code", "trivia"] and m.n == 2 and m.K == 2
 
@@ -72,20 +90,33 @@ def test_csv_and_wide_jsonl_give_the_same_table(tmp_path, capsys):
         w = csv.DictWriter(fh, fieldnames=["query_id", "task", "query", "model", "score", "output_tokens"])
         w.writeheader()
         w.writerows(rows)
-    wide = [{"query_id": q, "task": rs[0]["task"], "query": rs[0]["query"],
-             "scores": {r["model"]: r["score"] for r in rs},
-             "output_tokens": {r["model"]: r["output_tokens"] for r in rs if "output_tokens" in r}}
-            for q in ("q1", "q2") for rs in [[r for r in rows if r["query_id"] == q]]]  # fmt: skip
+    wide = [
+        {
+            "query_id": q,
+            "task": rs[0]["task"],
+            "query": rs[0]["query"],
+            "scores": {r["model"]: r["score"] for r in rs},
+            "output_tokens": {r["model"]: r["output_tokens"] for r in rs if "output_tokens" in r},
+        }
+        for q in ("q1", "q2")
+        for rs in [[r for r in rows if r["query_id"] == q]]
+    ]
     _write_jsonl(tmp_path / "w.jsonl", wide)
     got = []
     for name in ("m.csv", "w.jsonl"):
         db = f"sqlite:///{tmp_path / (name + '.db')}"
-        code, _, err = _run(capsys, ["table", "import-matrix", str(tmp_path / name), "--db", db, "--map", f"small={A}",
-                                     "--map", f"big={B}"])  # fmt: skip
+        code, _, err = _run(
+            capsys,
+            ["table", "import-matrix", str(tmp_path / name), "--db", db, "--map", f"small={A}", "--map", f"big={B}"],
+        )
         assert code == 0, err
         store = open_store(db)
-        got.append(sorted((r["query_id"], r["candidate"], r["score"], r["completion_tokens"], round(r["energy_j"], 6))
-                          for r in store.iter_runs()))  # fmt: skip
+        got.append(
+            sorted(
+                (r["query_id"], r["candidate"], r["score"], r["completion_tokens"], round(r["energy_j"], 6))
+                for r in store.iter_runs()
+            )
+        )
         store.close()
     assert got[0] == got[1] and len(got[0]) == 4
 
@@ -93,11 +124,19 @@ def test_csv_and_wide_jsonl_give_the_same_table(tmp_path, capsys):
 def test_llmrouter_json_joins_tasks(tmp_path, capsys):
     d = tmp_path / "llmrouter"
     d.mkdir()
-    (d / "train.json").write_text(json.dumps([{"question": "What is 2+2?", "scores": {"s": 1.0, "b": 0.0}, "cluster_id": 0},
-                                              {"question": "Name a prime.", "scores": {"s": 0.0, "b": 1.0}, "cluster_id": 1}],
-                                             indent=1))  # fmt: skip
-    _write_jsonl(d / "default_query_train.jsonl", [{"task_name": "gsm8k", "query": "What is 2+2?"},
-                                                   {"task_name": "math", "query": "Name a prime."}])  # fmt: skip
+    (d / "train.json").write_text(
+        json.dumps(
+            [
+                {"question": "What is 2+2?", "scores": {"s": 1.0, "b": 0.0}, "cluster_id": 0},
+                {"question": "Name a prime.", "scores": {"s": 0.0, "b": 1.0}, "cluster_id": 1},
+            ],
+            indent=1,
+        )
+    )
+    _write_jsonl(
+        d / "default_query_train.jsonl",
+        [{"task_name": "gsm8k", "query": "What is 2+2?"}, {"task_name": "math", "query": "Name a prime."}],
+    )
     db = f"sqlite:///{tmp_path / 't.db'}"
     code, _, err = _run(capsys, ["table", "import-matrix", str(d / "train.json"), "--db", db, "--map", f"s={A},b={B}"])
     assert code == 0, err
@@ -108,18 +147,23 @@ def test_llmrouter_json_joins_tasks(tmp_path, capsys):
     assert by_task == {"gsm8k": [1.0, 0.0], "math": [0.0, 1.0]}
 
 
-@pytest.mark.parametrize("bad, named", [
-    ({"model": "huge"}, "model 'huge' has no candidate"),
-    ({"score": 1.5}, "field 'score' = 1.5"),
-    ({"score": "yes"}, "field 'score' = 'yes'"),
-    ({"output_tokens": -3}, "field 'output_tokens' = -3"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"model": "huge"}, "model 'huge' has no candidate"),
+        ({"score": 1.5}, "field 'score' = 1.5"),
+        ({"score": "yes"}, "field 'score' = 'yes'"),
+        ({"output_tokens": -3}, "field 'output_tokens' = -3"),
+    ],
+)
 def test_bad_line_is_one_line_and_writes_nothing(tmp_path, capsys, bad, named):
     rows = _long_rows()
     rows[3] = {**rows[3], **bad}
     f, db = tmp_path / "m.jsonl", tmp_path / "t.db"
     _write_jsonl(f, rows)
-    code, _, err = _run(capsys, ["table", "import-matrix", str(f), "--db", f"sqlite:///{db}", "--map", f"small={A},big={B}"])
+    code, _, err = _run(
+        capsys, ["table", "import-matrix", str(f), "--db", f"sqlite:///{db}", "--map", f"small={A},big={B}"]
+    )
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert f"{f}:4: " in lines[0] and named in lines[0], lines[0]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from fake_pynvml import FakeGPU, make_fake_pynvml
+
 from litellm_energy_router.energy import (
     AttributedMeter,
     EnergyMeter,

@@ -14,16 +14,16 @@ import time
 
 import numpy as np
 import pytest
+from litellm_energy_router.training.evaluate import choices as eval_choices
+from litellm_energy_router.training.ope import policy_choices
 
 from litellm_energy_router.cli.router_cmds import route_points
 from litellm_energy_router.knob import Knob
+from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore
 from litellm_energy_router.router.decide import decide
 from litellm_energy_router.router.runtime import RouterRuntime, Scored
 from litellm_energy_router.router.scoring import Scorer
 from litellm_energy_router.settings import CandidateSettings, Settings
-from litellm_energy_router.strategy import EnergyRouterCore
-from litellm_energy_router.training.evaluate import choices as eval_choices
-from litellm_energy_router.training.ope import policy_choices
 
 N_CASES = 10_000
 
@@ -76,9 +76,19 @@ def entry_point_choices(P: np.ndarray, E: np.ndarray, k: dict) -> dict[str, int]
     core = _core(len(cands))
     settings = core.settings.knob
     settings.lambda_, settings.target_accuracy, settings.max_energy_j, settings.e_ref_j = 0.0, None, None, k["e_ref_j"]
-    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}} for c in cands]
-    request = {"metadata": {"energy_router": {"lambda": k["lambda"], "target_accuracy": k["target_accuracy"],
-                                              "max_energy_j": k["max_energy_j"]}}}  # fmt: skip
+    deps = [
+        {"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}}
+        for c in cands
+    ]
+    request = {
+        "metadata": {
+            "energy_router": {
+                "lambda": k["lambda"],
+                "target_accuracy": k["target_accuracy"],
+                "max_energy_j": k["max_energy_j"],
+            }
+        }
+    }
     served = core.decide(Scored(tuple(cands), P[0], E[0], "v"), deps, core.knob(request), time.perf_counter())[1]
 
     # route and OPE: the settings' knob (e_ref_j, the energy budget) with the λ / target asked for
@@ -100,11 +110,17 @@ def entry_point_choices(P: np.ndarray, E: np.ndarray, k: dict) -> dict[str, int]
 def test_the_issue_example_is_decided_alike():
     """P = [0.9, 0.8], Ê = [100, 20] J, λ = 0.1, e_ref_j = 50 J: 0.9 − 0.2 < 0.8 − 0.04, so candidate 1
     (the copies that always used 100 J picked candidate 0)."""
-    got = entry_point_choices(np.array([[0.9, 0.8]]), np.array([[100.0, 20.0]]),
-                              {"lambda": 0.1, "target_accuracy": None, "max_energy_j": None, "e_ref_j": 50.0})  # fmt: skip
+    got = entry_point_choices(
+        np.array([[0.9, 0.8]]),
+        np.array([[100.0, 20.0]]),
+        {"lambda": 0.1, "target_accuracy": None, "max_energy_j": None, "e_ref_j": 50.0},
+    )
     assert got == {"serving": 1, "route": 1, "ope": 1, "eval": 1}
-    got = entry_point_choices(np.array([[0.9, 0.8]]), np.array([[100.0, 20.0]]),
-                              {"lambda": 0.0, "target_accuracy": None, "max_energy_j": 50.0, "e_ref_j": 100.0})  # fmt: skip
+    got = entry_point_choices(
+        np.array([[0.9, 0.8]]),
+        np.array([[100.0, 20.0]]),
+        {"lambda": 0.0, "target_accuracy": None, "max_energy_j": 50.0, "e_ref_j": 100.0},
+    )
     assert got == {"serving": 1, "route": 1, "ope": 1, "eval": 1}  # the budget excludes candidate 0
 
 

@@ -13,9 +13,10 @@ import pytest
 from litellm import Router
 from router_fixtures import CANDS, planted_rows
 
-from litellm_energy_router.callback import EnergyLogger
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.meter import RequestEnergy
+from litellm_energy_router.litellm_glue.callback import EnergyLogger
+from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRoutingStrategy
 from litellm_energy_router.router.adapt import ADAPT, support_weight
 from litellm_energy_router.router.context import (
     N0_CTX,
@@ -30,7 +31,6 @@ from litellm_energy_router.router.online import (
     explore_weights,
 )
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRouterCore, EnergyRoutingStrategy
 from litellm_energy_router.table import make_query, open_store
 
 FAR = "写一首关于秋天的诗，并解释其中的意象。请用七言绝句。"  # nothing like the planted rows (support ≈ 0.16)
@@ -52,16 +52,26 @@ def backend():
 
 
 def settings(ckpt, url, tmp_path, **router):
-    return Settings.model_validate({
-        "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, "context_refresh_s": 0, **router},
-        "candidates": [{"name": c} for c in CANDS], "knob": {"lambda": 0.0}, "table": {"url": url},
-        "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
-    })  # fmt: skip
+    return Settings.model_validate(
+        {
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, "context_refresh_s": 0, **router},
+            "candidates": [{"name": c} for c in CANDS],
+            "knob": {"lambda": 0.0},
+            "table": {"url": url},
+            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
+        }
+    )
 
 
 def deps(backend, group="pool"):
-    return [{"model_name": group, "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-             "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+    return [
+        {
+            "model_name": group,
+            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+            "model_info": {"id": f"dep-{c}"},
+        }
+        for c in CANDS
+    ]
 
 
 class ScaledMeter:
@@ -76,8 +86,10 @@ class ScaledMeter:
         pass
 
     def energy_for_request(self, usage, *, final=False):
-        j = self.scale * (usage.prompt_tokens * self.est.j_per_prompt_token[usage.candidate]
-                          + usage.completion_tokens * self.est.j_per_output_token[usage.candidate])  # fmt: skip
+        j = self.scale * (
+            usage.prompt_tokens * self.est.j_per_prompt_token[usage.candidate]
+            + usage.completion_tokens * self.est.j_per_output_token[usage.candidate]
+        )
         self.seen.append((usage.candidate, j))
         return RequestEnergy(energy_j=j, method="simulated")
 
@@ -143,7 +155,9 @@ def test_unseen_context_falls_back_to_its_parent_and_a_context_gets_its_own_prio
 
 def test_context_comes_from_authenticated_fields_only():
     a = request_context("q", [{"user_api_key_alias": "app-A", "tags": ["caller-said"], "team": "x"}], "pool")
-    b = request_context("q", [{"user_api_key_alias": "app-A", "tags": ["other"], "requester_metadata": {"a": 1}}], "pool")
+    b = request_context(
+        "q", [{"user_api_key_alias": "app-A", "tags": ["other"], "requester_metadata": {"a": 1}}], "pool"
+    )
     assert a == b and a.key.startswith("ctx:") and "app-A" not in str(a)
     c = request_context("q", [{"user_api_key_alias": "app-A", "user_api_key_metadata": {"tags": ["prod"]}}], "pool")
     assert c.key != a.key  # the key's own tags count
@@ -155,12 +169,23 @@ def test_prior_fitted_from_tournament_and_production_rows(any_url):
     ctx = Context("ctx:00aa11bb22cc33dd", "cl:3")
     qs, runs = [], []
     for i in range(30):
-        qs += [make_query(f"t{i}", "synthetic", f"Give a proof about birds number {i}", source="tournament"),
-               make_query(f"prod-{i}", "production", f"app question {i}", source="production")]  # fmt: skip
+        qs += [
+            make_query(f"t{i}", "synthetic", f"Give a proof about birds number {i}", source="tournament"),
+            make_query(f"prod-{i}", "production", f"app question {i}", source="production"),
+        ]
         for c, ok in (("small", 0.0), ("large", 1.0)):
             runs.append({"query_id": f"t{i}", "candidate": c, "source": "tournament", "score": ok})
-        runs.append({"query_id": f"prod-{i}", "candidate": "small", "source": "production", "score": 1.0,
-                     "call_id": f"call-{i}", "status": "success", "context": str(ctx)})  # fmt: skip
+        runs.append(
+            {
+                "query_id": f"prod-{i}",
+                "candidate": "small",
+                "source": "production",
+                "score": 1.0,
+                "call_id": f"call-{i}",
+                "status": "success",
+                "context": str(ctx),
+            }
+        )
     store.write(qs, runs, candidates=[{"name": c} for c in ("small", "large")])
     cp = ContextPrior(["small", "large"])
     assert cp.fit_rows(store.iter_runs()) == 90
@@ -199,7 +224,9 @@ def test_no_support_blends_toward_the_prior_and_says_so(planted_ckpt, sqlite_url
         ADAPT.prior.update(ctx, "large", 0.0)
     _, again = core.choose_sync(dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": md})
     assert again.adapt["prior_level"] == "ctx" and again.candidate == "small"
-    _, other = core.choose_sync(dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}})
+    _, other = core.choose_sync(
+        dl, [{"role": "user", "content": FAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}}
+    )
     assert other.adapt["prior_level"] == "cl" and other.candidate == "small"  # app-B: the cluster's, app-A's rows in it
 
 
@@ -241,8 +268,9 @@ def test_production_rows_correct_the_estimate_through_the_callback(planted_ckpt,
         logger.close()
 
 
-def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule(planted_ckpt, sqlite_url, tmp_path,
-                                                                                  backend):  # fmt: skip
+def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule(
+    planted_ckpt, sqlite_url, tmp_path, backend
+):
     core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path, context_rows=True))
     dl = deps(backend)
     store = open_store(sqlite_url)
@@ -264,7 +292,9 @@ def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule
     want[CANDS.index("small")] = (12.0 + n0 * raw.P[CANDS.index("small")]) / (12.0 + n0)
     assert later.adapt["context_rows"] == 12 and later.adapt["weight"] == 1.0
     assert [later.scores[c] for c in CANDS] == pytest.approx(want, abs=1e-5)
-    _, other = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}})
+    _, other = core.choose_sync(
+        dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {"user_api_key_alias": "app-B"}}
+    )
     assert [other.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5)  # another app: not moved
     plain = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))  # router.context_rows off (the default)
     _, off = plain.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})

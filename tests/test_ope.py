@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from litellm_energy_router.training.ope import estimate_policy, ips, logged_rows, snips, target_probs
 
 
@@ -35,9 +34,11 @@ def test_ips_and_snips_95pct_intervals_cover_truth_in_at_least_90_of_100_trials(
     for seed in range(100):
         t = _trial(seed)
         est = {
-            "ips_acc": ips(t["r"], t["p"], t["q"]), "snips_acc": snips(t["r"], t["p"], t["q"]),
-            "ips_j": ips(t["e"], t["p"], t["q"]), "snips_j": snips(t["e"], t["p"], t["q"]),
-        }  # fmt: skip
+            "ips_acc": ips(t["r"], t["p"], t["q"]),
+            "snips_acc": snips(t["r"], t["p"], t["q"]),
+            "ips_j": ips(t["e"], t["p"], t["q"]),
+            "snips_j": snips(t["e"], t["p"], t["q"]),
+        }
         for name, v in est.items():
             cover[name] += v.covers(t["true_acc"] if name.endswith("acc") else t["true_j"])
         logged_acc_err.append(abs(t["r"].mean() - t["true_acc"]))
@@ -51,11 +52,33 @@ def test_ips_and_snips_95pct_intervals_cover_truth_in_at_least_90_of_100_trials(
 def test_estimate_policy_on_table_like_rows():
     t = _trial(7, n=3000)
     cands = ["small", "mid", "large", "xl"]
-    rows = [{"source": "production", "status": "success", "candidate": cands[a], "propensity": p, "score": r, "energy_j": e}
-            for a, p, r, e in zip(t["a"], t["p"], t["r"], t["e"])]  # fmt: skip
-    rows.append({"source": "production", "status": "success", "candidate": "small", "propensity": None, "score": 1.0, "energy_j": 1.0})
-    rows.append({"source": "production", "status": "failure", "candidate": "small", "propensity": 0.5, "score": None, "energy_j": 1.0})
-    rows.append({"source": "import", "status": None, "candidate": "small", "propensity": 0.5, "score": 1.0, "energy_j": 1.0})
+    rows = [
+        {"source": "production", "status": "success", "candidate": cands[a], "propensity": p, "score": r, "energy_j": e}
+        for a, p, r, e in zip(t["a"], t["p"], t["r"], t["e"])
+    ]
+    rows.append(
+        {
+            "source": "production",
+            "status": "success",
+            "candidate": "small",
+            "propensity": None,
+            "score": 1.0,
+            "energy_j": 1.0,
+        }
+    )
+    rows.append(
+        {
+            "source": "production",
+            "status": "failure",
+            "candidate": "small",
+            "propensity": 0.5,
+            "score": None,
+            "energy_j": 1.0,
+        }
+    )
+    rows.append(
+        {"source": "import", "status": None, "candidate": "small", "propensity": 0.5, "score": 1.0, "energy_j": 1.0}
+    )
     usable = logged_rows(rows)
     assert len(usable) == 3000
     chosen = [cands[j] for j in t["new"][t["x"]]]
@@ -68,14 +91,27 @@ def test_estimate_policy_on_table_like_rows():
     assert ips(r, p, p).value == pytest.approx(pe.logged_accuracy)
     assert snips(r, p, p).value == pytest.approx(pe.logged_accuracy)
 
+
 def test_a_capped_log_is_a_uniform_sample_whose_estimate_still_covers_the_truth():
     """``logged_rows(cap=)`` keeps memory bounded (reservoir sampling): exactly ``cap`` usable rows, each
     equally likely, and the SNIPS interval on them still covers the new policy's true value."""
     t = _trial(11, n=6000)
     cands = ["small", "mid", "large", "xl"]
-    rows = [{"source": "production", "status": "success", "candidate": cands[a], "propensity": p, "score": r, "energy_j": e, "i": i}
-            for i, (a, p, r, e) in enumerate(zip(t["a"], t["p"], t["r"], t["e"]))]  # fmt: skip
-    rows.insert(10, {"source": "import", "status": None, "candidate": "small", "propensity": 0.5, "score": 1.0, "energy_j": 1.0})
+    rows = [
+        {
+            "source": "production",
+            "status": "success",
+            "candidate": cands[a],
+            "propensity": p,
+            "score": r,
+            "energy_j": e,
+            "i": i,
+        }
+        for i, (a, p, r, e) in enumerate(zip(t["a"], t["p"], t["r"], t["e"]))
+    ]
+    rows.insert(
+        10, {"source": "import", "status": None, "candidate": "small", "propensity": 0.5, "score": 1.0, "energy_j": 1.0}
+    )
     assert len(logged_rows(rows, cap=10_000)) == 6000  # under the cap: every usable row
     hits = np.zeros(6000)
     for seed in range(40):
@@ -121,15 +157,47 @@ def test_eval_checkpoint_estimates_it_on_logged_production_rows(tmp_path, plante
         q = make_query(f"prod-{i}", "production", text, source="production")
         c = rng.choice(["small", "medium", "large"])
         prod_q.append(q)
-        prod_r.append({"query_id": q.id, "candidate": c, "source": "production", "status": "success", "propensity": 1 / 3,
-                       "score": 1.0 if (not hard or c == "large") else 0.0, "energy_j": ENERGY[c], "call_id": f"call-{i}",
-                       "prompt_tokens": 8, "completion_tokens": 20})  # fmt: skip
+        prod_r.append(
+            {
+                "query_id": q.id,
+                "candidate": c,
+                "source": "production",
+                "status": "success",
+                "propensity": 1 / 3,
+                "score": 1.0 if (not hard or c == "large") else 0.0,
+                "energy_j": ENERGY[c],
+                "call_id": f"call-{i}",
+                "prompt_tokens": 8,
+                "completion_tokens": 20,
+            }
+        )
     store.write(prod_q, prod_r)
     store.close()
     out = tmp_path / "rep"
-    r = subprocess.run([sys.executable, "-m", "litellm_energy_router.cli", "eval", "--db", url, "--out", str(out), "--no-router",
-                        "--baselines", "none", "--folds", "2", "--checkpoint", str(planted_ckpt), "--lambda", "0"],
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "litellm_energy_router.cli",
+            "eval",
+            "--db",
+            url,
+            "--out",
+            str(out),
+            "--no-router",
+            "--baselines",
+            "none",
+            "--folds",
+            "2",
+            "--checkpoint",
+            str(planted_ckpt),
+            "--lambda",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     assert "off-policy estimate of checkpoint" in r.stdout
     est = next(iter(json.loads((out / "off_policy.json").read_text()).values()))

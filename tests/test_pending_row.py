@@ -6,25 +6,41 @@ from datetime import datetime, timezone
 
 from prometheus_client import REGISTRY, generate_latest
 
-from litellm_energy_router.callback import CandidateMap, PendingRow, TableWriter, extract_row
-from litellm_energy_router.decision import Decision
-from litellm_energy_router.router.request_text import query_text as routed_text
 from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.litellm_glue.callback import CandidateMap, PendingRow, TableWriter, extract_row
+from litellm_energy_router.litellm_glue.decision import Decision
+from litellm_energy_router.litellm_glue.request_text import query_text as routed_text
 from litellm_energy_router.settings import CandidateSettings, PrivacySettings, WriterSettings
 
-CMAP = CandidateMap([
-    CandidateSettings(name="small", deployment_id="dep-small", model="openai/small-model", params_b=7),
-    CandidateSettings(name="big", model="openai/big-model"),
-])  # fmt: skip
+CMAP = CandidateMap(
+    [
+        CandidateSettings(name="small", deployment_id="dep-small", model="openai/small-model", params_b=7),
+        CandidateSettings(name="big", model="openai/big-model"),
+    ]
+)
 
 
 def kwargs(model_id="dep-small", model="openai/small-model", **slo):
     md = {}
-    base = {"litellm_call_id": "c1", "id": "chatcmpl-9", "model_id": model_id, "model": model, "prompt_tokens": 12,
-            "completion_tokens": 7, "startTime": 100.0, "endTime": 101.5, "completionStartTime": 100.4,
-            "messages": [{"role": "user", "content": "hi"}], "status": "success"}  # fmt: skip
+    base = {
+        "litellm_call_id": "c1",
+        "id": "chatcmpl-9",
+        "model_id": model_id,
+        "model": model,
+        "prompt_tokens": 12,
+        "completion_tokens": 7,
+        "startTime": 100.0,
+        "endTime": 101.5,
+        "completionStartTime": 100.4,
+        "messages": [{"role": "user", "content": "hi"}],
+        "status": "success",
+    }
     base.update(slo)
-    return {"standard_logging_object": base, "litellm_params": {"metadata": md}, "litellm_call_id": base["litellm_call_id"]}
+    return {
+        "standard_logging_object": base,
+        "litellm_params": {"metadata": md},
+        "litellm_call_id": base["litellm_call_id"],
+    }
 
 
 def test_candidate_resolution():
@@ -57,8 +73,17 @@ def test_extract_row_fields():
 
 
 def test_row_text_is_what_the_router_reads():
-    msgs = [{"role": "system", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "b"}]}]  # fmt: skip
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {}},
+                {"type": "text", "text": "b"},
+            ],
+        },
+    ]
     r = extract_row(kwargs(messages=msgs), None, None, "success", CMAP)
     assert r.text == routed_text(msgs) == "be brief\n\na\nb"
     r = extract_row({**kwargs(messages=None), "prompt": "complete this"}, None, None, "success", CMAP)
@@ -72,17 +97,52 @@ def test_model_info_tag_wins():
 
 
 def test_metrics_exposed(sqlite_url, tmp_path):
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "s"), privacy=PrivacySettings())
-    w.submit(PendingRow(call_id="m1", candidate="mistralai/mistral-7b-chat", status="success", text="x", start_s=1.0,
-                        end_s=2.0, first_token_s=None, prompt_tokens=10, completion_tokens=10, propensity=None,
-                        deployment_id=None, backend_id=None))  # fmt: skip
-    w.submit(PendingRow(call_id="m2", candidate="not-in-profile", status="success", text="x", start_s=1.0,
-                        end_s=2.0, first_token_s=None, prompt_tokens=10, completion_tokens=10, propensity=None,
-                        deployment_id=None, backend_id=None))  # fmt: skip
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "s"), privacy=PrivacySettings()
+    )
+    w.submit(
+        PendingRow(
+            call_id="m1",
+            candidate="mistralai/mistral-7b-chat",
+            status="success",
+            text="x",
+            start_s=1.0,
+            end_s=2.0,
+            first_token_s=None,
+            prompt_tokens=10,
+            completion_tokens=10,
+            propensity=None,
+            deployment_id=None,
+            backend_id=None,
+        )
+    )
+    w.submit(
+        PendingRow(
+            call_id="m2",
+            candidate="not-in-profile",
+            status="success",
+            text="x",
+            start_s=1.0,
+            end_s=2.0,
+            first_token_s=None,
+            prompt_tokens=10,
+            completion_tokens=10,
+            propensity=None,
+            deployment_id=None,
+            backend_id=None,
+        )
+    )
     w.close()
     text = generate_latest(REGISTRY).decode()
-    assert 'energy_router_request_joules_bucket{candidate="mistralai/mistral-7b-chat",le="2.5",method="estimate"}' in text
+    assert (
+        'energy_router_request_joules_bucket{candidate="mistralai/mistral-7b-chat",le="2.5",method="estimate"}' in text
+    )
     assert 'energy_router_rows_total{method="none"}' in text  # no profile entry: row kept without energy
-    for name in ("energy_router_writer_queue_depth", "energy_router_spool_backlog_rows", "energy_router_spooled_rows_total",
-                 "energy_router_rows_written_total", "energy_router_measured_energy_ratio"):  # fmt: skip
+    for name in (
+        "energy_router_writer_queue_depth",
+        "energy_router_spool_backlog_rows",
+        "energy_router_spooled_rows_total",
+        "energy_router_rows_written_total",
+        "energy_router_measured_energy_ratio",
+    ):
         assert name in text

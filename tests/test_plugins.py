@@ -14,7 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from litellm_energy_router.profiling.config import parse_tournament_config
+from litellm_energy_router.profiling.runner import Tournament, build_jobs
+from litellm_energy_router.profiling.tasks import GradeContext, get_task, task_names
 
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.demo.task_answers import TaskAnswers
 from litellm_energy_router.energy import AttributedMeter, FallbackMeter, RequestUsage, make_meter, open_request_meter
 from litellm_energy_router.plugins import (
     GROUP,
@@ -26,14 +31,8 @@ from litellm_energy_router.plugins import (
     scorer_factories,
     task_factories,
 )
-from litellm_energy_router.profiling.config import parse_tournament_config
-from litellm_energy_router.profiling.runner import Tournament, build_jobs
-from litellm_energy_router.profiling.tasks import GradeContext, get_task, task_names
 from litellm_energy_router.settings import ConfigError, load_settings
 from litellm_energy_router.table import open_store
-
-from litellm_energy_router.demo.backend import LocalBackend
-from litellm_energy_router.demo.task_answers import TaskAnswers
 
 TASK_DIR = Path(__file__).parent / "data" / "tasks"
 
@@ -71,14 +70,25 @@ print(json.dumps({
 
 def test_fresh_process_finds_the_installed_plugin_and_stays_lean(example_plugin_dir):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(example_plugin_dir), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", LIST_IN_FRESH_PROCESS], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", LIST_IN_FRESH_PROCESS], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout)
     assert {"builtin_meters", "builtin_tasks", "example"} <= set(got["plugins"])
     assert set(got["meters"]) == BUILTIN_METERS | {"constant-power", "fake-rocm"}
     assert set(got["tasks"]) == BUILTIN_TASKS | {"echo"}
-    assert set(got["scorers"]) == {"student", "lm", "task_prior", "knn", "logreg", "mf", "stacked", "slow-student",
-                                   "keyword-prior"}
+    assert set(got["scorers"]) == {
+        "student",
+        "lm",
+        "task_prior",
+        "knn",
+        "logreg",
+        "mf",
+        "stacked",
+        "slow-student",
+        "keyword-prior",
+    }
     assert got["heavy"] == []  # listing every plugin imports no implementation (lazy factories)
 
 
@@ -96,7 +106,9 @@ def test_plugin_meter_selected_by_settings_measures_like_the_builtins(example_pl
         time.sleep(0.3)
         t1 = time.time()
         time.sleep(0.1)  # let the sampler close an interval past the request's end
-        e = meter.energy_for_request(RequestUsage("r1", "small", t0, t1, prompt_tokens=10, completion_tokens=20), final=True)
+        e = meter.energy_for_request(
+            RequestUsage("r1", "small", t0, t1, prompt_tokens=10, completion_tokens=20), final=True
+        )
     finally:
         meter.close()
     assert e.method == "simulated" and e.gpu == "1x constant 50 W"
@@ -126,11 +138,15 @@ def test_plugin_task_and_meter_run_a_tiny_tournament(example_plugin, tmp_path):
     backend.start()
     store = open_store(f"sqlite:///{tmp_path / 't.db'}")
     try:
-        cfg = parse_tournament_config({
-            "candidates": [backend.deployment(c, energy_profile_key="meta/llama-2-70b-chat") for c in acc],
-            "tasks": ["echo"], "concurrency": 2, "generation": {"num_retries": 0},
-            "energy": {"meter": "constant-power", "options": {"power_w": 80.0}, "gpu": "plugin GPU"},
-        })  # fmt: skip
+        cfg = parse_tournament_config(
+            {
+                "candidates": [backend.deployment(c, energy_profile_key="meta/llama-2-70b-chat") for c in acc],
+                "tasks": ["echo"],
+                "concurrency": 2,
+                "generation": {"num_retries": 0},
+                "energy": {"meter": "constant-power", "options": {"power_w": 80.0}, "gpu": "plugin GPU"},
+            }
+        )
         t = Tournament(cfg, store)
         try:
             summary = asyncio.run(t.run(build_jobs(cfg)))
@@ -151,24 +167,33 @@ def test_plugin_task_and_meter_run_a_tiny_tournament(example_plugin, tmp_path):
 def test_plugin_scorer_is_trained_selected_by_retrain_and_served(example_plugin, tmp_path, sqlite_url):
     """`keyword-prior` is written only in the plugin: retrain (select: true) cross-validates it beside a
     built-in, promotes it, and the strategy, `route` and the runtime serve its checkpoint."""
+    from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
+    from litellm_energy_router.training.selection import selectable
     from router_fixtures import CANDS, planted_rows
 
     from litellm_energy_router.cli.router_cmds import route_cmd
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore
     from litellm_energy_router.router.checkpoint import read_manifest, resolve
     from litellm_energy_router.router.runtime import RouterRuntime
     from litellm_energy_router.settings import CandidateSettings, Settings
-    from litellm_energy_router.strategy import EnergyRouterCore
-    from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
-    from litellm_energy_router.training.selection import selectable
 
     assert "keyword-prior" in selectable()
     store = open_store(sqlite_url)
     cands, queries, runs = planted_rows(60)
     store.write(queries, runs, candidates=cands)
     store.close()
-    cfg = RetrainConfig(table_url=sqlite_url, pointer=tmp_path / "current.json", quick=True, min_new_rows=10,
-                        holdout_fraction=0.2, lam=0.3, epsilon=0.0, select=True, select_folds=3,
-                        select_scorers=["task_prior", "keyword-prior"])  # fmt: skip
+    cfg = RetrainConfig(
+        table_url=sqlite_url,
+        pointer=tmp_path / "current.json",
+        quick=True,
+        min_new_rows=10,
+        holdout_fraction=0.2,
+        lam=0.3,
+        epsilon=0.0,
+        select=True,
+        select_folds=3,
+        select_scorers=["task_prior", "keyword-prior"],
+    )
     res = run_retrain(cfg, log=lambda s: None)
     assert res.status == "promoted", res.message
     sel = json.loads(res.report_json.read_text())["selection"]
@@ -181,24 +206,38 @@ def test_plugin_scorer_is_trained_selected_by_retrain_and_served(example_plugin,
     settings.router.checkpoint = cfg.pointer
     core = EnergyRouterCore(settings, runtime=RouterRuntime(cfg.pointer, background=False))
     assert core.runtime.model.name == "keyword-prior"
-    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}} for c in CANDS]
+    deps = [
+        {"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}}
+        for c in CANDS
+    ]
     for text, want in (("Give a proof about rivers number 999", "large"), ("Tell me about rivers number 999", "small")):
-        dep, d = core.choose_sync(deps, [{"role": "user", "content": text}],
-                                  request_kwargs={"metadata": {"energy_router": {"lambda": 0.3}}})  # fmt: skip
+        dep, d = core.choose_sync(
+            deps, [{"role": "user", "content": text}], request_kwargs={"metadata": {"energy_router": {"lambda": 0.3}}}
+        )
         assert d.fallback is None and d.candidate == want and d.router_version == read_manifest(ck).version
 
     inp, out = tmp_path / "in.csv", tmp_path / "d.jsonl"
-    inp.write_text(',sample_id,prompt,eval_name\n1,a,"[\'Give a proof about glass number 5\']",synthetic\n')
-    route_cmd(checkpoint=cfg.pointer, input=inp, output=out, lambdas="0.3", sweep=None, target_accuracy=None, scorer="auto", config=None)
+    inp.write_text(",sample_id,prompt,eval_name\n1,a,\"['Give a proof about glass number 5']\",synthetic\n")
+    route_cmd(
+        checkpoint=cfg.pointer,
+        input=inp,
+        output=out,
+        lambdas="0.3",
+        sweep=None,
+        target_accuracy=None,
+        scorer="auto",
+        config=None,
+    )
     assert json.loads(out.read_text())["model"] == "large"
 
 
 def test_plugin_meter_declares_measured_joules_and_gets_the_device_options(example_plugin, tmp_path):
     """A plugin meter that says its joules are measured: its rows are valid and count as measured in the
     energy fit; `energy.gpus` reaches it (not only nvml); a meter that declares nothing is not measured."""
+    from litellm_energy_router.training.pairs import PairReader
+
     from litellm_energy_router.energy.meter import is_measured, measured_methods
     from litellm_energy_router.table.rows import Run
-    from litellm_energy_router.training.pairs import PairReader
 
     assert {"nvml_counter", "power_sampling", "agent", "rocm_smi"} <= measured_methods()
     assert not is_measured("simulated") and not is_measured("estimate") and not is_measured(None)
@@ -212,8 +251,19 @@ def test_plugin_meter_declares_measured_joules_and_gets_the_device_options(examp
     Run(query_id="q", candidate="c", source="production", energy_j=5.0, energy_method="rocm_smi")  # a valid row
     reader = PairReader(None)
     for i, method in enumerate(("rocm_smi", "simulated")):
-        reader.add({"id": i + 1, "candidate": "c", "source": "tournament", "task": "t", "query_id": f"q{i}", "text": "x",
-                    "energy_j": 5.0, "energy_method": method, "score": 1.0})  # fmt: skip
+        reader.add(
+            {
+                "id": i + 1,
+                "candidate": "c",
+                "source": "tournament",
+                "task": "t",
+                "query_id": f"q{i}",
+                "text": "x",
+                "energy_j": 5.0,
+                "energy_method": method,
+                "score": 1.0,
+            }
+        )
     assert list(reader.run_cols["measured"]) == [1.0, 0.0]
 
 
@@ -236,13 +286,17 @@ def test_conflicts_and_bad_plugins_are_one_line():
         with pytest.raises(PluginError) as ei:
             meter_factories()
         msg = str(ei.value)
-        assert msg.startswith("energy meter 'nvml' is provided by two plugins: 'builtin_meters' (litellm-energy-router ")
+        assert msg.startswith(
+            "energy meter 'nvml' is provided by two plugins: 'builtin_meters' (litellm-energy-router "
+        )
         assert msg.endswith(" and 'clash'") and "\n" not in msg
     finally:
         pm.unregister(name="clash")
     pm.register(_NotADict(), name="listy")
     try:
-        with pytest.raises(PluginError, match=r"^plugin 'listy': energy_router_tasks\(\) returned list, expected a dict"):
+        with pytest.raises(
+            PluginError, match=r"^plugin 'listy': energy_router_tasks\(\) returned list, expected a dict"
+        ):
             task_factories()
     finally:
         pm.unregister(name="listy")
@@ -266,8 +320,10 @@ def test_entry_point_that_does_not_import_or_misnames_a_hook_is_named(monkeypatc
         return str(ei.value)
 
     msg = load(importlib.metadata.EntryPoint("broken", "no_such_module_for_energy_router", GROUP))
-    assert msg == ("plugin 'broken' (unknown distribution): cannot load 'no_such_module_for_energy_router': "
-                   "ModuleNotFoundError: No module named 'no_such_module_for_energy_router'")  # fmt: skip
+    assert msg == (
+        "plugin 'broken' (unknown distribution): cannot load 'no_such_module_for_energy_router': "
+        "ModuleNotFoundError: No module named 'no_such_module_for_energy_router'"
+    )
     typo = types.ModuleType("energy_router_typo_plugin")
     typo.energy_router_meter = hookimpl(lambda: {})  # singular: no such hook
     monkeypatch.setitem(sys.modules, typo.__name__, typo)

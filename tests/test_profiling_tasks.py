@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from litellm_energy_router.profiling.judge import Judge, judge_messages, parse_rating, rating_to_score
 from litellm_energy_router.profiling.tasks import GradeContext, Task, TaskError, get_task, sample_items, task_names
 from litellm_energy_router.profiling.tasks.choice import extract_choice
@@ -40,12 +39,20 @@ def test_choice_prompt_maps_labels_and_gold():
 @pytest.mark.parametrize(
     "text,expected",
     [
-        ("The answer is (C).", 2), ("B", 1), ("Answer: D. zero", 3), ("**A**", 0), ("(B) Mercury", 1),
-        ("I think the correct option is C because it fits.", 2), ("answer: b", 1),
-        ("A good guess would be that the answer is D", 3), ("It is Mercury.", 1), ("no idea", None),
-        ("The answer is (E).", None), ("Between A and B, I pick B. Final answer: B", 1),
+        ("The answer is (C).", 2),
+        ("B", 1),
+        ("Answer: D. zero", 3),
+        ("**A**", 0),
+        ("(B) Mercury", 1),
+        ("I think the correct option is C because it fits.", 2),
+        ("answer: b", 1),
+        ("A good guess would be that the answer is D", 3),
+        ("It is Mercury.", 1),
+        ("no idea", None),
+        ("The answer is (E).", None),
+        ("Between A and B, I pick B. Final answer: B", 1),
     ],
-)  # fmt: skip
+)
 def test_extract_choice(text, expected):
     assert extract_choice(text, ["Venus", "Mercury", "Mars", "Earth"]) == expected
 
@@ -53,11 +60,15 @@ def test_extract_choice(text, expected):
 @pytest.mark.parametrize(
     "text,expected",
     [
-        ("so 3 + 4 = 7\n#### 7", 7), ("The answer is $1,200.", 1200), ("We get 12 then 14 apples.", 14),
-        ("Final answer: -6", -6), ("\\boxed{3/4}", 0.75), ("The answer is 30 dollars, after 25% off 40.", 30),
+        ("so 3 + 4 = 7\n#### 7", 7),
+        ("The answer is $1,200.", 1200),
+        ("We get 12 then 14 apples.", 14),
+        ("Final answer: -6", -6),
+        ("\\boxed{3/4}", 0.75),
+        ("The answer is 30 dollars, after 25% off 40.", 30),
         ("nothing numeric", None),
     ],
-)  # fmt: skip
+)
 def test_extract_number(text, expected):
     assert extract_number(text) == expected
 

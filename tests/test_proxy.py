@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from litellm_energy_router.demo.backend import LocalBackend, expected_usage, messages_text
-from litellm_energy_router.litellm_compat import PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks
-from litellm_energy_router.router.checkpoint import point_to
-from litellm_energy_router.table import open_store
-
 from proxy_process import ProxyProcess
 from router_fixtures import train_planted
+
+from litellm_energy_router.demo.backend import LocalBackend, expected_usage, messages_text
+from litellm_energy_router.litellm_glue.litellm_compat import PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks
+from litellm_energy_router.router.checkpoint import point_to
+from litellm_energy_router.table import open_store
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = pytest.mark.litellm_integration
@@ -30,12 +29,16 @@ KEY = "sk-energy-router-test-0123456789"
 PROOF = "Give a proof about chess number 4242"
 EASY = "Tell me about rivers number 4242"
 
+
 def _post(port, text, metadata=None):
     body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
     if metadata:
         body["metadata"] = metadata
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read()), r.headers.get("x-litellm-model-id")
 
@@ -50,21 +53,31 @@ def proxy(tmp_path_factory):
     point_to(pointer, v1)
     backend = LocalBackend().start()
     env = {
-        **os.environ, "LITELLM_MASTER_KEY": KEY, "VLLM_API_KEY": "none",
-        "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
-        "LARGE_API_BASE": backend.base("large"), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
-        "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(pointer), "ENERGY_ROUTER_ROUTER__FALLBACK": "vllm-yi-34b",
-        "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "5000", "ENERGY_ROUTER_KNOB__LAMBDA": "0.05",
+        **os.environ,
+        "LITELLM_MASTER_KEY": KEY,
+        "VLLM_API_KEY": "none",
+        "SMALL_API_BASE": backend.base("small"),
+        "MEDIUM_API_BASE": backend.base("medium"),
+        "LARGE_API_BASE": backend.base("large"),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "HF_HUB_OFFLINE": "1",
+        "ENERGY_ROUTER_ROUTER__CHECKPOINT": str(pointer),
+        "ENERGY_ROUTER_ROUTER__FALLBACK": "vllm-yi-34b",
+        "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "5000",
+        "ENERGY_ROUTER_KNOB__LAMBDA": "0.05",
         "ENERGY_ROUTER_TABLE__URL": f"sqlite:///{d / 'production.db'}",
         "ENERGY_ROUTER_WRITER__SPOOL_DIR": str(d / "spool"),
-    }  # fmt: skip
+    }
     config = ROOT / "config_examples/proxy_config.yaml"
     if not proxy_imports_installed_callbacks():
         # An older LiteLLM proxy loads callbacks only from files next to config.yaml: the example config
         # with its callbacks moved into the documented module beside it (docs/compatibility.md).
         (d / "energy_router_callbacks.py").write_text(PROXY_CALLBACKS_MODULE)
         text = config.read_text()
-        for dotted in ("litellm_energy_router.proxy_router.energy_router", "litellm_energy_router.callback.proxy_logger.energy_logger"):
+        for dotted in (
+            "litellm_energy_router.litellm_glue.proxy_router.energy_router",
+            "litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger",
+        ):
             assert dotted in text
             text = text.replace(dotted, "energy_router_callbacks." + dotted.rsplit(".", 1)[1])
         config = d / "proxy_config.yaml"
@@ -124,8 +137,11 @@ def _scrape(port, auth=True):
     headers = {"Authorization": f"Bearer {KEY}"} if auth else {}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
     with urllib.request.urlopen(req, timeout=30) as r:
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}  # fmt: skip
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(r.read().decode())
+            for s in f.samples
+        }
 
 
 def test_proxy_metrics_endpoint(proxy):
@@ -150,7 +166,9 @@ def test_proxy_metrics_endpoint(proxy):
     assert joules[(*large, ("method", "estimate"))] > 0 and joules[(*small, ("method", "estimate"))] > 0
     assert m[("energy_router_request_joules_count", (*small, ("method", "estimate")))] > 0
     assert m[("energy_router_rows_total", (("method", "estimate"),))] >= 2
-    assert m[("energy_router_rows_written_total", ())] > 0 and m[("energy_router_reloads_total", (("result", "ok"),))] > 0
+    assert (
+        m[("energy_router_rows_written_total", ())] > 0 and m[("energy_router_reloads_total", (("result", "ok"),))] > 0
+    )
     for name in ("spool_backlog_rows", "writer_queue_depth", "checkpoint_load_seconds_count", "measured_energy_ratio"):
         assert (f"energy_router_{name}", ()) in m
     assert any(k[0].startswith("litellm_") for k in m)  # one registry, LiteLLM's own series beside ours
@@ -186,9 +204,9 @@ def test_proxy_refuses_a_reused_call_id_and_each_answer_names_its_row(proxy):
     refused (409) before any backend call: whether the first is still in the writer's queue or in the table (as
     another proxy sharing it would have written it). So every answer's call id is the one its row is stored under,
     and feedback for it labels that row only."""
-    from litellm_energy_router.callback import PendingRow, TableWriter
     from litellm_energy_router.energy.estimate import EstimateMeter
     from litellm_energy_router.feedback import apply_feedback
+    from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
     from litellm_energy_router.settings import PrivacySettings, WriterSettings
 
     port, b, d = proxy["port"], proxy["backend"], proxy["dir"]
@@ -201,11 +219,28 @@ def test_proxy_refuses_a_reused_call_id_and_each_answer_names_its_row(proxy):
     assert served() == before
     (first,) = _production_rows(d, "client-42", timeout_s=30)
     # another proxy sharing the table stored a request under an id this one never saw: refused from the table
-    w = TableWriter(f"sqlite:///{d / 'production.db'}", EstimateMeter(), privacy=PrivacySettings(),
-                    writer=WriterSettings(spool_dir=d / "other-spool", flush_interval_s=0.05))  # fmt: skip
-    w.submit(PendingRow(call_id="other-proxy-7", candidate=NAMES[0], status="success", text="elsewhere", start_s=1.0,
-                        end_s=2.0, first_token_s=None, prompt_tokens=3, completion_tokens=2, propensity=None,
-                        deployment_id=None, backend_id=None))  # fmt: skip
+    w = TableWriter(
+        f"sqlite:///{d / 'production.db'}",
+        EstimateMeter(),
+        privacy=PrivacySettings(),
+        writer=WriterSettings(spool_dir=d / "other-spool", flush_interval_s=0.05),
+    )
+    w.submit(
+        PendingRow(
+            call_id="other-proxy-7",
+            candidate=NAMES[0],
+            status="success",
+            text="elsewhere",
+            start_s=1.0,
+            end_s=2.0,
+            first_token_s=None,
+            prompt_tokens=3,
+            completion_tokens=2,
+            propensity=None,
+            deployment_id=None,
+            backend_id=None,
+        )
+    )
     w.close()
     status, body, _ = _call(port, EASY + " third asker", "other-proxy-7")
     assert status == 409 and "other-proxy-7" in body["error"]["message"] and served() == before, body
@@ -226,13 +261,21 @@ def test_proxy_energy_logger_writes_production_rows(proxy):
     _post(port, EASY + " logged")
     proxy["server"].stop(30)
     store = open_store(f"sqlite:///{proxy['dir'] / 'production.db'}")
-    rows = [r for r in store.iter_runs() if r["source"] == "production" and r["call_id"] != "other-proxy-7"]  # that one:
+    rows = [
+        r for r in store.iter_runs() if r["source"] == "production" and r["call_id"] != "other-proxy-7"
+    ]  # that one:
     store.close()  # another proxy's row, written by the call id test
     assert len(rows) >= 8  # every request of both tests, fallback included
-    assert {r["candidate"] for r in rows} >= {"mistralai/mistral-7b-chat", "meta/llama-2-70b-chat", "zero-one-ai/Yi-34B-Chat"}
+    assert {r["candidate"] for r in rows} >= {
+        "mistralai/mistral-7b-chat",
+        "meta/llama-2-70b-chat",
+        "zero-one-ai/Yi-34B-Chat",
+    }
     assert all(r["energy_j"] and r["energy_j"] > 0 and r["energy_method"] == "estimate" for r in rows)
     # the token counts the backend reported for what it received
-    usages = {expected_usage(messages_text(x["body"]["messages"])) for got in proxy["backend"].received.values() for x in got}
+    usages = {
+        expected_usage(messages_text(x["body"]["messages"])) for got in proxy["backend"].received.values() for x in got
+    }
     assert all(r["latency_s"] is not None and (r["prompt_tokens"], r["completion_tokens"]) in usages for r in rows)
     routed = [r for r in rows if r["propensity"] is not None]
     assert routed and all(0 < r["propensity"] <= 1 for r in routed)

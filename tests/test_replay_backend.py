@@ -11,7 +11,6 @@ from pathlib import Path
 import litellm
 import pytest
 import yaml
-
 from litellm_energy_router.profiling.routerbench import bundled_files, iter_records
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
@@ -20,8 +19,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "Tru
 
 @pytest.mark.litellm_integration
 def test_replay_backend_serves_the_printed_config():
-    proc = subprocess.Popen([EXE, "replay-backend", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)  # fmt: skip
+    proc = subprocess.Popen(
+        [EXE, "replay-backend", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+    )
     try:
         lines = []
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -29,8 +29,10 @@ def test_replay_backend_serves_the_printed_config():
             if line.strip().startswith("master_key:"):
                 break
         cfg = yaml.safe_load("".join(lines))
-        assert cfg["litellm_settings"]["callbacks"] == ["litellm_energy_router.proxy_router.energy_router",
-                                                        "litellm_energy_router.callback.proxy_logger.energy_logger"]  # fmt: skip
+        assert cfg["litellm_settings"]["callbacks"] == [
+            "litellm_energy_router.litellm_glue.proxy_router.energy_router",
+            "litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger",
+        ]
         deps = cfg["model_list"]
         by_id = {d["model_info"]["id"]: d["model_info"]["energy_router_candidate"] for d in deps}
         assert len(deps) == 6 and {d["model_name"] for d in deps} == {"chat"}
@@ -47,8 +49,10 @@ def test_replay_backend_serves_the_printed_config():
         proc.wait(20)
 
 
-@pytest.mark.parametrize("args, says", [(["--port", "70000"], "--port 70000"),
-                                        (["--data", "/nonexistent/rb.csv"], "/nonexistent/rb.csv: file not found")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, says",
+    [(["--port", "70000"], "--port 70000"), (["--data", "/nonexistent/rb.csv"], "/nonexistent/rb.csv: file not found")],
+)
 def test_replay_backend_bad_input_is_one_line(args, says):
     r = subprocess.run([EXE, "replay-backend", *args], capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

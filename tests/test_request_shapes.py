@@ -6,33 +6,48 @@ import asyncio
 
 import pytest
 from litellm import Router
-
-from litellm_energy_router.litellm_compat import register_strategy
-from litellm_energy_router.router.request_text import query_text
-from litellm_energy_router.strategy import EnergyRoutingStrategy
-
-from litellm_energy_router.demo.backend import LocalBackend
 from router_fixtures import CANDS
 from test_strategy import model_list, settings
+
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.request_text import query_text
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = pytest.mark.litellm_integration
 
 IMG = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 SHAPES = {
-    "multi_turn": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                   {"role": "assistant", "content": "hello"}, {"role": "user", "content": "Give a proof about glass number 3"}],
-    "parts": [{"role": "user", "content": [{"type": "text", "text": "Give a proof about"}, IMG, {"type": "text", "text": "birds"}]}],
-    "tool_calls": [{"role": "user", "content": "weather?"},
-                   {"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-                   {"role": "tool", "tool_call_id": "t1", "content": "sunny"}],
+    "multi_turn": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "Give a proof about glass number 3"},
+    ],
+    "parts": [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Give a proof about"}, IMG, {"type": "text", "text": "birds"}],
+        }
+    ],
+    "tool_calls": [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+    ],
     "system_only": [{"role": "system", "content": "You are terse."}],
     "empty": [{"role": "user", "content": ""}],
     "whitespace": [{"role": "user", "content": "   \n\t "}],
     "huge": [{"role": "user", "content": "word " * 200_000 + "Give a proof about chess"}],
     "emoji": [{"role": "user", "content": "Give a proof 🚀🔥 about 👩‍👩‍👧 family number 8"}],
-}  # fmt: skip
+}
 # Lone surrogates cannot be sent over HTTP at all (LiteLLM's client refuses to encode them), so the
 # router is checked on its own: it must pick a deployment without raising.
 SURROGATES = [{"role": "user", "content": "proof \ud800\udfff\ud83d lone"}]

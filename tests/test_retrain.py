@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
 from router_fixtures import planted_rows, retrain_yaml
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.table import open_store
-from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -37,13 +37,26 @@ def _shuffled(m):
 
 
 def _cfg(tmp_path: Path, url: str, **kw) -> RetrainConfig:
-    return RetrainConfig(table_url=url, pointer=tmp_path / "current.json", quick=True, min_new_rows=100,
-                         holdout_fraction=0.3, lam=0.3, epsilon=0.0, **kw)  # fmt: skip
+    return RetrainConfig(
+        table_url=url,
+        pointer=tmp_path / "current.json",
+        quick=True,
+        min_new_rows=100,
+        holdout_fraction=0.3,
+        lam=0.3,
+        epsilon=0.0,
+        **kw,
+    )
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "litellm_energy_router.cli", *args], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "litellm_energy_router.cli", *args],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_reloads(tmp_path, sqlite_url):
@@ -71,12 +84,20 @@ def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_
     bad = run_retrain(bad_cfg, log=lambda s: None, transform_train=_shuffled)
     assert bad.status == "promoted"
     # a running strategy core (what EnergyRoutingStrategy and the proxy filter hold) serves from the pointer
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore
     from litellm_energy_router.settings import Settings
-    from litellm_energy_router.strategy import EnergyRouterCore
 
-    core = EnergyRouterCore(Settings.model_validate({"router": {"checkpoint": str(bad_cfg.pointer), "timeout_ms": 10_000}}))
-    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": c, "energy_router_candidate": c}}
-            for c in ("small", "medium", "large")]  # fmt: skip
+    core = EnergyRouterCore(
+        Settings.model_validate({"router": {"checkpoint": str(bad_cfg.pointer), "timeout_ms": 10_000}})
+    )
+    deps = [
+        {
+            "model_name": "pool",
+            "litellm_params": {"model": f"openai/{c}"},
+            "model_info": {"id": c, "energy_router_candidate": c},
+        }
+        for c in ("small", "medium", "large")
+    ]
     ask = lambda text: core.choose_sync(deps, [{"role": "user", "content": text}])[1]  # noqa: E731
     core.runtime.maybe_reload(block=True)
     assert ask("Tell me about rivers number 1000").router_version == bad.version
@@ -128,7 +149,9 @@ def test_two_concurrent_runs_train_once(tmp_path, sqlite_url):
 
 def test_bad_config_is_one_line_error(tmp_path, sqlite_url):
     conf = tmp_path / "bad.yaml"
-    conf.write_text(f'energy_router:\n  table: {{url: "{sqlite_url}"}}\n  router: {{checkpoint: "{tmp_path / "p.json"}"}}\nretrain:\n  rule: fastest\n')
+    conf.write_text(
+        f'energy_router:\n  table: {{url: "{sqlite_url}"}}\n  router: {{checkpoint: "{tmp_path / "p.json"}"}}\nretrain:\n  rule: fastest\n'
+    )
     p = _cli("retrain", "--config", str(conf))
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2 and "retrain" in out and "rule" in out and "fastest" in out, out
@@ -141,8 +164,9 @@ def test_bad_config_is_one_line_error(tmp_path, sqlite_url):
 
 
 def test_shipped_example_retrain_section_loads(tmp_path):
-    from litellm_energy_router.settings import ConfigError
     from litellm_energy_router.training.retrain import load_retrain_config
+
+    from litellm_energy_router.settings import ConfigError
 
     example = Path(__file__).resolve().parents[1] / "config_examples/energy-router.yaml"
     cfg = load_retrain_config(example, pointer=tmp_path / "current.json")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
+from litellm_energy_router.training.sampling import TrainingBudget
 from router_fixtures import planted_rows
 
 from litellm_energy_router.table import open_store
-from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
-from litellm_energy_router.training.sampling import TrainingBudget
 
 
 def _add(url: str, prefix: str, n: int, task: str) -> None:
@@ -24,8 +24,16 @@ def test_retrain_over_budget_trains_on_a_stratified_sample_and_reports_it(tmp_pa
     _add(sqlite_url, "a", 240, "big")
     _add(sqlite_url, "b", 30, "small")
     budget = TrainingBudget(max_queries=60, min_per_stratum=12)
-    cfg = RetrainConfig(table_url=sqlite_url, pointer=tmp_path / "current.json", quick=True, min_new_rows=10,
-                        holdout_fraction=0.25, lam=0.3, epsilon=0.0, budget=budget)  # fmt: skip
+    cfg = RetrainConfig(
+        table_url=sqlite_url,
+        pointer=tmp_path / "current.json",
+        quick=True,
+        min_new_rows=10,
+        holdout_fraction=0.25,
+        lam=0.3,
+        epsilon=0.0,
+        budget=budget,
+    )
     first = run_retrain(cfg, log=lambda s: None)
     assert first.status == "promoted"
     rep = json.loads(first.report_json.read_text())
@@ -51,8 +59,10 @@ def test_retrain_over_budget_trains_on_a_stratified_sample_and_reports_it(tmp_pa
     assert rep2["data"]["table_queries"] == 330
 
     _add(sqlite_url, "d", 40, "small")  # a warm start trains on the new queries plus a replay of old ones
-    warm = run_retrain(cfg.model_copy(update={"warm_start": True, "budget": budget.model_copy(update={"replay_ratio": 1.0})}),
-                       log=lambda s: None)  # fmt: skip
+    warm = run_retrain(
+        cfg.model_copy(update={"warm_start": True, "budget": budget.model_copy(update={"replay_ratio": 1.0})}),
+        log=lambda s: None,
+    )
     rep3 = json.loads(warm.report_json.read_text())
     s3 = rep3["data"]["sample"]
     assert rep3["data"]["table_queries"] == 370
@@ -71,8 +81,11 @@ def test_retrain_reads_the_table_once(tmp_path: Path, sqlite_url: str, monkeypat
     _add(sqlite_url, "a", 80, "t")
     with open_store(sqlite_url) as st:  # a few production rows: one candidate each, with a propensity
         cands, queries, runs = planted_rows(20, prefix="p")
-        prod = [{**r, "source": "production", "propensity": 0.5, "call_id": f"c{i}"}
-                for i, r in enumerate(runs) if r["candidate"] == cands[0]["name"]]  # fmt: skip
+        prod = [
+            {**r, "source": "production", "propensity": 0.5, "call_id": f"c{i}"}
+            for i, r in enumerate(runs)
+            if r["candidate"] == cands[0]["name"]
+        ]
         st.write([q.model_copy(update={"source": "production"}) for q in queries], prod)
     reads: list[tuple[str, ...] | None] = []
     real = store_mod.SQLStore.iter_runs
@@ -82,8 +95,15 @@ def test_retrain_reads_the_table_once(tmp_path: Path, sqlite_url: str, monkeypat
         return real(self, *a, **kw)
 
     monkeypatch.setattr(store_mod.SQLStore, "iter_runs", counted)
-    cfg = RetrainConfig(table_url=sqlite_url, pointer=tmp_path / "current.json", quick=True, min_new_rows=10,
-                        holdout_fraction=0.25, lam=0.3, epsilon=0.0)  # fmt: skip
+    cfg = RetrainConfig(
+        table_url=sqlite_url,
+        pointer=tmp_path / "current.json",
+        quick=True,
+        min_new_rows=10,
+        holdout_fraction=0.25,
+        lam=0.3,
+        epsilon=0.0,
+    )
     res = run_retrain(cfg, log=lambda s: None)
     assert res.status == "promoted"
     assert reads == [tuple(cfg.sources), ("production",)], reads

@@ -3,15 +3,14 @@ refuses a bad key with a one-line error naming it."""
 
 from __future__ import annotations
 
-
 import pytest
+from litellm_energy_router.training.retrain import load_retrain_config, run_retrain
+from litellm_energy_router.training.train_config import TrainSection
 from router_fixtures import planted_rows, retrain_yaml
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import open_store
-from litellm_energy_router.training.retrain import load_retrain_config, run_retrain
-from litellm_energy_router.training.train_config import TrainSection
 
 
 def test_retrain_builds_the_backbone_its_config_names(tmp_path, sqlite_url):
@@ -19,13 +18,18 @@ def test_retrain_builds_the_backbone_its_config_names(tmp_path, sqlite_url):
     cands, queries, runs = planted_rows(60)
     store.write(queries, runs, candidates=cands)
     store.close()
-    conf = retrain_yaml(tmp_path, sqlite_url, 10, """
+    conf = retrain_yaml(
+        tmp_path,
+        sqlite_url,
+        10,
+        """
         train:
           backbone: {name: tiny, hidden_size: 48, layers: 3, vocab_size: 384}
           sft: {epochs: 2, batch_size: 8}
           max_len: 48
           student: false
-        """)
+        """,
+    )
     cfg = load_retrain_config(conf)
     res = run_retrain(cfg, log=lambda s: None)
     assert res.status == "promoted"
@@ -43,14 +47,19 @@ def test_train_section_maps_stages_and_keeps_grpo_steps_working():
     assert tc.grpo.steps == 7 and tc.probe_c is None and tc.backbone.hidden_size == 128  # over TrainConfig()
     assert TrainSection.model_validate({"grpo": {"enabled": False, "steps": 7}}).build().grpo is None
     assert TrainSection().build(grpo_steps=9).grpo.steps == 9
-    assert TrainSection().build(quick=True).probe_c == 0.3 and TrainSection().build(quick=True).backbone.hidden_size == 64
+    assert (
+        TrainSection().build(quick=True).probe_c == 0.3 and TrainSection().build(quick=True).backbone.hidden_size == 64
+    )
 
 
-@pytest.mark.parametrize("train, key", [
-    ("train: {backbone: {hidden_sise: 64}}", "train.backbone.hidden_sise"),
-    ("train: {sft: {epochs: -1}}", "train.sft.epochs"),
-    ("train: {grpo: {steps: 5}}\ngrpo_steps: 3", "grpo_steps"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "train, key",
+    [
+        ("train: {backbone: {hidden_sise: 64}}", "train.backbone.hidden_sise"),
+        ("train: {sft: {epochs: -1}}", "train.sft.epochs"),
+        ("train: {grpo: {steps: 5}}\ngrpo_steps: 3", "grpo_steps"),
+    ],
+)
 def test_a_bad_train_key_is_a_one_line_error_naming_it(tmp_path, sqlite_url, train, key):
     conf = retrain_yaml(tmp_path, sqlite_url, 10, train)
     with pytest.raises(ConfigError) as e:
@@ -64,24 +73,34 @@ def test_each_train_key_is_defined_once_by_its_training_dataclass():
     bounds of the field's metadata, the docstring's description; nothing is declared twice."""
     import dataclasses
 
-    from pydantic import ValidationError
-
     from litellm_energy_router.training.backbones import BackboneSpec
     from litellm_energy_router.training.grpo import GRPOStageConfig
     from litellm_energy_router.training.pipeline import TrainConfig
     from litellm_energy_router.training.sft import SFTStageConfig
     from litellm_energy_router.training.train_config import NOT_KEYS, BackboneSection, GRPOSection, SFTSection
+    from pydantic import ValidationError
 
-    pairs = [(BackboneSection, BackboneSpec(), ()), (SFTSection, SFTStageConfig(), ()), (GRPOSection, GRPOStageConfig(), ("enabled",)),
-             (TrainSection, TrainConfig(), ("backbone", "sft", "grpo"))]  # fmt: skip
+    pairs = [
+        (BackboneSection, BackboneSpec(), ()),
+        (SFTSection, SFTStageConfig(), ()),
+        (GRPOSection, GRPOStageConfig(), ("enabled",)),
+        (TrainSection, TrainConfig(), ("backbone", "sft", "grpo")),
+    ]
     for section, base, own in pairs:
-        fields = [f.name for f in dataclasses.fields(base) if not (isinstance(base, TrainConfig) and f.name in NOT_KEYS)]
+        fields = [
+            f.name for f in dataclasses.fields(base) if not (isinstance(base, TrainConfig) and f.name in NOT_KEYS)
+        ]
         assert set(section.model_fields) == set(fields) | set(own), section.__name__
         for k in fields:
             assert section.model_fields[k].default == getattr(base, k), (section.__name__, k)
             assert section.model_fields[k].description, (section.__name__, k)
-    for section, key, bad in [(SFTSection, "epochs", 0), (GRPOSection, "num_generations", 1), (BackboneSection, "layers", 0),
-                              (TrainSection, "max_len", 8), (TrainSection, "probe_c", -1.0)]:  # fmt: skip
+    for section, key, bad in [
+        (SFTSection, "epochs", 0),
+        (GRPOSection, "num_generations", 1),
+        (BackboneSection, "layers", 0),
+        (TrainSection, "max_len", 8),
+        (TrainSection, "probe_c", -1.0),
+    ]:
         with pytest.raises(ValidationError):
             section.model_validate({key: bad})
     tc = TrainSection.model_validate({"grpo": {"beta": 0.1}, "seed": 3}).build(quick=True)

@@ -7,41 +7,57 @@ import csv
 import json
 
 import pytest
+from router_fixtures import planted_rows
 
 from litellm_energy_router.cli import main
 from litellm_energy_router.cli.route_input import RouteInputError, read_route_input
 from litellm_energy_router.table import open_store
-
-from router_fixtures import planted_rows
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
 
 
 def test_every_format_gives_the_same_prompt(tmp_path):
     (tmp_path / "p.txt").write_text("What is 2+2?\n\nName a prime.\n")
-    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "What is 2+2?", "eval_name": "math", "id": "a"}) + "\n"
-                                      + json.dumps({"messages": MSGS}) + "\n" + json.dumps(MSGS) + "\n")  # fmt: skip
+    (tmp_path / "p.jsonl").write_text(
+        json.dumps({"prompt": "What is 2+2?", "eval_name": "math", "id": "a"})
+        + "\n"
+        + json.dumps({"messages": MSGS})
+        + "\n"
+        + json.dumps(MSGS)
+        + "\n"
+    )
     (tmp_path / "m.json").write_text(json.dumps(MSGS))
     with open(tmp_path / "rb.csv", "w", newline="") as fh:
-        csv.writer(fh).writerows([["", "sample_id", "prompt", "eval_name"], [7, "s", "['What is 2+2?']", "math"],
-                                  [8, "s", "[not a literal] What is 2+2?", "math"]])  # fmt: skip
+        csv.writer(fh).writerows(
+            [
+                ["", "sample_id", "prompt", "eval_name"],
+                [7, "s", "['What is 2+2?']", "math"],
+                [8, "s", "[not a literal] What is 2+2?", "math"],
+            ]
+        )
     with open(tmp_path / "chat.csv", "w", newline="") as fh:
         csv.writer(fh).writerows([["id", "messages"], ["c1", json.dumps(MSGS)]])
     assert read_route_input(tmp_path / "p.txt") == [("0", None, "What is 2+2?"), ("1", None, "Name a prime.")]
     rows = read_route_input(tmp_path / "p.jsonl")
     assert rows[0] == ("a", "math", "What is 2+2?") and rows[1][2] == rows[2][2] and "What is 2+2?" in rows[1][2]
     assert read_route_input(tmp_path / "m.json")[0][2] == rows[1][2]  # the text a served request routes on
-    assert read_route_input(tmp_path / "rb.csv") == [("7", "math", "What is 2+2?"), ("8", "math", "[not a literal] What is 2+2?")]
+    assert read_route_input(tmp_path / "rb.csv") == [
+        ("7", "math", "What is 2+2?"),
+        ("8", "math", "[not a literal] What is 2+2?"),
+    ]
     assert read_route_input(tmp_path / "chat.csv") == [("c1", None, rows[1][2])]
 
 
-@pytest.mark.parametrize("name, text, named", [
-    ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl:2: not valid JSON"),
-    ("bad.jsonl", '{"text": "x"}\n', "bad.jsonl:1: needs 'prompt'"),
-    ("bad.csv", "a,b\n1,2\n", "bad.csv: missing column 'prompt'"),
-    ("bad.csv", "prompt,eval_name\nx\n", "bad.csv:2: 1 fields"),
-    ("empty.txt", "\n\n", "empty.txt: no prompts"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, text, named",
+    [
+        ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl:2: not valid JSON"),
+        ("bad.jsonl", '{"text": "x"}\n', "bad.jsonl:1: needs 'prompt'"),
+        ("bad.csv", "a,b\n1,2\n", "bad.csv: missing column 'prompt'"),
+        ("bad.csv", "prompt,eval_name\nx\n", "bad.csv:2: 1 fields"),
+        ("empty.txt", "\n\n", "empty.txt: no prompts"),
+    ],
+)
 def test_bad_files_are_one_line(tmp_path, name, text, named):
     (tmp_path / name).write_text(text)
     with pytest.raises(RouteInputError) as ei:
@@ -55,19 +71,41 @@ def test_route_serves_plain_text_and_chat_json(tmp_path, capsys):
     store.write(q, runs, candidates=c)
     store.close()
     with pytest.raises(SystemExit) as ei:
-        main(["train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck"), "--scorer", "task_prior"])
+        main(
+            ["train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck"), "--scorer", "task_prior"]
+        )
     assert ei.value.code == 0
     (tmp_path / "p.txt").write_text("Tell me about glass\n")
     (tmp_path / "m.json").write_text(json.dumps([{"role": "user", "content": "Tell me about glass"}]))
     for inp in ("p.txt", "m.json"):
         with pytest.raises(SystemExit) as ei:
-            main(["route", "--checkpoint", str(tmp_path / "ck"), "--input", str(tmp_path / inp), "--output", str(tmp_path / "d.jsonl")])
+            main(
+                [
+                    "route",
+                    "--checkpoint",
+                    str(tmp_path / "ck"),
+                    "--input",
+                    str(tmp_path / inp),
+                    "--output",
+                    str(tmp_path / "d.jsonl"),
+                ]
+            )
         assert ei.value.code == 0, capsys.readouterr().err
         lines = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
         assert len(lines) == 1 and lines[0]["model"] in lines[0]["scores"]
     (tmp_path / "bad.jsonl").write_text("{oops\n")
     capsys.readouterr()
     with pytest.raises(SystemExit) as ei:
-        main(["route", "--checkpoint", str(tmp_path / "ck"), "--input", str(tmp_path / "bad.jsonl"), "--output", str(tmp_path / "d.jsonl")])
+        main(
+            [
+                "route",
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--input",
+                str(tmp_path / "bad.jsonl"),
+                "--output",
+                str(tmp_path / "d.jsonl"),
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert ei.value.code == 2 and len(err.splitlines()) == 1 and "bad.jsonl:1: not valid JSON" in err

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from router_fixtures import CANDS
 
 from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.checkpoint import CheckpointError, point_to, read_manifest
@@ -11,16 +12,16 @@ from litellm_energy_router.router.decide import decide
 from litellm_energy_router.router.model import RouterModel
 from litellm_energy_router.table import open_store
 
-from router_fixtures import CANDS
-
-
-
 
 def test_quick_train_learns_planted_rule(planted_ckpt):
     r = RouterModel(planted_ckpt)
     assert r.candidates == CANDS  # cheapest first
-    texts = ["Give a proof about chess number 999", "Tell me about chess number 999",
-             "Give a proof about birds number 1234", "Tell me about rivers number 77"]  # fmt: skip
+    texts = [
+        "Give a proof about chess number 999",
+        "Tell me about chess number 999",
+        "Give a proof about birds number 1234",
+        "Tell me about rivers number 77",
+    ]
     P = r.score(texts)
     assert P[0, 2] > P[0, 0] + 0.3 and P[2, 2] > P[2, 0] + 0.3  # large beats small on proofs
     assert P[1, 0] > 0.7 and P[3, 0] > 0.7  # small is fine elsewhere
@@ -89,10 +90,23 @@ def test_route_cli_reads_only_routing_columns(planted_ckpt, tmp_path):
         w.writerow([7, "s.7", "['Give a proof about glass number 5']", "synthetic", "not-a-number", "['broken", "x"])
         w.writerow([8, "s.8", "['Tell me about glass number 6']", "synthetic", "", "]]]", "?"])
     out = tmp_path / "d.jsonl"
-    r = _cli("route", "--checkpoint", str(planted_ckpt), "--input", str(inp), "--output", str(out),
-             "--lambda", "0,0.05", "--sweep", "3", "--target-accuracy", "0.8")  # fmt: skip
+    r = _cli(
+        "route",
+        "--checkpoint",
+        str(planted_ckpt),
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--lambda",
+        "0,0.05",
+        "--sweep",
+        "3",
+        "--target-accuracy",
+        "0.8",
+    )
     assert r.returncode == 0, r.stderr
-    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert len(lines) == 2 * 6
     assert set(lines[0]) == {"row", "eval_name", "model", "lambda", "scores", "energy_j"}
     assert set(lines[0]["scores"]) == set(CANDS)
@@ -125,7 +139,9 @@ def test_train_cli_quick(tmp_path):
     open_store(f"sqlite:///{tmp_path / 'empty.db'}").close()  # an empty table (a missing one is refused)
     empty = _cli("train", "--db", f"sqlite:///{tmp_path / 'empty.db'}", "--out", str(tmp_path / "ck2"), "--quick")
     assert empty.returncode == 2 and "fully labelled queries" in empty.stderr
-    r = _cli("train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck3"), "--quick", "--probe-c", "0")
+    r = _cli(
+        "train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck3"), "--quick", "--probe-c", "0"
+    )
     assert r.returncode == 0, r.stderr
     man = read_manifest(tmp_path / "ck3")  # the LM alone: per-task Platt intercepts, a student of its slot logits
     assert man.probe is None and "offset" not in man.calibration and man.student["target"] == "slot_logit"
@@ -135,10 +151,9 @@ def test_train_cli_quick(tmp_path):
 
 
 def test_calibration_split_keeps_near_duplicates_together():
-    from router_fixtures import planted_rows
-
     from litellm_energy_router.training.data import load_matrix, near_duplicate_groups
     from litellm_energy_router.training.pipeline import calibration_split
+    from router_fixtures import planted_rows
 
     store = open_store("sqlite://")
     c, q, runs = planted_rows(60)
@@ -148,8 +163,10 @@ def test_calibration_split_keeps_near_duplicates_together():
     words = [f"w{i}" for i in range(300)]
     bases = [" ".join(rng.choice(words, 12, replace=False)) for _ in range(len(q) // 2)]
     # pairs of twins: the same sentence, the last word changed
-    q = [make_query(x.id, x.task, f"{bases[i // 2]} because it was too {('big', 'small')[i % 2]}", source="tournament")
-         for i, x in enumerate(q)]  # fmt: skip
+    q = [
+        make_query(x.id, x.task, f"{bases[i // 2]} because it was too {('big', 'small')[i % 2]}", source="tournament")
+        for i, x in enumerate(q)
+    ]
     store.write(q, runs, candidates=c)
     m = load_matrix(store)
     fit, cal = calibration_split(m, 0.2, seed=0)
@@ -169,8 +186,14 @@ def test_grpo_reward_is_a_table_lookup_and_stage_runs(tmp_path):
     from router_fixtures import planted_rows
 
     reward = make_reward([101, 102, 103], e_ref=90.0)
-    got = reward(prompts=["p"] * 3, completions=["a"] * 3, completion_ids=[[101], [103], [7]],
-                 correct=[[1, 0, 1]] * 3, joules=[[10, 30, 90]] * 3, lam=[0.5, 0.5, 0.5])  # fmt: skip
+    got = reward(
+        prompts=["p"] * 3,
+        completions=["a"] * 3,
+        completion_ids=[[101], [103], [7]],
+        correct=[[1, 0, 1]] * 3,
+        joules=[[10, 30, 90]] * 3,
+        lam=[0.5, 0.5, 0.5],
+    )
     assert got == pytest.approx([1 - 0.5 * 10 / 90, 1 - 0.5 * 90 / 90, -1.0])
     store = open_store(f"sqlite:///{tmp_path / 't.db'}")
     c, q, runs = planted_rows(30)
@@ -192,21 +215,47 @@ def test_eval_cli_judges_a_given_checkpoint_on_held_out_rows(planted_ckpt, tmp_p
 
     store = open_store(f"sqlite:///{tmp_path / 'held.db'}")
     cands, queries, runs = planted_rows(60, seed=7)
-    held = [make_query(f"h{i}", q.task, q.text.replace("number", "item"), source="tournament") for i, q in enumerate(queries)]
+    held = [
+        make_query(f"h{i}", q.task, q.text.replace("number", "item"), source="tournament")
+        for i, q in enumerate(queries)
+    ]
     ids = {q.id: h.id for q, h in zip(queries, held)}
     store.write(held, [{**r, "query_id": ids[r["query_id"]]} for r in runs], candidates=cands)
     store.close()
     out = tmp_path / "rep"
-    r = _cli("eval", "--db", f"sqlite:///{tmp_path / 'held.db'}", "--out", str(out), "--no-router",
-             "--baselines", "task_prior", "--folds", "3", "--checkpoint", str(planted_ckpt))  # fmt: skip
+    r = _cli(
+        "eval",
+        "--db",
+        f"sqlite:///{tmp_path / 'held.db'}",
+        "--out",
+        str(out),
+        "--no-router",
+        "--baselines",
+        "task_prior",
+        "--folds",
+        "3",
+        "--checkpoint",
+        str(planted_ckpt),
+    )
     assert r.returncode == 0, r.stderr
     version = read_manifest(planted_ckpt).version
-    rows = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in (out / "report.md").read_text().splitlines()
-            if ln.startswith("| ") and ln.count("|") > 5}  # fmt: skip
+    rows = {
+        ln.split("|")[1].strip(): ln.split("|")[2].strip()
+        for ln in (out / "report.md").read_text().splitlines()
+        if ln.startswith("| ") and ln.count("|") > 5
+    }
     assert f"checkpoint {version}" in rows and "task_prior" in rows
     assert float(rows[f"checkpoint {version}"]) > float(rows["task_prior"]) + 0.05  # it knows the planted rule
-    bad = _cli("eval", "--db", f"sqlite:///{tmp_path / 'held.db'}", "--out", str(out), "--no-router",
-               "--checkpoint", str(tmp_path / "nope"))  # fmt: skip
+    bad = _cli(
+        "eval",
+        "--db",
+        f"sqlite:///{tmp_path / 'held.db'}",
+        "--out",
+        str(out),
+        "--no-router",
+        "--checkpoint",
+        str(tmp_path / "nope"),
+    )
     assert bad.returncode == 2 and str(tmp_path / "nope") in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 

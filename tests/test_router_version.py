@@ -10,18 +10,18 @@ import time
 
 import litellm
 import pytest
+from litellm_energy_router.training.ope import estimate_policy, evaluate_checkpoint_on_log, logged_rows, version_counts
+from router_fixtures import CANDS, planted_rows
 from sqlalchemy import create_engine, inspect, text
 
 from litellm_energy_router.demo.backend import LocalBackend
-from litellm_energy_router.callback import EnergyLogger
 from litellm_energy_router.knob import Knob
-from litellm_energy_router.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.callback import EnergyLogger
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
 from litellm_energy_router.table import Run, open_store, schema
-from litellm_energy_router.training.ope import estimate_policy, evaluate_checkpoint_on_log, logged_rows, version_counts
-from router_fixtures import CANDS, planted_rows
 
 pytestmark = pytest.mark.usefixtures("fresh_litellm_callbacks")
 
@@ -60,8 +60,17 @@ def test_an_old_table_gains_router_version_and_its_index_and_keeps_its_rows(any_
         old = list(store.iter_runs())
         assert len(old) == len(runs) and all(r["router_version"] is None for r in old)
         q = queries[0].model_copy(update={"id": "prod-c1", "source": "production"})
-        r = Run(**{**runs[0], "query_id": q.id, "source": "production", "call_id": "c1", "propensity": 0.9,
-                   "status": "success", "router_version": "v-new"})  # fmt: skip
+        r = Run(
+            **{
+                **runs[0],
+                "query_id": q.id,
+                "source": "production",
+                "call_id": "c1",
+                "propensity": 0.9,
+                "status": "success",
+                "router_version": "v-new",
+            }
+        )
         store.write([q], [r], keep_first=True)
         new = [x for x in store.iter_runs() if x["call_id"] == "c1"]
         assert [x["router_version"] for x in new] == ["v-new"]
@@ -78,23 +87,38 @@ def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp
     version = read_manifest(resolve(planted_ckpt)).version
     backend = LocalBackend(delay_s=0.0).start()
     try:
-        s = Settings.model_validate({
-            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000, "epsilon": 0.3},
-            "candidates": [{"name": c} for c in CANDS], "knob": {"lambda": 0.05}, "table": {"url": sqlite_url},
-            "energy": {"meter": "simulated"}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
-        })  # fmt: skip
-        model_list = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                       "model_info": {"id": f"dep-{c}"}} for c in CANDS]  # fmt: skip
+        s = Settings.model_validate(
+            {
+                "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000, "epsilon": 0.3},
+                "candidates": [{"name": c} for c in CANDS],
+                "knob": {"lambda": 0.05},
+                "table": {"url": sqlite_url},
+                "energy": {"meter": "simulated"},
+                "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
+            }
+        )
+        model_list = [
+            {
+                "model_name": "pool",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"dep-{c}"},
+            }
+            for c in CANDS
+        ]
         router = litellm.Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
         logger = EnergyLogger(s)
         litellm.callbacks = [logger]
-        texts = [f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(30)]
+        texts = [
+            f"Give a proof about chess number {i}" if i % 2 else f"Tell me about rivers number {i}" for i in range(30)
+        ]
 
         store = open_store(sqlite_url)
 
         async def go():
-            out = await asyncio.gather(*(router.acompletion(model="pool", messages=[{"role": "user", "content": t}]) for t in texts))
+            out = await asyncio.gather(
+                *(router.acompletion(model="pool", messages=[{"role": "user", "content": t}]) for t in texts)
+            )
             ours = {r._hidden_params["litellm_call_id"] for r in out}
             # wait for this test's rows by their call ids with the loop still running, so LiteLLM's logging
             # tasks for the last requests run (a count of submitted events also counts an earlier test's
@@ -119,8 +143,16 @@ def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp
 
 
 def _logged(version, candidate, score, p):
-    return {"source": "production", "status": "success", "candidate": candidate, "propensity": p, "score": score,
-            "energy_j": 2.0 if candidate == "small" else 20.0, "router_version": version, "text": "q"}  # fmt: skip
+    return {
+        "source": "production",
+        "status": "success",
+        "candidate": candidate,
+        "propensity": p,
+        "score": score,
+        "energy_j": 2.0 if candidate == "small" else 20.0,
+        "router_version": version,
+        "text": "q",
+    }
 
 
 def test_ope_counts_and_separates_logging_versions():
@@ -131,7 +163,9 @@ def test_ope_counts_and_separates_logging_versions():
     assert pe.logging_versions == {"v1": 6, "v2": 4, "unknown": 2}
     assert pe.by_version["v1"]["accuracy_snips"].value == pytest.approx(1.0)
     assert pe.by_version["unknown"]["accuracy_snips"].value == pytest.approx(0.0)
-    assert pe.by_version["v2"]["accuracy_snips"].value != pe.by_version["v2"]["accuracy_snips"].value  # nan: never agrees
+    assert (
+        pe.by_version["v2"]["accuracy_snips"].value != pe.by_version["v2"]["accuracy_snips"].value
+    )  # nan: never agrees
     assert "v1 (6 rows)" in "\n".join(pe.lines("x"))
     assert pe.as_dict()["by_version"]["v1"]["accuracy_snips"]["value"] == pytest.approx(1.0)
     single = estimate_policy(rows[:6], ["small"] * 6, ["small", "large"])
@@ -139,11 +173,15 @@ def test_ope_counts_and_separates_logging_versions():
 
 
 def test_ope_on_a_checkpoint_keeps_only_the_chosen_logging_versions(planted_ckpt):
-    rows = [{**_logged("v1" if i % 2 else "v2", "small", 1.0, 0.5), "text": f"Tell me about rivers {i}", "prompt_tokens": 5}
-            for i in range(10)]  # fmt: skip
+    rows = [
+        {**_logged("v1" if i % 2 else "v2", "small", 1.0, 0.5), "text": f"Tell me about rivers {i}", "prompt_tokens": 5}
+        for i in range(10)
+    ]
     assert logged_rows(rows) == rows
     both = evaluate_checkpoint_on_log(None, planted_ckpt, knob=Knob(**{"lambda": 0.05}), rows=rows)
-    only = evaluate_checkpoint_on_log(None, planted_ckpt, knob=Knob(**{"lambda": 0.05}), rows=rows, logging_versions=["v1"])
+    only = evaluate_checkpoint_on_log(
+        None, planted_ckpt, knob=Knob(**{"lambda": 0.05}), rows=rows, logging_versions=["v1"]
+    )
     assert both.n == 10 and both.logging_versions == {"v1": 5, "v2": 5}
     assert only.n == 5 and only.logging_versions == {"v1": 5}
 
@@ -159,15 +197,43 @@ def test_stats_by_router_version_in_the_store_and_the_cli(sqlite_url):
     prod = []
     for i, v in enumerate(["v1", "v1", "v2"]):
         q = queries[i].model_copy(update={"id": f"prod-c{i}", "source": "production"})
-        prod.append((q, Run(**{**runs[3 * i], "query_id": q.id, "source": "production", "call_id": f"c{i}",
-                               "status": "success", "router_version": v})))  # fmt: skip
+        prod.append(
+            (
+                q,
+                Run(
+                    **{
+                        **runs[3 * i],
+                        "query_id": q.id,
+                        "source": "production",
+                        "call_id": f"c{i}",
+                        "status": "success",
+                        "router_version": v,
+                    }
+                ),
+            )
+        )
     store.write([q for q, _ in prod], [r for _, r in prod], keep_first=True)
     st = store.stats(by_version=True, sources=["production"])
     store.close()
     assert sorted((s.candidate, s.router_version, s.rows) for s in st) == [("small", "v1", 2), ("small", "v2", 1)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    r = subprocess.run([sys.executable, "-m", "litellm_energy_router.cli", "table", "stats", "--db", sqlite_url,
-                        "--by-version", "--by-task"], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "litellm_energy_router.cli",
+            "table",
+            "stats",
+            "--db",
+            sqlite_url,
+            "--by-version",
+            "--by-task",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert any("v1" in l and "small" in l for l in lines) and any("v2" in l for l in lines), r.stdout
+    assert any("v1" in ln and "small" in ln for ln in lines) and any("v2" in ln for ln in lines), r.stdout

@@ -2,17 +2,16 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 
 import pytest
-
-from litellm_energy_router.energy import load_profile
 from litellm_energy_router.profiling.routerbench import (
     OPEN_MODELS,
     ImportFormatError,
     bundled_files,
     import_routerbench,
 )
+
+from litellm_energy_router.energy import load_profile
 from litellm_energy_router.table import open_store
 
 # Per-model accuracy on the development split, as published in shared/data/README.md (NaN skipped).
@@ -81,7 +80,9 @@ def test_energy_is_an_estimate_consistent_with_cost(imported):
             total = float(raw[r["query_id"]][f"{r['candidate']}|total_cost"]) / (PRICE[r["candidate"]] * 1e-6)
             assert r["prompt_tokens"] + r["completion_tokens"] == round(total)
             e = profile.models[r["candidate"]]
-            assert r["energy_j"] == pytest.approx(r["prompt_tokens"] * e.j_per_prompt_token + r["completion_tokens"] * e.j_per_output_token)
+            assert r["energy_j"] == pytest.approx(
+                r["prompt_tokens"] * e.j_per_prompt_token + r["completion_tokens"] * e.j_per_output_token
+            )
             checked += 1
     assert checked > 1000
 

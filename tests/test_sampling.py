@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from litellm_energy_router.training.sampling import TrainingBudget, sample_matrix, sample_rows, uncertainty_from_proba
 
 
@@ -74,10 +73,17 @@ def test_sample_matrix_stratifies_by_task_and_carries_weights():
     rng = np.random.default_rng(2)
     n, K = 3000, 4
     tasks = np.array(["a"] * 2500 + ["b"] * 490 + ["c"] * 10, dtype=object)
-    m = TableMatrix(candidates=[f"m{k}" for k in range(K)], ids=np.array([f"q{i}" for i in range(n)], dtype=object),
-                    tasks=tasks, texts=[f"text {i}" for i in range(n)], prompt_tokens=np.full(n, 10.0),
-                    Y=(rng.random((n, K)) < 0.5).astype(float), E=np.ones((n, K)), T=np.ones((n, K)),
-                    last_run=np.arange(n))  # fmt: skip
+    m = TableMatrix(
+        candidates=[f"m{k}" for k in range(K)],
+        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+        tasks=tasks,
+        texts=[f"text {i}" for i in range(n)],
+        prompt_tokens=np.full(n, 10.0),
+        Y=(rng.random((n, K)) < 0.5).astype(float),
+        E=np.ones((n, K)),
+        T=np.ones((n, K)),
+        last_run=np.arange(n),
+    )
     sm, s = sample_matrix(m, 300, TrainingBudget(min_per_stratum=10))
     assert set(sm.tasks) == {"a", "b", "c"} and (sm.tasks == "c").sum() == 10
     assert sm.weight is not None and len(sm.weight) == len(sm) and np.all(sm.weight >= 1)
@@ -118,17 +124,30 @@ def test_embedding_cache_survives_retrains_and_merges_shards(tmp_path):
 def test_bound_pairs_keeps_trained_complete_queries_and_samples_partial_ones_unbiased(tmp_path):
     """A bounded retrain's pairs: the complete queries it trains on, and a uniform sample of the queries only
     production rows label with weights / π, so the weighted sum of production labels stays unbiased."""
-    from litellm_energy_router.table import make_query, open_store
     from litellm_energy_router.training.pairs import load_pairs
     from litellm_energy_router.training.sampling import bound_pairs
+
+    from litellm_energy_router.table import make_query, open_store
 
     st = open_store(f"sqlite:///{tmp_path / 't.db'}")
     qs = [make_query(f"c{i}", "t", f"complete {i}", source="tournament") for i in range(6)]
     qs += [make_query(f"p{i}", "t", f"production {i}", source="production") for i in range(400)]
-    runs = [{"query_id": f"c{i}", "candidate": c, "source": "tournament", "score": 1.0, "energy_j": 5.0}
-            for i in range(6) for c in ("a", "b")]  # fmt: skip
-    runs += [{"query_id": f"p{i}", "candidate": "a", "source": "production", "score": float(i % 4 == 0), "energy_j": 5.0,
-              "propensity": 0.5} for i in range(400)]  # fmt: skip
+    runs = [
+        {"query_id": f"c{i}", "candidate": c, "source": "tournament", "score": 1.0, "energy_j": 5.0}
+        for i in range(6)
+        for c in ("a", "b")
+    ]
+    runs += [
+        {
+            "query_id": f"p{i}",
+            "candidate": "a",
+            "source": "production",
+            "score": float(i % 4 == 0),
+            "energy_j": 5.0,
+            "propensity": 0.5,
+        }
+        for i in range(400)
+    ]
     st.write(qs, runs, candidates=[{"name": "a"}, {"name": "b"}])
     pairs = load_pairs(st)
     st.close()
@@ -156,8 +175,20 @@ def test_scale_weights_multiplies_the_pairs_and_runs_of_the_named_queries_only()
 
     reader = PairReader(None)
     for i, (qid, cand) in enumerate([("x", "a"), ("x", "b"), ("y", "a"), ("y", "b")]):
-        reader.add({"id": i + 1, "query_id": qid, "candidate": cand, "task": "t", "text": qid, "source": "tournament",
-                    "score": 1.0, "energy_j": 2.0, "prompt_tokens": 5, "completion_tokens": 7})  # fmt: skip
+        reader.add(
+            {
+                "id": i + 1,
+                "query_id": qid,
+                "candidate": cand,
+                "task": "t",
+                "text": qid,
+                "source": "tournament",
+                "score": 1.0,
+                "energy_j": 2.0,
+                "prompt_tokens": 5,
+                "completion_tokens": 7,
+            }
+        )
     p = reader.table(["a", "b"])
     p.scale_weights(["x"], [2.5])
     by_q = p.ids[p.q].astype(str)

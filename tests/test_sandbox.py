@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from litellm_energy_router.profiling.sandbox import Sandbox, SandboxConfig, SandboxError
 from litellm_energy_router.profiling.tasks import GradeContext, get_task
 
@@ -78,8 +77,11 @@ def test_mbpp_grader_hazards_score_zero_machine_unchanged(tmp_path, listener):
     item = next(i for i in mbpp.load(TASKS / "mbpp.jsonl") if i.id == "9201")
     sandbox = Sandbox(SandboxConfig(timeout_s=3, max_parallel=2))
     ctx = GradeContext(sandbox=sandbox)
-    answers = {"correct_first": f"```python\n{GOOD}```", **_hazards(sentinel, listener.getsockname()[1]),
-               "correct_after": f"Here you go:\n```python\n{GOOD}```"}  # fmt: skip
+    answers = {
+        "correct_first": f"```python\n{GOOD}```",
+        **_hazards(sentinel, listener.getsockname()[1]),
+        "correct_after": f"Here you go:\n```python\n{GOOD}```",
+    }
 
     async def grade_all():
         t0 = time.monotonic()
@@ -88,8 +90,16 @@ def test_mbpp_grader_hazards_score_zero_machine_unchanged(tmp_path, listener):
 
     grades, seconds = asyncio.run(grade_all())
     scores = {k: g.score for k, g in grades.items()}
-    assert scores == {"correct_first": 1.0, "wrong": 0.0, "infinite_loop": 0.0, "fork_bomb": 0.0, "network": 0.0,
-                      "remove_outside": 0.0, "early_exit": 0.0, "correct_after": 1.0}, {k: g.detail for k, g in grades.items()}  # fmt: skip
+    assert scores == {
+        "correct_first": 1.0,
+        "wrong": 0.0,
+        "infinite_loop": 0.0,
+        "fork_bomb": 0.0,
+        "network": 0.0,
+        "remove_outside": 0.0,
+        "early_exit": 0.0,
+        "correct_after": 1.0,
+    }, {k: g.detail for k, g in grades.items()}
     assert "timed out" in grades["infinite_loop"].detail
     assert seconds < 15  # the hanging program was killed at its 3 s limit; nothing waited on it longer
     # the machine is unchanged: file intact, nobody connected, no process or temp dir left behind
@@ -121,12 +131,17 @@ def test_os_layer_alone_contains_the_program(tmp_path, listener):
     }
 
     async def run_all():
-        return await asyncio.gather(*(sandbox.run(code, "assert x == 1" if k == "ok" else "assert False") for k, code in progs.items()))
+        return await asyncio.gather(
+            *(sandbox.run(code, "assert x == 1" if k == "ok" else "assert False") for k, code in progs.items())
+        )
 
     results = dict(zip(progs, asyncio.run(run_all())))
     assert results["ok"].passed
     assert "Operation not permitted" in results["network"].reason  # seccomp: no socket() at all
-    assert "No such file or directory" in results["remove"].reason and "No such file or directory" in results["write"].reason
+    assert (
+        "No such file or directory" in results["remove"].reason
+        and "No such file or directory" in results["write"].reason
+    )
     assert not results["orphans"].passed
     time.sleep(0.2)
     assert sentinel.read_text() == "precious" and not (tmp_path / "new.txt").exists()

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-
 from router_fixtures import planted_rows
 
 from litellm_energy_router.router.checkpoint import CheckpointError
@@ -94,8 +93,20 @@ def test_train_cli_exports_a_baseline_that_route_serves(tmp_path):
     assert r.returncode == 0, r.stderr
     inp = tmp_path / "in.csv"
     with open(inp, "w", newline="") as fh:
-        csv.writer(fh).writerows([["", "sample_id", "prompt", "eval_name"], [1, "s.1", "['Tell me about glass']", "synthetic"]])
-    r = run("route", "--checkpoint", str(tmp_path / "ck"), "--input", str(inp), "--output", str(tmp_path / "d.jsonl"), "--sweep", "3")
+        csv.writer(fh).writerows(
+            [["", "sample_id", "prompt", "eval_name"], [1, "s.1", "['Tell me about glass']", "synthetic"]]
+        )
+    r = run(
+        "route",
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--input",
+        str(inp),
+        "--output",
+        str(tmp_path / "d.jsonl"),
+        "--sweep",
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and lines[0]["model"] == "large"  # λ = 0: the most accurate on the task (large solves all)

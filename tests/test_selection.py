@@ -8,14 +8,14 @@ import json
 
 import numpy as np
 import pytest
+from litellm_energy_router.training.data import load_matrix
+from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
+from litellm_energy_router.training.selection import Stacked, check_scorers, cross_fit_stack, export_stacked, fit_stack
 from router_fixtures import planted_rows
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.router.scoring import load_scorer
 from litellm_energy_router.table import make_query, open_store
-from litellm_energy_router.training.data import load_matrix
-from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
-from litellm_energy_router.training.selection import Stacked, check_scorers, cross_fit_stack, export_stacked, fit_stack
 
 CANDS = ["small", "medium", "large"]
 ENERGY = {"small": 10.0, "medium": 30.0, "large": 90.0}
@@ -33,8 +33,17 @@ def _task_only_rows(n: int = 150, seed: int = 0):
         q = make_query(f"t{i:04d}", task, text, source="tournament")
         queries.append(q)
         for c, p in zip(CANDS, RATE[task]):
-            runs.append({"query_id": q.id, "candidate": c, "source": "tournament", "score": float(rng.random() < p),
-                         "energy_j": ENERGY[c] * (1 + 0.1 * rng.random()), "prompt_tokens": 12, "completion_tokens": 20})  # fmt: skip
+            runs.append(
+                {
+                    "query_id": q.id,
+                    "candidate": c,
+                    "source": "tournament",
+                    "score": float(rng.random() < p),
+                    "energy_j": ENERGY[c] * (1 + 0.1 * rng.random()),
+                    "prompt_tokens": 12,
+                    "completion_tokens": 20,
+                }
+            )
     return [{"name": c} for c in CANDS], queries, runs
 
 
@@ -43,9 +52,18 @@ def test_retrain_promotes_the_baseline_the_cv_proves_best_with_margin_and_spread
     cands, queries, runs = _task_only_rows()
     store.write(queries, runs, candidates=cands)
     store.close()
-    cfg = RetrainConfig(table_url=sqlite_url, pointer=tmp_path / "current.json", quick=True, min_new_rows=10,
-                        holdout_fraction=0.2, lam=0.3, epsilon=0.0, select=True, select_folds=3,
-                        select_scorers=["router", "task_prior", "knn", "logreg", "stacked"])  # fmt: skip
+    cfg = RetrainConfig(
+        table_url=sqlite_url,
+        pointer=tmp_path / "current.json",
+        quick=True,
+        min_new_rows=10,
+        holdout_fraction=0.2,
+        lam=0.3,
+        epsilon=0.0,
+        select=True,
+        select_folds=3,
+        select_scorers=["router", "task_prior", "knn", "logreg", "stacked"],
+    )
     res = run_retrain(cfg, log=lambda s: None)
     assert res.status == "promoted"
     sel = json.loads(res.report_json.read_text())["selection"]
@@ -66,7 +84,9 @@ def test_retrain_promotes_the_baseline_the_cv_proves_best_with_margin_and_spread
     assert P.shape == (3, 3)
     assert P[0, 0] < P[0, 2]  # algebra: large is far likelier than small to answer
     # a task the table never saw: the pooled prior (the leave-task-out fallback), not the text model
-    np.testing.assert_allclose(served.score(["Question 9999: apples rivers?"], ["never-seen"])[0], served.arrays["prior_any"])
+    np.testing.assert_allclose(
+        served.score(["Question 9999: apples rivers?"], ["never-seen"])[0], served.arrays["prior_any"]
+    )
     assert manifest.baseline["unknown_task"] == "prior"
     md = res.report_md.read_text()
     assert "← promoted" in md and sel["chosen"] in md
@@ -120,19 +140,30 @@ def test_unknown_scorer_names_are_refused_in_one_line():
 
 
 def test_token_model_learns_per_query_output_length_and_serves_the_same_offsets(tmp_path):
-    from litellm_energy_router.router.token_model import TokenModel
     from litellm_energy_router.training.data import TableMatrix
     from litellm_energy_router.training.token_fit import fit_token_model, token_errors
+
+    from litellm_energy_router.router.token_model import TokenModel
 
     rng = np.random.default_rng(0)
     n = 240
     long_ = np.array([i % 2 == 0 for i in range(n)])
-    texts = [("Write a long essay about " if lg else "Say yes or no: ") + " ".join(rng.choice(WORDS, size=4)) for lg in long_]
+    texts = [
+        ("Write a long essay about " if lg else "Say yes or no: ") + " ".join(rng.choice(WORDS, size=4)) for lg in long_
+    ]
     tasks = np.array(["code" if i < 160 else "quiz" for i in range(n)], dtype=object)
     T = np.where(long_[:, None], 300.0, 20.0) + rng.normal(0, 5, (n, 2))
     T[tasks == "quiz"] = 2.0  # constant lengths: the mean is the model
-    m = TableMatrix(candidates=["a", "b"], ids=np.array([f"q{i}" for i in range(n)], dtype=object), tasks=tasks, texts=texts,
-                    prompt_tokens=np.full(n, 12.0), Y=np.ones((n, 2)), E=T * 0.1, T=T)  # fmt: skip
+    m = TableMatrix(
+        candidates=["a", "b"],
+        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+        tasks=tasks,
+        texts=texts,
+        prompt_tokens=np.full(n, 12.0),
+        Y=np.ones((n, 2)),
+        E=T * 0.1,
+        T=T,
+    )
     splits = [(np.flatnonzero(np.arange(n) % 4 != f), np.flatnonzero(np.arange(n) % 4 == f)) for f in range(4)]
     errs, off = token_errors(m, splits)
     assert all(e["mae_model"] < 0.5 * e["mae_task_mean"] for e in errs.values())

@@ -24,7 +24,12 @@ energy_router:
   privacy: {salt: os.environ/SALT}
 """
     )
-    env = {"MY_DB": "sqlite:///from_env.db", "BIG_ID": "dep-2", "SALT": "pepper", "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "20"}
+    env = {
+        "MY_DB": "sqlite:///from_env.db",
+        "BIG_ID": "dep-2",
+        "SALT": "pepper",
+        "ENERGY_ROUTER_ROUTER__TIMEOUT_MS": "20",
+    }
     s = load_settings(cfg, environ=env)
     assert s.table.url == "sqlite:///from_env.db"
     assert s.knob.lambda_ == 0.3 and s.knob.per_key["team-a"].target_accuracy == 0.9
@@ -93,7 +98,9 @@ def test_env_vars_nest_by_double_underscore(tmp_path):
     assert s.knob.lambda_ == 0.1 and s.knob.per_key["team-a"].lambda_ == 0.2
     assert s.energy.gpus == [0, 1] and [c.name for c in s.candidates] == ["small", "big"]
     assert s.router.timeout_ms == 30 and s.router.threads == 2  # file and environment merge per key
-    with pytest.raises(ConfigError, match=r"^.*c\.yaml: environment value of config key 'candidates' = .*not valid JSON or YAML"):
+    with pytest.raises(
+        ConfigError, match=r"^.*c\.yaml: environment value of config key 'candidates' = .*not valid JSON or YAML"
+    ):
         load_settings(environ={**env, "ENERGY_ROUTER_CANDIDATES": "[{name: small"})
     with pytest.raises(ConfigError, match=r"c\.yaml: unknown config key 'router\.timeoutms'"):
         load_settings(environ={**env, "ENERGY_ROUTER_ROUTER__TIMEOUTMS": "5"})

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from litellm_energy_router.callback import PendingRow, TableWriter, query_id_for
 from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter, query_id_for
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.shadow_queue import ShadowQueue, sampled
 from litellm_energy_router.table import open_store
@@ -26,7 +26,13 @@ def test_queue_format(tmp_path):
     assert q.maybe_enqueue("prod-1", "production", "What is 2+2?\nünïcode", "1", created=123.5)
     q.enqueue("prod-2", "production", "x", None)
     lines = [json.loads(x) for x in (tmp_path / "sub" / "shadow.jsonl").read_text().splitlines()]
-    assert lines[0] == {"query_id": "prod-1", "task": "production", "text": "What is 2+2?\nünïcode", "call_id": "1", "created": 123.5}
+    assert lines[0] == {
+        "query_id": "prod-1",
+        "task": "production",
+        "text": "What is 2+2?\nünïcode",
+        "call_id": "1",
+        "created": 123.5,
+    }
     assert set(lines[1]) == {"query_id", "task", "text", "call_id", "created"} and lines[1]["call_id"] is None
     assert isinstance(lines[1]["created"], float)
 
@@ -34,11 +40,26 @@ def test_queue_format(tmp_path):
 def test_writer_queues_each_sampled_success_once(sqlite_url, tmp_path):
     path = tmp_path / "shadow.jsonl"
     cfg = WriterSettings(spool_dir=tmp_path / "spool", queue_size=20, batch_size=10, flush_interval_s=0.05)
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), shadow=ShadowQueue(path, 0.5),
-                    start=False)  # fmt: skip
-    rows = [PendingRow(call_id=f"c{i}", candidate="mistralai/mistral-7b-chat", status="failure" if i % 10 == 0 else "success",
-                       text=f"query {i}", start_s=10.0 + i, end_s=11.0 + i, first_token_s=None, prompt_tokens=3,
-                       completion_tokens=2, propensity=None, deployment_id="d", backend_id=None) for i in range(200)]  # fmt: skip
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), shadow=ShadowQueue(path, 0.5), start=False
+    )
+    rows = [
+        PendingRow(
+            call_id=f"c{i}",
+            candidate="mistralai/mistral-7b-chat",
+            status="failure" if i % 10 == 0 else "success",
+            text=f"query {i}",
+            start_s=10.0 + i,
+            end_s=11.0 + i,
+            first_token_s=None,
+            prompt_tokens=3,
+            completion_tokens=2,
+            propensity=None,
+            deployment_id="d",
+            backend_id=None,
+        )
+        for i in range(200)
+    ]
     for r in rows:
         w.submit(r)  # the thread is not running yet: 180 of them spill to the spool as pending rows
     deadline = time.monotonic() + 30

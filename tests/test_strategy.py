@@ -5,23 +5,21 @@ from __future__ import annotations
 import asyncio
 import time
 
-import numpy as np
-
-import pytest
 import litellm
+import numpy as np
+import pytest
 from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
+from router_fixtures import CANDS
 
-from litellm_energy_router.decision import decision_from_kwargs
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.knob import Knob, KnobError
-from litellm_energy_router.litellm_compat import cooldowns, register_strategy
+from litellm_energy_router.litellm_glue.decision import decision_from_kwargs
+from litellm_energy_router.litellm_glue.litellm_compat import cooldowns, register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.router.runtime import RouterRuntime
 from litellm_energy_router.settings import CandidateSettings, Settings
-from litellm_energy_router.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
-
-from litellm_energy_router.demo.backend import LocalBackend
-from router_fixtures import CANDS
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = pytest.mark.litellm_integration
@@ -44,18 +42,23 @@ def backend():
 
 def model_list(backend, group="pool"):
     return [
-        {"model_name": group, "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-         "model_info": {"id": f"dep-{c}"}}
+        {
+            "model_name": group,
+            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+            "model_info": {"id": f"dep-{c}"},
+        }
         for c in CANDS
-    ]  # fmt: skip
+    ]
 
 
 def settings(ckpt, **router):
-    return Settings.model_validate({
-        "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, **router},
-        "candidates": [{"name": c} for c in CANDS],
-        "knob": {"lambda": 0.05},
-    })  # fmt: skip
+    return Settings.model_validate(
+        {
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, **router},
+            "candidates": [{"name": c} for c in CANDS],
+            "knob": {"lambda": 0.05},
+        }
+    )
 
 
 class Recorder(CustomLogger):
@@ -85,6 +88,7 @@ def test_strategy_routes_to_different_backends(ckpt, backend):
     rec = Recorder()
     litellm.callbacks = [rec]
     try:
+
         async def go():
             b = _snap(backend)
             await router.acompletion(model="pool", messages=PROOF)
@@ -98,7 +102,9 @@ def test_strategy_routes_to_different_backends(ckpt, backend):
             assert _delta(backend, b) == {"small": 1, "medium": 0, "large": 0}
             # a burst of concurrent calls is scored together and routed the same way
             b = _snap(backend)
-            await asyncio.gather(*[router.acompletion(model="pool", messages=PROOF if i % 2 else EASY) for i in range(20)])
+            await asyncio.gather(
+                *[router.acompletion(model="pool", messages=PROOF if i % 2 else EASY) for i in range(20)]
+            )
             assert _delta(backend, b) == {"small": 10, "medium": 0, "large": 10}
             await asyncio.sleep(0.5)
 
@@ -221,7 +227,9 @@ def test_knob_precedence_request_over_key_over_default(ckpt):
     assert core.knob({"litellm_metadata": {"user_api_key_alias": "gold-key"}}) == knob(0.05, 0.95, None)
     assert core.knob({"metadata": {"user_api_key_alias": "budget-key"}}) == knob(0.05, None, 25.0)
     # the request's own knob wins over its key's default
-    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == knob(0.2, None, None)
+    assert core.knob({"metadata": {"user_api_key_team_alias": "team-eco", "energy_router": {"lambda": 0.2}}}) == knob(
+        0.2, None, None
+    )
     assert core.knob({"metadata": {"energy_router": {"target_accuracy": 0.7}}}) == knob(0.05, 0.7, None)
     assert core.knob({"metadata": {"energy_router": {"max_energy_j": 40}}}) == knob(0.05, None, 40.0)
 
@@ -248,20 +256,24 @@ def test_energy_budget_excludes_costlier_candidates(ckpt, backend):
     free, _ = asyncio.run(core.choose(deps, PROOF))
     assert core.candidate_of(free) == "large"
     budget = float((E[cands.index("large")] + E[cands.index("medium")]) / 2)
-    dep, d = asyncio.run(core.choose(deps, PROOF, request_kwargs={"metadata": {"energy_router": {"max_energy_j": budget}}}))
+    dep, d = asyncio.run(
+        core.choose(deps, PROOF, request_kwargs={"metadata": {"energy_router": {"max_energy_j": budget}}})
+    )
     assert core.candidate_of(dep) != "large" and d.max_energy_j == budget
-    tiny, d = asyncio.run(core.choose(deps, PROOF, request_kwargs={"metadata": {"energy_router": {"max_energy_j": 1e-6}}}))
+    tiny, d = asyncio.run(
+        core.choose(deps, PROOF, request_kwargs={"metadata": {"energy_router": {"max_energy_j": 1e-6}}})
+    )
     assert core.candidate_of(tiny) == cands[int(np.argmin(E))]  # nothing fits: the cheapest
 
 
 def test_lambda_means_the_same_for_checkpoints_trained_on_different_tables(ckpt, tmp_path, sqlite_url):
     """λ's unit is the settings' (accuracy per knob.e_ref_j J), not the checkpoint's: two checkpoints trained on
     tables whose energies differ 10x decide identically for the same P, Ê and knob."""
+    from litellm_energy_router.training.pipeline import TrainConfig, train
     from router_fixtures import planted_rows
 
     from litellm_energy_router.router.runtime import Scored
     from litellm_energy_router.table import open_store
-    from litellm_energy_router.training.pipeline import TrainConfig, train
 
     cands, queries, runs = planted_rows(40, seed=3, prefix="w")
     for r in runs:
@@ -271,23 +283,43 @@ def test_lambda_means_the_same_for_checkpoints_trained_on_different_tables(ckpt,
     other = train(store, tmp_path / "other", TrainConfig.quick(), log=lambda s: None)
     s = settings(ckpt)
     cores = [EnergyRouterCore(s), EnergyRouterCore(settings(other))]
-    deps = [{"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}} for c in CANDS]
+    deps = [
+        {"model_name": "pool", "litellm_params": {"model": f"openai/{c}"}, "model_info": {"id": f"dep-{c}"}}
+        for c in CANDS
+    ]
     rng = np.random.default_rng(0)
     for _ in range(50):
         P, E = rng.uniform(size=3), rng.uniform(1, 200, size=3)
         lam = float(rng.uniform(0, 2))
-        picks = {core.candidate_of(core.decide(Scored(tuple(CANDS), P, E, "v"), deps, core.knob({"metadata": {"energy_router": {"lambda": lam}}}), time.perf_counter())[0])
-                 for core in cores}  # fmt: skip
+        picks = {
+            core.candidate_of(
+                core.decide(
+                    Scored(tuple(CANDS), P, E, "v"),
+                    deps,
+                    core.knob({"metadata": {"energy_router": {"lambda": lam}}}),
+                    time.perf_counter(),
+                )[0]
+            )
+            for core in cores
+        }
         assert len(picks) == 1
 
 
 def test_decision_metadata_equals_asdict_and_is_a_copy():
     from dataclasses import asdict
 
-    from litellm_energy_router.decision import Decision
+    from litellm_energy_router.litellm_glue.decision import Decision
 
-    d = Decision(candidate="large", deployment_id="dep-large", scores={"large": 0.9}, energy_j={"large": 90.0},
-                 lambda_=0.3, propensity=1.0, router_version="v1", latency_ms=0.4)  # fmt: skip
+    d = Decision(
+        candidate="large",
+        deployment_id="dep-large",
+        scores={"large": 0.9},
+        energy_j={"large": 90.0},
+        lambda_=0.3,
+        propensity=1.0,
+        router_version="v1",
+        latency_ms=0.4,
+    )
     md = d.as_metadata()
     assert md == asdict(d) and Decision.from_metadata(md) == d
     md["scores"]["large"] = 0.0

@@ -62,7 +62,9 @@ def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
 
 def test_student_learns_the_planted_rule(planted_ckpt):
     m = RouterModel(planted_ckpt)
-    texts = [f"Give a proof about bread number {i}" for i in range(100, 110)] + [f"Tell me about glass number {i}" for i in range(100, 110)]
+    texts = [f"Give a proof about bread number {i}" for i in range(100, 110)] + [
+        f"Tell me about glass number {i}" for i in range(100, 110)
+    ]
     P = m.score(texts)
     large = m.candidates.index("large")
     small = m.candidates.index("small")
@@ -107,7 +109,9 @@ def test_lm_scorer_adds_the_slot_logits_to_the_probe_head(planted_ckpt, tmp_path
     emb = MiniLMEmbedder().embed([query_block(t) for t in TEXTS])
     q = probe.logits(emb, tasks)
     z = lm.slot_logits(TEXTS, tasks)
-    np.testing.assert_allclose(lm.score(TEXTS, tasks), scores_from_logits(z, lm.manifest.calibration, tasks, offset=q), atol=1e-6)
+    np.testing.assert_allclose(
+        lm.score(TEXTS, tasks), scores_from_logits(z, lm.manifest.calibration, tasks, offset=q), atol=1e-6
+    )
     assert np.abs(q).max() > 0  # the probe learned something from the planted rows
     d = _copy(planted_ckpt, tmp_path / "badprobe")
     (d / PROBE_FILE).write_bytes(b"not an npz")

@@ -3,17 +3,37 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from litellm_energy_router.table import BadRowError, Candidate, Run, TableError, make_query, open_store
-from litellm_energy_router.table import schema
+from litellm_energy_router.table import BadRowError, Candidate, Run, TableError, make_query, open_store, schema
 
 
 def _seed(store):
     store.write(
         [make_query("q1", "arc", "What is 2+2?"), make_query("q2", "arc", "Capital of France?")],
         [
-            {"query_id": "q1", "candidate": "small", "source": "tournament", "score": 1, "energy_j": 10.0, "latency_s": 0.5},
-            {"query_id": "q1", "candidate": "big", "source": "tournament", "score": 1, "energy_j": 80.0, "latency_s": 1.5},
-            {"query_id": "q2", "candidate": "small", "source": "tournament", "score": 0, "energy_j": 12.0, "latency_s": 0.7},
+            {
+                "query_id": "q1",
+                "candidate": "small",
+                "source": "tournament",
+                "score": 1,
+                "energy_j": 10.0,
+                "latency_s": 0.5,
+            },
+            {
+                "query_id": "q1",
+                "candidate": "big",
+                "source": "tournament",
+                "score": 1,
+                "energy_j": 80.0,
+                "latency_s": 1.5,
+            },
+            {
+                "query_id": "q2",
+                "candidate": "small",
+                "source": "tournament",
+                "score": 0,
+                "energy_j": 12.0,
+                "latency_s": 0.7,
+            },
         ],
         candidates=[{"name": "small", "params_b": 7}, {"name": "big", "params_b": 70}],
     )
@@ -53,12 +73,23 @@ def test_stats_per_candidate_and_task(any_url):
 def test_one_outlier_moves_the_mean_not_the_median(any_url):
     store = open_store(any_url)
     qs = [make_query(f"o{i}", "arc", f"q{i}") for i in range(20)]
-    runs = [{"query_id": f"o{i}", "candidate": "small", "source": "tournament", "score": 1,
-             "energy_j": 24071.0 if i == 0 else 30.0 + i, "latency_s": 1.0} for i in range(20)]  # fmt: skip
+    runs = [
+        {
+            "query_id": f"o{i}",
+            "candidate": "small",
+            "source": "tournament",
+            "score": 1,
+            "energy_j": 24071.0 if i == 0 else 30.0 + i,
+            "latency_s": 1.0,
+        }
+        for i in range(20)
+    ]
     store.write(qs, runs, candidates=[{"name": "small", "params_b": 7}])
     s = {x.candidate: x for x in store.stats()}["small"]
     assert s.mean_energy_j > 1000 and s.median_energy_j == pytest.approx(40.5)
-    assert s.p95_energy_j == pytest.approx(float(__import__("numpy").percentile([24071.0] + [30.0 + i for i in range(1, 20)], 95)))
+    assert s.p95_energy_j == pytest.approx(
+        float(__import__("numpy").percentile([24071.0] + [30.0 + i for i in range(1, 20)], 95))
+    )
     assert s.median_latency_s == s.p95_latency_s == 1.0
     by_task = store.stats(by_task=True, sources=["tournament"])
     assert by_task[0].median_energy_j == pytest.approx(40.5)
@@ -138,8 +169,11 @@ def test_a_table_from_before_grade_note_gains_the_column(tmp_path):
     path = tmp_path / "old.db"
     url = f"sqlite:///{path}"
     store = open_store(url)
-    store.write(candidates=[Candidate(name="c")], queries=[make_query("q1", "mmlu", "x")],
-                runs=[Run(query_id="q1", candidate="c", source="tournament", score=1.0)])  # fmt: skip
+    store.write(
+        candidates=[Candidate(name="c")],
+        queries=[make_query("q1", "mmlu", "x")],
+        runs=[Run(query_id="q1", candidate="c", source="tournament", score=1.0)],
+    )
     store.close()
     with sqlite3.connect(path) as db:  # as an earlier release made it: no grade_note
         db.execute("ALTER TABLE er_runs DROP COLUMN grade_note")

@@ -3,13 +3,24 @@ from __future__ import annotations
 import csv
 
 import pytest
+from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench
 
 from litellm_energy_router.energy import load_profile
-from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench
 from litellm_energy_router.table import BadRowError, open_store
 from litellm_energy_router.table.io import export_table, import_table
 
-KEYS = ("query_id", "candidate", "source", "score", "energy_j", "prompt_tokens", "completion_tokens", "task", "text_hash", "model")
+KEYS = (
+    "query_id",
+    "candidate",
+    "source",
+    "score",
+    "energy_j",
+    "prompt_tokens",
+    "completion_tokens",
+    "task",
+    "text_hash",
+    "model",
+)
 
 
 def _rows(store):

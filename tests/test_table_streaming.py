@@ -14,10 +14,22 @@ CANDS = [{"name": f"m{k}", "model": f"m{k}"} for k in range(4)]
 
 def _fill(store, n_queries: int, start: int = 0) -> None:
     for lo in range(start, start + n_queries, 2500):
-        qs = [make_query(f"q{i:07d}", f"t{i % 3}", f"question {i} " + "x" * 200, source="import")
-              for i in range(lo, min(lo + 2500, start + n_queries))]  # fmt: skip
-        runs = [{"query_id": q.id, "candidate": c["name"], "source": "import", "score": float(i % 2),
-                 "energy_j": 10.0 + k, "latency_s": 0.1} for i, q in enumerate(qs) for k, c in enumerate(CANDS)]  # fmt: skip
+        qs = [
+            make_query(f"q{i:07d}", f"t{i % 3}", f"question {i} " + "x" * 200, source="import")
+            for i in range(lo, min(lo + 2500, start + n_queries))
+        ]
+        runs = [
+            {
+                "query_id": q.id,
+                "candidate": c["name"],
+                "source": "import",
+                "score": float(i % 2),
+                "energy_j": 10.0 + k,
+                "latency_s": 0.1,
+            }
+            for i, q in enumerate(qs)
+            for k, c in enumerate(CANDS)
+        ]
         store.write(queries=qs, runs=runs)
 
 
@@ -54,6 +66,8 @@ def test_iter_runs_pages_keep_order_and_filters(sqlite_url):
         _fill(store, 300)
         ids = [r["id"] for r in store.iter_runs(batch=7, since_id=50)]
         assert ids == sorted(ids) and ids[0] == 51 and len(ids) == 1200 - 50
-        assert {r["candidate"] for r in store.iter_runs(batch=7) if r["source"] == "import"} == {c["name"] for c in CANDS}
+        assert {r["candidate"] for r in store.iter_runs(batch=7) if r["source"] == "import"} == {
+            c["name"] for c in CANDS
+        }
     finally:
         store.close()

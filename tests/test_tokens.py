@@ -7,8 +7,14 @@ import litellm  # noqa: F401 - the serving case: LiteLLM is loaded
 
 from litellm_energy_router.tokens import cl100k, count_prompt_tokens
 
-TEXTS = ["", "hello world", "Give a proof about chess number 4242\n\n" * 30, "emoji 🚀 ünïcödé 漢字 and \ud800 surrogate",
-         "def f(x):\n    return [i ** 2 for i in range(x)]  # code", "x" * 40_000]
+TEXTS = [
+    "",
+    "hello world",
+    "Give a proof about chess number 4242\n\n" * 30,
+    "emoji 🚀 ünïcödé 漢字 and \ud800 surrogate",
+    "def f(x):\n    return [i ** 2 for i in range(x)]  # code",
+    "x" * 40_000,
+]
 
 
 def test_litellm_encoding_is_shared_and_counts_like_bpe_openai():

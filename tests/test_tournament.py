@@ -10,31 +10,58 @@ import time
 from pathlib import Path
 
 import pytest
-
-from litellm_energy_router.energy.meter import EnergyReading
-from litellm_energy_router.energy.profile import load_profile
-from litellm_energy_router.plugins import get_plugin_manager, hookimpl
 from litellm_energy_router.profiling.config import parse_tournament_config
 from litellm_energy_router.profiling.runner import Tournament, build_jobs
 from litellm_energy_router.profiling.shadow_tournament import read_queue, shadow_jobs
 from litellm_energy_router.profiling.vllm_offline import OfflineDriver
-from litellm_energy_router.settings import ConfigError, PrivacySettings
-from litellm_energy_router.table import Candidate, Run, make_query, open_store, text_hash
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.demo.task_answers import TaskAnswers
+from litellm_energy_router.energy.meter import EnergyReading
+from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.plugins import get_plugin_manager, hookimpl
+from litellm_energy_router.settings import ConfigError, PrivacySettings
+from litellm_energy_router.table import Candidate, Run, make_query, open_store, text_hash
 
 TASKS = Path(__file__).parent / "data" / "tasks"
 SEVEN = ["mmlu", "arc_challenge", "hellaswag", "winogrande", "gsm8k", "mbpp", "mt_bench"]
 ACC = {
-    "small": {"mmlu": 0.4, "arc_challenge": 0.5, "hellaswag": 0.5, "winogrande": 0.5, "gsm8k": 0.2, "mbpp": 0.25,
-              "mt_bench": 0.3, "open": 0.3},
-    "medium": {"mmlu": 0.6, "arc_challenge": 0.7, "hellaswag": 0.7, "winogrande": 0.6, "gsm8k": 0.5, "mbpp": 0.5,
-               "mt_bench": 0.6, "open": 0.6},
-    "large": {"mmlu": 0.85, "arc_challenge": 0.9, "hellaswag": 0.9, "winogrande": 0.8, "gsm8k": 0.85, "mbpp": 0.8,
-              "mt_bench": 0.9, "open": 0.9},
-}  # fmt: skip
-PROFILE_KEY = {"small": "mistralai/mistral-7b-chat", "medium": "mistralai/mixtral-8x7b-chat", "large": "meta/llama-2-70b-chat"}
+    "small": {
+        "mmlu": 0.4,
+        "arc_challenge": 0.5,
+        "hellaswag": 0.5,
+        "winogrande": 0.5,
+        "gsm8k": 0.2,
+        "mbpp": 0.25,
+        "mt_bench": 0.3,
+        "open": 0.3,
+    },
+    "medium": {
+        "mmlu": 0.6,
+        "arc_challenge": 0.7,
+        "hellaswag": 0.7,
+        "winogrande": 0.6,
+        "gsm8k": 0.5,
+        "mbpp": 0.5,
+        "mt_bench": 0.6,
+        "open": 0.6,
+    },
+    "large": {
+        "mmlu": 0.85,
+        "arc_challenge": 0.9,
+        "hellaswag": 0.9,
+        "winogrande": 0.8,
+        "gsm8k": 0.85,
+        "mbpp": 0.8,
+        "mt_bench": 0.9,
+        "open": 0.9,
+    },
+}
+PROFILE_KEY = {
+    "small": "mistralai/mistral-7b-chat",
+    "medium": "mistralai/mixtral-8x7b-chat",
+    "large": "meta/llama-2-70b-chat",
+}
 
 
 class ConstantPowerStandIn:
@@ -84,10 +111,15 @@ def config(backend: LocalBackend, tasks=SEVEN, cands=("small", "medium", "large"
     data = {
         "candidates": [backend.deployment(c, energy_profile_key=PROFILE_KEY[c], **extra(c)) for c in cands],
         "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl")} for t in tasks],
-        "judge": {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": backend.base_url, "api_key": "x"}},
-        "concurrency": 4, "generation": {"num_retries": 0}, "sandbox": {"timeout_s": 5},
+        "judge": {
+            "model_name": "judge",
+            "litellm_params": {"model": "openai/judge-model", "api_base": backend.base_url, "api_key": "x"},
+        },
+        "concurrency": 4,
+        "generation": {"num_retries": 0},
+        "sandbox": {"timeout_s": 5},
         **over,
-    }  # fmt: skip
+    }
     return parse_tournament_config(data)
 
 
@@ -164,8 +196,12 @@ def test_meter_windows_split_concurrent_energy_without_double_counting(sqlite_ur
     slow = LocalBackend(TaskAnswers(ACC, TASKS, judge_model="judge-model"), delay_s=0.15)
     slow.start()
     try:
-        cfg = config(slow, tasks=["mmlu", "gsm8k"], cands=("small", "large"),
-                     energy={"meter": "standin-constant-power", "options": {"power_w": 100.0}, "gpu": "stand-in GPU"})  # fmt: skip
+        cfg = config(
+            slow,
+            tasks=["mmlu", "gsm8k"],
+            cands=("small", "large"),
+            energy={"meter": "standin-constant-power", "options": {"power_w": 100.0}, "gpu": "stand-in GPU"},
+        )
         store = open_store(sqlite_url)
         t0 = time.monotonic()
         summary = run(cfg, store)
@@ -192,7 +228,9 @@ def test_meter_windows_split_concurrent_energy_without_double_counting(sqlite_ur
 def test_config_errors_are_one_line(backend, tmp_path):
     with pytest.raises(ConfigError) as e:  # refused when the config is read, before any table is opened
         config(backend, energy={"meter": "no-such-meter"})
-    assert "energy.meter' = 'no-such-meter': energy meter 'no-such-meter' is not registered (known: agent, " in str(e.value)
+    assert "energy.meter' = 'no-such-meter': energy meter 'no-such-meter' is not registered (known: agent, " in str(
+        e.value
+    )
     assert "standin-constant-power" in str(e.value) and "\n" not in str(e.value)
     bad = config(backend)
     bad.candidates[0].energy_profile_key = None  # 'small' is not in the bundled profile
@@ -209,11 +247,15 @@ def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_pa
     privacy = PrivacySettings(store_text=False, salt="pepper")
     # the serving callback already wrote prod-1 (hashed text, no text) with its production run
     texts = {"prod-1": "Explain why the sea is salty.", "prod-2": "Give me three tips for a job interview."}
-    store.write(candidates=[Candidate(name="small")],
-                queries=[make_query("prod-1", "chat", texts["prod-1"], store_text=False, salt="pepper", source="production")],
-                runs=[Run(query_id="prod-1", candidate="small", source="production", latency_s=1.0, status="success")])  # fmt: skip
+    store.write(
+        candidates=[Candidate(name="small")],
+        queries=[make_query("prod-1", "chat", texts["prod-1"], store_text=False, salt="pepper", source="production")],
+        runs=[Run(query_id="prod-1", candidate="small", source="production", latency_s=1.0, status="success")],
+    )
     queue = tmp_path / "shadow.jsonl"
-    lines = [{"query_id": q, "task": "chat", "text": t, "call_id": f"call-{q}", "created": 1.7e9} for q, t in texts.items()]
+    lines = [
+        {"query_id": q, "task": "chat", "text": t, "call_id": f"call-{q}", "created": 1.7e9} for q, t in texts.items()
+    ]
     queue.write_text("\n".join(json.dumps(x) for x in [*lines, lines[0]]) + '\n{"query_id": "prod-3", "ta')
     entries = read_queue(queue)
     assert [e.query_id for e in entries] == ["prod-1", "prod-2"]  # duplicate dropped, half-written line left
@@ -265,16 +307,25 @@ class StandInVLLMEngine:
 
 
 def test_vllm_offline_driver_batches_and_splits_energy_by_tokens(backend, sqlite_url):
-    cfg = config(backend, tasks=["mmlu", "gsm8k"], cands=("small", "large"), batch_size=5, prefill_token_weight=0.25,
-                 energy={"meter": "standin-constant-power"}, mode="vllm_offline", model_prefix="stand-in")  # fmt: skip
+    cfg = config(
+        backend,
+        tasks=["mmlu", "gsm8k"],
+        cands=("small", "large"),
+        batch_size=5,
+        prefill_token_weight=0.25,
+        energy={"meter": "standin-constant-power"},
+        mode="vllm_offline",
+        model_prefix="stand-in",
+    )
     engines = {}
 
     def factory(cand, _cfg):
         engines[cand.model_name] = StandInVLLMEngine(backend, cand.model_name)
         return engines[cand.model_name]
 
-    driver = OfflineDriver(factory, params_factory=lambda _cfg, n: {"max_tokens": n},
-                           unload_fn=lambda e: setattr(e, "unloaded", True))  # fmt: skip
+    driver = OfflineDriver(
+        factory, params_factory=lambda _cfg, n: {"max_tokens": n}, unload_fn=lambda e: setattr(e, "unloaded", True)
+    )
     store = open_store(sqlite_url)
     t = Tournament(cfg, store)
     summary = asyncio.run(t.run(build_jobs(cfg), driver=driver, sequential=True))
@@ -283,7 +334,9 @@ def test_vllm_offline_driver_batches_and_splits_energy_by_tokens(backend, sqlite
     rows = list(store.iter_runs())
     assert len(rows) == 32 and all(r["energy_method"] == "power_sampling" for r in rows)
     # within a batch, joules are proportional to 0.25 * prompt tokens + output tokens
-    first = [r for r in rows if r["candidate"] == "small" and r["task"] == "mmlu" and r["query_id"].split(":")[1] in "01234"]
+    first = [
+        r for r in rows if r["candidate"] == "small" and r["task"] == "mmlu" and r["query_id"].split(":")[1] in "01234"
+    ]
     ratios = [r["energy_j"] / (0.25 * r["prompt_tokens"] + r["completion_tokens"]) for r in first]
     assert len(first) == 5 and max(ratios) == pytest.approx(min(ratios))
     for r in rows:  # graded like any tournament row

@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from litellm_energy_router.table import open_store
-
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.demo.task_answers import TaskAnswers
+from litellm_energy_router.table import open_store
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
 TASKS = Path(__file__).parent / "data" / "tasks"
-ACC = {"small": {"mmlu": 0.5, "gsm8k": 0.3, "mbpp": 0.5, "open": 0.5}, "large": {"mmlu": 0.9, "gsm8k": 0.8, "mbpp": 0.9, "open": 0.9}}
+ACC = {
+    "small": {"mmlu": 0.5, "gsm8k": 0.3, "mbpp": 0.5, "open": 0.5},
+    "large": {"mmlu": 0.9, "gsm8k": 0.8, "mbpp": 0.9, "open": 0.9},
+}
 KEYS = {"small": "mistralai/mistral-7b-chat", "large": "meta/llama-2-70b-chat"}
 
 
@@ -27,17 +29,23 @@ def write_config(path: Path, backend: LocalBackend, **over) -> Path:
     cfg = {
         "candidates": [backend.deployment(c, energy_profile_key=KEYS[c]) for c in ACC],
         "tasks": [{"name": t, "source": str(TASKS / f"{t}.jsonl")} for t in ("mmlu", "gsm8k", "mbpp")],
-        "concurrency": 1, "generation": {"num_retries": 0},
+        "concurrency": 1,
+        "generation": {"num_retries": 0},
         **over,
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
 def start(cfg: Path, url: str) -> subprocess.Popen:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.Popen([EXE, "tournament", "--config", str(cfg), "--db", url], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    return subprocess.Popen(
+        [EXE, "tournament", "--config", str(cfg), "--db", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def rows(url: str) -> list[dict]:
@@ -86,7 +94,9 @@ def test_bad_configs_exit_2_with_one_line(tmp_path, slow_backend):
     }
     for name, (over, msg) in cases.items():
         cfg = write_config(tmp_path / f"{name}.yaml", slow_backend, **over)
-        r = subprocess.run([EXE, "tournament", "--config", str(cfg), "--db", url], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [EXE, "tournament", "--config", str(cfg), "--db", url], capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 2, (name, r.stderr)
         err = r.stderr.strip()
         assert len(err.splitlines()) == 1 and msg in err, (name, err)
@@ -125,7 +135,9 @@ def test_sigint_then_sigkill_then_resume_finishes_only_the_rest(tmp_path, slow_b
 
     # 3) resume: exactly the remaining pairs are asked, and the table is complete
     mark = len(slow_backend.answers.log)
-    r = subprocess.run([EXE, "tournament", "--config", str(cfg), "--db", url], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [EXE, "tournament", "--config", str(cfg), "--db", url], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     final = rows(url)
     assert len(final) == total
@@ -141,19 +153,41 @@ def test_shadow_tournament_command(tmp_path, slow_backend):
     import json
 
     url = f"sqlite:///{tmp_path / 'shadow.db'}"
-    judge = {"model_name": "judge", "litellm_params": {"model": "openai/judge-model", "api_base": slow_backend.base_url, "api_key": "x"}}
+    judge = {
+        "model_name": "judge",
+        "litellm_params": {"model": "openai/judge-model", "api_base": slow_backend.base_url, "api_key": "x"},
+    }
     cfg = write_config(tmp_path / "s.yaml", slow_backend, judge=judge, concurrency=4)
     queue = tmp_path / "queue.jsonl"
-    queue.write_text("".join(json.dumps({"query_id": f"prod-{i}", "task": "chat", "text": f"Question {i}?", "call_id": f"c{i}",
-                                         "created": 1.7e9}) + "\n" for i in range(3)))  # fmt: skip
+    queue.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "query_id": f"prod-{i}",
+                    "task": "chat",
+                    "text": f"Question {i}?",
+                    "call_id": f"c{i}",
+                    "created": 1.7e9,
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+    )
     args = [EXE, "shadow-tournament", "--config", str(cfg), "--db", url, "--queue", str(queue)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "3 queued queries" in r.stdout and "6 pairs run (0 failed)" in r.stdout
     rs = rows(url)
-    assert len(rs) == 6 and {x["source"] for x in rs} == {"shadow"} and {x["query_source"] for x in rs} == {"production"}
+    assert (
+        len(rs) == 6 and {x["source"] for x in rs} == {"shadow"} and {x["query_source"] for x in rs} == {"production"}
+    )
     assert {x["query_id"] for x in rs} == {"prod-0", "prod-1", "prod-2"} and all(x["score"] in (0.0, 1.0) for x in rs)
     no_judge = write_config(tmp_path / "nj.yaml", slow_backend)
-    r = subprocess.run([EXE, "shadow-tournament", "--config", str(no_judge), "--db", url, "--queue", str(queue)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [EXE, "shadow-tournament", "--config", str(no_judge), "--db", url, "--queue", str(queue)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "needs a judge deployment" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -12,16 +12,16 @@ import time
 import litellm
 import pytest
 from prometheus_client import REGISTRY
+from router_fixtures import small_big_pool
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from tcp_proxy import TCPProxy
 
-from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
+from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.litellm_glue.callback import EnergyLogger, PendingRow, TableWriter
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
 from litellm_energy_router.table import open_store
-from litellm_energy_router.demo.backend import LocalBackend
-from router_fixtures import small_big_pool
-from tcp_proxy import TCPProxy
 
 # The acceptance burst: 5,000 requests through a real LiteLLM Router (~60-100 s on two cores).
 # ENERGY_ROUTER_BURST_N overrides it for quicker local runs.
@@ -36,13 +36,23 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
     u = make_url(pg_url)
     proxy = TCPProxy(u.host or "127.0.0.1", u.port or 5432)
     proxied = u.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    s = Settings.model_validate({
-        "table": {"url": proxied}, "energy": {"meter": "estimate"},
-        "candidates": [{"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
-                       {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"}],
-        "writer": {"spool_dir": str(tmp_path / "spool"), "queue_size": 1000, "batch_size": 200,
-                   "flush_interval_s": 0.2, "retry_max_s": 0.5},
-    })  # fmt: skip
+    s = Settings.model_validate(
+        {
+            "table": {"url": proxied},
+            "energy": {"meter": "estimate"},
+            "candidates": [
+                {"name": "mistralai/mistral-7b-chat", "deployment_id": "dep-small"},
+                {"name": "meta/llama-2-70b-chat", "deployment_id": "dep-big"},
+            ],
+            "writer": {
+                "spool_dir": str(tmp_path / "spool"),
+                "queue_size": 1000,
+                "batch_size": 200,
+                "flush_interval_s": 0.2,
+                "retry_max_s": 0.5,
+            },
+        }
+    )
     logger = EnergyLogger(s)
     litellm.callbacks = [logger]
     served: set[str] = set()
@@ -56,7 +66,9 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
         async def one(i: int) -> None:
             async with sem:
                 try:
-                    r = await router.acompletion(model="pool", messages=[{"role": "user", "content": f"q{i} " + "x " * (i % 9)}])
+                    r = await router.acompletion(
+                        model="pool", messages=[{"role": "user", "content": f"q{i} " + "x " * (i % 9)}]
+                    )
                     served.add(r._hidden_params["litellm_call_id"])
                 except Exception as e:  # noqa: BLE001
                     errors.append(e)
@@ -80,8 +92,10 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
         assert logger.flush(60)
         assert logger.writer.wait_replayed(60)
         w = logger.writer
-        print(f"burst {N}: spooled {w.spooled}, replayed {w.replayed}, written {w.written}, "
-              f"max rows in memory {w.max_in_memory}, outage {phases['up'] - phases['down']:.1f} s")
+        print(
+            f"burst {N}: spooled {w.spooled}, replayed {w.replayed}, written {w.written}, "
+            f"max rows in memory {w.max_in_memory}, outage {phases['up'] - phases['down']:.1f} s"
+        )
         assert w.spooled > 0 and w.replayed > 0  # the outage really happened and was replayed
         assert w.max_in_memory <= 2 * s.writer.queue_size + 2 * s.writer.batch_size
         logger.close()
@@ -99,9 +113,20 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
 
 
 def _row(i: int) -> PendingRow:
-    return PendingRow(call_id=f"call-{i}", candidate="mistralai/mistral-7b-chat", status="success", text=f"t{i}",
-                      start_s=1000.0 + i, end_s=1001.0 + i, first_token_s=None, prompt_tokens=10, completion_tokens=5,
-                      propensity=None, deployment_id="d", backend_id=None)  # fmt: skip
+    return PendingRow(
+        call_id=f"call-{i}",
+        candidate="mistralai/mistral-7b-chat",
+        status="success",
+        text=f"t{i}",
+        start_s=1000.0 + i,
+        end_s=1001.0 + i,
+        first_token_s=None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        propensity=None,
+        deployment_id="d",
+        backend_id=None,
+    )
 
 
 def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):

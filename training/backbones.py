@@ -60,7 +60,9 @@ def register_backbone(cls: type[Backbone]) -> type[Backbone]:
 def build_backbone(spec: BackboneSpec, texts: Sequence[str], n_candidates: int, max_len: int) -> tuple[Any, Any]:
     key = "hf" if spec.name.startswith("hf:") else spec.name
     if key not in _REGISTRY:
-        raise ValueError(f"backbone {spec.name!r} is not known (use one of {sorted(_REGISTRY)} or hf:<model id or path>)")
+        raise ValueError(
+            f"backbone {spec.name!r} is not known (use one of {sorted(_REGISTRY)} or hf:<model id or path>)"
+        )
     import torch
 
     torch.manual_seed(spec.seed)
@@ -101,20 +103,29 @@ class TinyBackbone(Backbone):
         bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         bpe.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=spec.vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-        )  # fmt: skip
+            vocab_size=spec.vocab_size,
+            special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         bpe.train_from_iterator(list(texts), trainer=trainer)
         tok = PreTrainedTokenizerFast(
             tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
         )
         tok.add_tokens(special_tokens(n_candidates))
         cfg = Qwen2Config(
-            vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.hidden_size * 2,
-            num_hidden_layers=spec.layers, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=max(max_len + 16, 512), tie_word_embeddings=True,
-            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        )  # fmt: skip
+            vocab_size=len(tok),
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.hidden_size * 2,
+            num_hidden_layers=spec.layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max(max_len + 16, 512),
+            tie_word_embeddings=True,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
         return Qwen2ForCausalLM(cfg), tok
 
 

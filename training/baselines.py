@@ -45,8 +45,18 @@ class Predictor(Protocol):
     def predict_proba(self, test: TableMatrix) -> np.ndarray: ...
 
 
-def baseline_trainer(cls_name: str, kind: str, *, embedder: Embedder | None = None, seed: int = 0, inner_folds: int = 3,
-                     train_config: Any = None, log: Any = None, share: Any = None, **params: Any) -> "Baseline":  # fmt: skip
+def baseline_trainer(
+    cls_name: str,
+    kind: str,
+    *,
+    embedder: Embedder | None = None,
+    seed: int = 0,
+    inner_folds: int = 3,
+    train_config: Any = None,
+    log: Any = None,
+    share: Any = None,
+    **params: Any,
+) -> "Baseline":
     """The ``fit`` of a built-in baseline's registry entry (:mod:`litellm_energy_router.router.builtin_scorers`):
     an unfitted :class:`Baseline` of class ``cls_name`` serving as scorer ``kind``; the selection's context
     beyond ``embedder``/``seed`` (``train_config``, ``log``, ``share``) is not a baseline's; ``params`` are
@@ -104,8 +114,9 @@ PSEUDO_ROWS = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 50.0)  # the grid
 CV_ROWS = (1, 2, 3, 5, 10, 20, 50)  # rows of a new task a candidate may have
 
 
-def pseudo_rows_cv(train: TableMatrix, grid: Sequence[float] = PSEUDO_ROWS, ns: Sequence[int] = CV_ROWS,
-                   reps: int = 50, seed: int = 0) -> tuple[float, dict[float, float]]:  # fmt: skip
+def pseudo_rows_cv(
+    train: TableMatrix, grid: Sequence[float] = PSEUDO_ROWS, ns: Sequence[int] = CV_ROWS, reps: int = 50, seed: int = 0
+) -> tuple[float, dict[float, float]]:
     """The pseudo-rows ``alpha`` of :func:`task_prior` (and of a context's rows in the context prior), chosen by
     **leave-task-out** CV on ``train``'s labelled rows: each task in turn plays a new one; for each candidate
     ``n`` of its rows (``ns``, ``reps`` draws) are shrunk toward the other tasks' pooled rate,
@@ -143,13 +154,22 @@ class Baseline(ABC):
     uses_embeddings: ClassVar[bool] = False
     accepts_partial: ClassVar[bool] = True  # fits a partial matrix (NaN = unlabelled, ``W`` pair weights)
 
-    def __init__(self, *, name: str | None = None, embedder: Embedder | None = None, inner_folds: int = 3, seed: int = 0,
-                 **params: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        embedder: Embedder | None = None,
+        inner_folds: int = 3,
+        seed: int = 0,
+        **params: Any,
+    ) -> None:
         if name is not None:
             self.name = name  # type: ignore[misc]
         unknown = set(params) - set(self.grid)
         if unknown:
-            raise ValueError(f"baseline {self.name!r}: unknown hyperparameter {sorted(unknown)[0]!r} (has: {', '.join(self.grid) or 'none'})")
+            raise ValueError(
+                f"baseline {self.name!r}: unknown hyperparameter {sorted(unknown)[0]!r} (has: {', '.join(self.grid) or 'none'})"
+            )
         self.embedder = embedder
         self.inner_folds = inner_folds
         self.seed = seed
@@ -239,7 +259,12 @@ class KNN(Baseline):
 
     def export_arrays(self) -> dict[str, np.ndarray]:
         keep = np.isfinite(self._Ytr).all(axis=1)  # serving's kNN votes over complete rows only
-        return {"X": self._Xtr[keep].astype(np.float32), "Y": self._Ytr[keep], "k": np.array(self.k), "shrink": np.array(self.shrink)}
+        return {
+            "X": self._Xtr[keep].astype(np.float32),
+            "Y": self._Ytr[keep],
+            "k": np.array(self.k),
+            "shrink": np.array(self.shrink),
+        }
 
 
 class LogReg(Baseline):
@@ -261,7 +286,9 @@ class LogReg(Baseline):
                 self._models.append(float(y[0]) if len(y) else float(np.nanmean(train.Y)))
                 continue
             sw = None if train.W is None else W[rows, k]
-            self._models.append(LogisticRegression(C=float(params["C"]), max_iter=2000).fit(X[rows], y, sample_weight=sw))
+            self._models.append(
+                LogisticRegression(C=float(params["C"]), max_iter=2000).fit(X[rows], y, sample_weight=sw)
+            )
 
     def _predict(self, test: TableMatrix, X: np.ndarray | None) -> np.ndarray:
         cols = [np.full(test.n, m) if isinstance(m, float) else m.predict_proba(X)[:, 1] for m in self._models]
@@ -311,8 +338,12 @@ class MatrixFactorization(Baseline):
         try:
             for _ in range(self.steps):
                 opt.zero_grad()
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(E_, O_, V, W, w, B), Yt, weight=Wt,
-                                                                            reduction="sum") / Wt.sum()  # fmt: skip
+                loss = (
+                    torch.nn.functional.binary_cross_entropy_with_logits(
+                        self._logits(E_, O_, V, W, w, B), Yt, weight=Wt, reduction="sum"
+                    )
+                    / Wt.sum()
+                )
                 loss = loss + l2 * (W.pow(2).sum() + V.pow(2).sum() + w.pow(2).sum())
                 loss.backward()
                 opt.step()
@@ -340,8 +371,17 @@ class MatrixFactorization(Baseline):
         return dict(zip(("V", "W", "w", "B"), (p.numpy().astype(np.float64) for p in self._params)))
 
 
-def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedder | None = None, seed: int = 0,
-                    partial: TableMatrix | None = None, profile: Any = None, **_context: Any) -> Any:  # fmt: skip
+def export_baseline(
+    name: str,
+    m: TableMatrix,
+    out_dir: Any,
+    *,
+    embedder: Embedder | None = None,
+    seed: int = 0,
+    partial: TableMatrix | None = None,
+    profile: Any = None,
+    **_context: Any,
+) -> Any:
     """Fit the registered scorer kind ``name`` (a built-in baseline: hyperparameters by inner CV; or a
     plugin's) on ``m`` (plus ``partial``: queries only partial feedback labels, weighted, for a predictor
     that ``accepts_partial``) and write it as a checkpoint: ``baseline.npz`` with its ``export_arrays()``
@@ -358,12 +398,28 @@ def export_baseline(name: str, m: TableMatrix, out_dir: Any, *, embedder: Embedd
     b = make_baseline(name, embedder=emb, seed=seed)
     b = b.fit(concat_rows(m, partial) if getattr(b, "accepts_partial", False) else m)
     uses = getattr(b, "uses_embeddings", False)
-    return write_baseline_checkpoint(name, m, out_dir, b.export_arrays(), dict(getattr(b, "params", {})), emb.name if uses else None,
-                                     b.predict_proba(m), profile)  # fmt: skip
+    return write_baseline_checkpoint(
+        name,
+        m,
+        out_dir,
+        b.export_arrays(),
+        dict(getattr(b, "params", {})),
+        emb.name if uses else None,
+        b.predict_proba(m),
+        profile,
+    )
 
 
-def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: dict[str, np.ndarray], params: dict[str, Any],
-                              encoder: str | None, P: np.ndarray, profile: Any = None) -> Any:  # fmt: skip
+def write_baseline_checkpoint(
+    kind: str,
+    m: TableMatrix,
+    out_dir: Any,
+    arrays: dict[str, np.ndarray],
+    params: dict[str, Any],
+    encoder: str | None,
+    P: np.ndarray,
+    profile: Any = None,
+) -> Any:
     """Write a fitted baseline of ``kind`` (its ``arrays`` beyond the task prior, added here; ``P`` its
     predictions on ``m``, for the knob range and the training Brier) as a servable checkpoint."""
     import time
@@ -384,11 +440,16 @@ def write_baseline_checkpoint(kind: str, m: TableMatrix, out_dir: Any, arrays: d
     est = fit_energy_estimate(m, profile)
     grid = lambda_grid(P, est.estimate(m.candidates, m.prompt_tokens, m.tasks), DEFAULT_E_REF_J, 2)
     manifest = Manifest(
-        version=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{kind}", candidates=m.candidates, scorer=kind,
-        knob={"lambda_min": 0.0, "lambda_max": float(grid[-1])}, energy=est,
+        version=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{kind}",
+        candidates=m.candidates,
+        scorer=kind,
+        knob={"lambda_min": 0.0, "lambda_max": float(grid[-1])},
+        energy=est,
         baseline={"file": BASELINE_FILE, "kind": kind, "params": params, "encoder": encoder},
         watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m)},
-        eval={"train_brier": brier(P, m.Y)}, versions=library_versions(), length=attach_length_model(m, out, profile),
-    )  # fmt: skip
+        eval={"train_brier": brier(P, m.Y)},
+        versions=library_versions(),
+        length=attach_length_model(m, out, profile),
+    )
     write_manifest(out, manifest)
     return out

@@ -51,8 +51,14 @@ def _slope_with_offset(x: np.ndarray, offset: np.ndarray, y: np.ndarray, l2: flo
     return max(a, 0.0)
 
 
-def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str],
-                    q_task: np.ndarray | None = None, q_any: np.ndarray | None = None) -> dict:  # fmt: skip
+def fit_calibration(
+    z_task: np.ndarray,
+    z_any: np.ndarray,
+    Y: np.ndarray,
+    tasks: Sequence[str],
+    q_task: np.ndarray | None = None,
+    q_any: np.ndarray | None = None,
+) -> dict:
     """``z_task``/``z_any``: slot logits [n, K] with the task tag shown / hidden; ``Y`` [n, K] in {0, 1};
     ``q_task``/``q_any``: the probe's logits for the same queries (fitted without them), or None."""
     if q_task is not None and q_any is not None:
@@ -72,8 +78,9 @@ def fit_calibration(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks:
     return {"a": a.tolist(), "b_task": b_task, "a_any": a_any.tolist(), "b_any": b_any.tolist()}
 
 
-def _fit_on_probe(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str],
-                  q_task: np.ndarray, q_any: np.ndarray) -> dict:  # fmt: skip
+def _fit_on_probe(
+    z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: Sequence[str], q_task: np.ndarray, q_any: np.ndarray
+) -> dict:
     names = sorted(set(tasks))
     t_arr = np.asarray([str(t) for t in tasks])
     mean_t = {n: z_task[t_arr == n].mean(axis=0) for n in names}
@@ -82,12 +89,23 @@ def _fit_on_probe(z_task: np.ndarray, z_any: np.ndarray, Y: np.ndarray, tasks: S
     k = Y.shape[1]
     a = np.array([_slope_with_offset(zc[:, j], q_task[:, j], Y[:, j]) for j in range(k)])
     a_any = np.array([_slope_with_offset(z_any[:, j] - mean_any[j], q_any[:, j], Y[:, j]) for j in range(k)])
-    return {"a": a.tolist(), "b_task": {n: (-a * mean_t[n]).tolist() for n in names},
-            "a_any": a_any.tolist(), "b_any": (-a_any * mean_any).tolist(), "offset": "probe"}  # fmt: skip
+    return {
+        "a": a.tolist(),
+        "b_task": {n: (-a * mean_t[n]).tolist() for n in names},
+        "a_any": a_any.tolist(),
+        "b_any": (-a_any * mean_any).tolist(),
+        "offset": "probe",
+    }
 
 
-def fit_probe(emb: np.ndarray, Y: np.ndarray, tasks: Sequence[str], encoder: str, C: float = 0.3,
-              weights: np.ndarray | None = None):  # fmt: skip
+def fit_probe(
+    emb: np.ndarray,
+    Y: np.ndarray,
+    tasks: Sequence[str],
+    encoder: str,
+    C: float = 0.3,
+    weights: np.ndarray | None = None,
+):
     """The probe head (:class:`~litellm_energy_router.router.probe.Probe`) on embeddings ``emb[n, D]``:
     per (task, candidate) and pooled over tasks, an L2 logistic regression with inverse strength ``C``
     (a constant label gives zero weights and a clipped log-odds bias).

@@ -59,10 +59,14 @@ def cross_validate(
     oof = out_of_fold(methods, m, splits, profile=profile, progress=progress)
     P, Eh, secs, params, e_refs = oof.P, oof.Eh, oof.seconds, oof.params, oof.e_refs
     routers = {name: (P[name], Eh[name]) for name in methods}
-    ev = evaluate(m.Y, m.E, routers, m.candidates, e_ref=float(np.mean(e_refs)), n_points=n_points, folds=[te for _, te in splits])
+    ev = evaluate(
+        m.Y, m.E, routers, m.candidates, e_ref=float(np.mean(e_refs)), n_points=n_points, folds=[te for _, te in splits]
+    )
     for name in methods:
         chosen = f"; hyperparameters per fold: {params[name]}" if params[name] else ""
-        ev.notes.append(f"{name}: fit+predict {secs[name]:.1f} s over {folds} folds; held-out Brier {ev.method(name).calibration.brier:.4f}{chosen}")
+        ev.notes.append(
+            f"{name}: fit+predict {secs[name]:.1f} s over {folds} folds; held-out Brier {ev.method(name).calibration.brier:.4f}{chosen}"
+        )
     return ev
 
 
@@ -84,10 +88,16 @@ class OutOfFold:
     splits: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
-def out_of_fold(methods: Mapping[str, Factory], m: TableMatrix, splits: list[tuple[np.ndarray, np.ndarray]], *,
-                profile: Any = None, progress: Callable[[int, int, str], None] | None = None,
-                energy: Callable[[TableMatrix, TableMatrix], np.ndarray] | None = None,
-                partial: TableMatrix | None = None) -> OutOfFold:  # fmt: skip
+def out_of_fold(
+    methods: Mapping[str, Factory],
+    m: TableMatrix,
+    splits: list[tuple[np.ndarray, np.ndarray]],
+    *,
+    profile: Any = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    energy: Callable[[TableMatrix, TableMatrix], np.ndarray] | None = None,
+    partial: TableMatrix | None = None,
+) -> OutOfFold:
     """Fit every method on each fold's training rows and predict its test rows. ``energy(train, test)``
     gives the default Ê (J) of a method without ``predict_energy`` (default: :func:`~.energy_fit.fit_energy_estimate`).
     ``partial``: queries only partial feedback labels (never tested on), added to every fold's training rows
@@ -124,8 +134,9 @@ def routerbench_matrix(db_url: str | None = None, *, profile: Any = None) -> Tab
     Imports them into ``db_url`` (default: a temporary SQLite file) and reads them back through the
     table, the same path production rows take.
     """
-    from litellm_energy_router.energy.profile import load_profile
     from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench
+
+    from litellm_energy_router.energy.profile import load_profile
     from litellm_energy_router.table import open_store
 
     prof = profile if profile is not None else load_profile()
@@ -139,7 +150,9 @@ def routerbench_matrix(db_url: str | None = None, *, profile: Any = None) -> Tab
             store.close()
 
 
-def read_decisions(path: str | Path, m: TableMatrix, *, id_format: str = "routerbench:{eval_name}:{row}") -> tuple[np.ndarray, np.ndarray]:
+def read_decisions(
+    path: str | Path, m: TableMatrix, *, id_format: str = "routerbench:{eval_name}:{row}"
+) -> tuple[np.ndarray, np.ndarray]:
     """``(P[n, K], Ê[n, K] in J)`` for the rows of ``m`` from an ``energy-router route`` output file.
 
     Each JSON line carries ``row``, ``eval_name``, ``scores`` and ``energy_j`` per candidate; the query id
@@ -203,7 +216,9 @@ def leave_task_out(
     out: dict[str, Evaluation] = {}
     for i, t in enumerate(tasks):
         train, test = matrix.subset(np.flatnonzero(matrix.tasks != t)), matrix.subset(np.flatnonzero(matrix.tasks == t))
-        test.tasks = np.array([UNKNOWN_TASK] * test.n, dtype=matrix.tasks.dtype if matrix.tasks.dtype.kind == "O" else object)
+        test.tasks = np.array(
+            [UNKNOWN_TASK] * test.n, dtype=matrix.tasks.dtype if matrix.tasks.dtype.kind == "O" else object
+        )
         e_default = estimate_energy(fit_energy_estimate(train, profile), test)
         routers = {}
         for j, (name, factory) in enumerate(methods.items()):
@@ -212,9 +227,19 @@ def leave_task_out(
             pred = factory().fit(train)
             P = np.asarray(pred.predict_proba(test), dtype=np.float64)
             routers[name] = (P, pred.predict_energy(test) if hasattr(pred, "predict_energy") else e_default)
-        parts = [te for _, te in kfold(near_duplicate_groups(test.texts, test.ids, test.tasks), min(chunks, test.n), seed=seed)]
-        out[t] = evaluate(test.Y, test.E, routers, matrix.candidates, e_ref=float(train.E.mean(axis=0).max()),
-                          n_points=n_points, folds=parts)  # fmt: skip
+        parts = [
+            te
+            for _, te in kfold(near_duplicate_groups(test.texts, test.ids, test.tasks), min(chunks, test.n), seed=seed)
+        ]
+        out[t] = evaluate(
+            test.Y,
+            test.E,
+            routers,
+            matrix.candidates,
+            e_ref=float(train.E.mean(axis=0).max()),
+            n_points=n_points,
+            folds=parts,
+        )
     return out
 
 

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from litellm_energy_router.redact import redact_url
 from litellm_energy_router.errors import UserError
+from litellm_energy_router.redact import redact_url
 
 
 class MatrixError(UserError, ValueError):
@@ -47,7 +47,9 @@ class TableMatrix:
     E: np.ndarray  # [n, K] float, J
     T: np.ndarray  # [n, K] float, completion tokens (NaN = unknown)
     dropped: dict[str, int] = field(default_factory=dict)
-    W: np.ndarray | None = None  # [n, K] pair weights of a partial matrix (NaN Y unlabelled; training/pairs.py), None = complete
+    W: np.ndarray | None = (
+        None  # [n, K] pair weights of a partial matrix (NaN Y unlabelled; training/pairs.py), None = complete
+    )
     max_run_id: int = 0  # training-data watermark: the largest run id read
     max_updated: float = 0.0  # and the latest ``updated`` time read (Unix s; catches rows labelled later)
     last_run: np.ndarray | None = None  # [n] the largest run id of each query (recency, for sampling)
@@ -68,13 +70,21 @@ class TableMatrix:
         """Rows ``idx`` (indices into this matrix), same candidates."""
         idx = np.asarray(idx, dtype=np.int64)
         return TableMatrix(
-            candidates=list(self.candidates), ids=self.ids[idx], tasks=self.tasks[idx],
-            texts=[self.texts[i] for i in idx], prompt_tokens=self.prompt_tokens[idx],
-            Y=self.Y[idx], E=self.E[idx], T=self.T[idx], dropped=dict(self.dropped), max_run_id=self.max_run_id,
+            candidates=list(self.candidates),
+            ids=self.ids[idx],
+            tasks=self.tasks[idx],
+            texts=[self.texts[i] for i in idx],
+            prompt_tokens=self.prompt_tokens[idx],
+            Y=self.Y[idx],
+            E=self.E[idx],
+            T=self.T[idx],
+            dropped=dict(self.dropped),
+            max_run_id=self.max_run_id,
             W=None if self.W is None else self.W[idx],
-            max_updated=self.max_updated, last_run=None if self.last_run is None else self.last_run[idx],
+            max_updated=self.max_updated,
+            last_run=None if self.last_run is None else self.last_run[idx],
             weight=None if self.weight is None else self.weight[idx],
-        )  # fmt: skip
+        )
 
     take = subset
 
@@ -82,7 +92,9 @@ class TableMatrix:
         return sorted(set(self.tasks.tolist()))
 
     def summary(self) -> str:
-        acc = ", ".join(f"{c}: acc {self.Y[:, k].mean():.3f} / {self.E[:, k].mean():.1f} J" for k, c in enumerate(self.candidates))
+        acc = ", ".join(
+            f"{c}: acc {self.Y[:, k].mean():.3f} / {self.E[:, k].mean():.1f} J" for k, c in enumerate(self.candidates)
+        )
         return f"{self.n} queries x {self.K} candidates ({acc})"
 
 
@@ -99,10 +111,19 @@ def concat_rows(a: TableMatrix, b: TableMatrix | None) -> TableMatrix:
         W = np.vstack([np.ones_like(m.Y) if m.W is None else m.W for m in (a, b)])
     cat = np.concatenate
     return TableMatrix(
-        candidates=list(a.candidates), ids=cat([a.ids, b.ids]), tasks=cat([a.tasks, b.tasks]), texts=list(a.texts) + list(b.texts),
-        prompt_tokens=cat([a.prompt_tokens, b.prompt_tokens]), Y=np.vstack([a.Y, b.Y]), E=np.vstack([a.E, b.E]),
-        T=np.vstack([a.T, b.T]), dropped=dict(a.dropped), W=W, max_run_id=a.max_run_id, max_updated=a.max_updated,
-    )  # fmt: skip
+        candidates=list(a.candidates),
+        ids=cat([a.ids, b.ids]),
+        tasks=cat([a.tasks, b.tasks]),
+        texts=list(a.texts) + list(b.texts),
+        prompt_tokens=cat([a.prompt_tokens, b.prompt_tokens]),
+        Y=np.vstack([a.Y, b.Y]),
+        E=np.vstack([a.E, b.E]),
+        T=np.vstack([a.T, b.T]),
+        dropped=dict(a.dropped),
+        W=W,
+        max_run_id=a.max_run_id,
+        max_updated=a.max_updated,
+    )
 
 
 def query_prompt_tokens(tokens: Sequence[int] | None, text: str | None) -> float:
@@ -155,7 +176,9 @@ def load_matrix(
             best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
     if not best:
         src = f" from sources {','.join(sources)}" if sources else ""
-        raise MatrixError(f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (no run with score and energy_j{src})")
+        raise MatrixError(
+            f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (no run with score and energy_j{src})"
+        )
     if candidates is None:
         energy: dict[str, list[float]] = {}
         for (_, c), r in best.items():
@@ -168,7 +191,9 @@ def load_matrix(
         have = {c for (_, c) in best}
         missing = [c for c in cands if c not in have]
         if missing:
-            raise MatrixError(f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}")
+            raise MatrixError(
+                f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}"
+            )
     K = len(cands)
     ids, tasks, texts, pt, Y, E, T = [], [], [], [], [], [], []
     dropped = {"missing_label": 0, "no_text": 0}
@@ -194,18 +219,31 @@ def load_matrix(
         E.append(e)
         T.append(t)
     if not ids:
-        raise MatrixError(f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})")
+        raise MatrixError(
+            f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})"
+        )
     return TableMatrix(
-        candidates=cands, ids=np.array(ids, dtype=object), tasks=np.array(tasks, dtype=object), texts=texts,
-        prompt_tokens=np.array(pt), Y=np.array(Y), E=np.array(E), T=np.array(T), dropped=dropped, max_run_id=max_id,
-        max_updated=max_upd, last_run=np.array([last[i] for i in ids], dtype=np.int64),
-    )  # fmt: skip
+        candidates=cands,
+        ids=np.array(ids, dtype=object),
+        tasks=np.array(tasks, dtype=object),
+        texts=texts,
+        prompt_tokens=np.array(pt),
+        Y=np.array(Y),
+        E=np.array(E),
+        T=np.array(T),
+        dropped=dropped,
+        max_run_id=max_id,
+        max_updated=max_upd,
+        last_run=np.array([last[i] for i in ids], dtype=np.int64),
+    )
 
 
 # -- splits (by query) ---------------------------------------------------------------------------------
 
 
-def kfold(ids: Sequence[str], k: int = 5, *, seed: int = 0, groups: Sequence[str] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def kfold(
+    ids: Sequence[str], k: int = 5, *, seed: int = 0, groups: Sequence[str] | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """``k`` (train_idx, test_idx) pairs over positions of ``ids`` (query ids), split by query.
 
     Every query is in exactly one test fold. Duplicate ids stay together (rows of the same query never
@@ -238,8 +276,14 @@ def kfold(ids: Sequence[str], k: int = 5, *, seed: int = 0, groups: Sequence[str
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks: Sequence[str] | None = None,
-                          *, threshold: float = 0.8, max_size: int = 20) -> np.ndarray:  # fmt: skip
+def near_duplicate_groups(
+    texts: Sequence[str | None],
+    ids: Sequence[str],
+    tasks: Sequence[str] | None = None,
+    *,
+    threshold: float = 0.8,
+    max_size: int = 20,
+) -> np.ndarray:
     """One group key per row: rows whose queries are near-duplicates share a key (the smallest query id of
     the group), so a split on these keys never puts two near-duplicates on opposite sides.
 
@@ -269,7 +313,9 @@ def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks
         for i in rows:
             indices.extend(vocab.setdefault(w, len(vocab)) for w in words[i])
             indptr.append(len(indices))
-        B = csr_matrix((np.ones(len(indices), dtype=np.float32), indices, indptr), shape=(len(rows), max(len(vocab), 1)))
+        B = csr_matrix(
+            (np.ones(len(indices), dtype=np.float32), indices, indptr), shape=(len(rows), max(len(vocab), 1))
+        )
         inter = (B @ B.T).tocoo()
         size = np.asarray(B.sum(axis=1)).ravel()
         keep = inter.row < inter.col
@@ -284,11 +330,14 @@ def near_duplicate_groups(texts: Sequence[str | None], ids: Sequence[str], tasks
     for i, comp in enumerate(label.tolist()):
         key[comp] = min(key.get(comp, ids[i]), ids[i])
     count = np.bincount(label)
-    return np.array([key[comp] if count[comp] <= max_size else ids[i] for i, comp in enumerate(label.tolist())], dtype=object)
+    return np.array(
+        [key[comp] if count[comp] <= max_size else ids[i] for i, comp in enumerate(label.tolist())], dtype=object
+    )
 
 
-def holdout_split(ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout",
-                  groups: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def holdout_split(
+    ids: Sequence[str], test_fraction: float = 0.2, *, salt: str = "holdout", groups: Sequence[str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(train_idx, test_idx) by a stable hash of each query id: a held-out query stays held out as the
     table grows, so a held-out set used to compare checkpoints never leaks into later training.
 

@@ -16,8 +16,14 @@ from scipy import sparse
 from litellm_energy_router.router.student import Student, ngram_buckets
 
 
-def _design(texts: Sequence[str], tasks: Sequence[str | None], task_names: list[str], dim: int,
-            ngrams: Sequence[int], tail_chars: int) -> sparse.csr_matrix:  # fmt: skip
+def _design(
+    texts: Sequence[str],
+    tasks: Sequence[str | None],
+    task_names: list[str],
+    dim: int,
+    ngrams: Sequence[int],
+    tail_chars: int,
+) -> sparse.csr_matrix:
     """Rows: n-gram indicators / sqrt(count) | task one-hot | 1."""
     tix = {t: i for i, t in enumerate(task_names)}
     rows, cols, vals = [], [], []
@@ -56,9 +62,18 @@ def _ridge_cg(X: sparse.csr_matrix, Z: np.ndarray, alpha: float, iters: int, tol
     return W
 
 
-def fit_student(texts: Sequence[str], tasks: Sequence[str], z_task: np.ndarray, z_any: np.ndarray, *,
-                dim: int = 1 << 16, ngrams: Sequence[int] = (2, 3, 4), tail_chars: int = 1024,
-                alpha: float = 1.0, iters: int = 200) -> Student:  # fmt: skip
+def fit_student(
+    texts: Sequence[str],
+    tasks: Sequence[str],
+    z_task: np.ndarray,
+    z_any: np.ndarray,
+    *,
+    dim: int = 1 << 16,
+    ngrams: Sequence[int] = (2, 3, 4),
+    tail_chars: int = 1024,
+    alpha: float = 1.0,
+    iters: int = 200,
+) -> Student:
     """Ridge fit of the student on ``z_task`` (task shown) and ``z_any`` (task hidden), both [n, K]."""
     task_names = sorted({str(t) for t in tasks})
     all_texts = list(texts) + list(texts)

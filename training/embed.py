@@ -16,8 +16,16 @@ import numpy as np
 
 from litellm_energy_router.router.encoder import Embedder, MiniLMEmbedder, query_block
 
-__all__ = ["CachedEmbedder", "Embedder", "MiniLMEmbedder", "default_cache_dir", "default_embedder", "embed_queries", "query_block",
-           "use_cache_dir"]
+__all__ = [
+    "CachedEmbedder",
+    "Embedder",
+    "MiniLMEmbedder",
+    "default_cache_dir",
+    "default_embedder",
+    "embed_queries",
+    "query_block",
+    "use_cache_dir",
+]
 
 
 def default_cache_dir() -> Path:
@@ -76,7 +84,6 @@ class CachedEmbedder:
         if not keys:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([mem[k] for k in keys])
-
 
     def _compact(self) -> None:
         if len(list(self.dir.glob("*.npz"))) <= self.max_shards or self._mem is None:

@@ -71,9 +71,16 @@ def fit_energy_estimate(m: TableMatrix, profile: Any | None = None, pairs: Any |
     tasks = m.task_names()
     tix = {t: i for i, t in enumerate(tasks)}
     zeros = np.zeros(n * K)
-    runs = {"c": np.tile(np.arange(K), n), "task": np.repeat([tix[t] for t in m.tasks], K).astype(np.float64),
-            "pt": np.repeat(m.prompt_tokens, K), "ct": m.T.ravel(), "e": m.E.ravel(), "measured": zeros,
-            "src": zeros, "w": np.ones(n * K)}  # fmt: skip
+    runs = {
+        "c": np.tile(np.arange(K), n),
+        "task": np.repeat([tix[t] for t in m.tasks], K).astype(np.float64),
+        "pt": np.repeat(m.prompt_tokens, K),
+        "ct": m.T.ravel(),
+        "e": m.E.ravel(),
+        "measured": zeros,
+        "src": zeros,
+        "w": np.ones(n * K),
+    }
     return fit_energy_from_runs(runs, m.candidates, tasks, profile).model_copy(update={"fitted_on": None})
 
 
@@ -96,8 +103,9 @@ def fit_energy_from_pairs(pairs: PairTable, profile: Any | None = None) -> Energ
     return fit_energy_from_runs(pairs.runs, pairs.candidates, pairs.run_tasks, profile)
 
 
-def fit_energy_from_runs(runs: dict[str, np.ndarray], cands: Sequence[str], run_tasks: Sequence[str],
-                         profile: Any | None = None) -> EnergyEstimate:  # fmt: skip
+def fit_energy_from_runs(
+    runs: dict[str, np.ndarray], cands: Sequence[str], run_tasks: Sequence[str], profile: Any | None = None
+) -> EnergyEstimate:
     """The energy estimate of runs given as columns (:attr:`PairTable.runs`: ``c`` candidate index, ``task``
     index into ``run_tasks``, ``pt``/``ct`` prompt/output tokens (NaN unknown), ``e`` J, ``measured``, ``src``,
     ``w`` weight): J/token by non-negative least squares (measured runs first, then every run, then the
@@ -108,8 +116,11 @@ def fit_energy_from_runs(runs: dict[str, np.ndarray], cands: Sequence[str], run_
         rows = runs["c"] == k
         meas = rows & (runs["measured"] > 0)
         src = runs["src"][rows].astype(np.int64)
-        info: dict[str, Any] = {"runs": int(rows.sum()), "measured_runs": int(meas.sum()),
-                                **{f"runs_{s}": int((src == i).sum()) for i, s in enumerate(SOURCES)}}  # fmt: skip
+        info: dict[str, Any] = {
+            "runs": int(rows.sum()),
+            "measured_runs": int(meas.sum()),
+            **{f"runs_{s}": int((src == i).sum()) for i, s in enumerate(SOURCES)},
+        }
         fit = _jpt(runs, meas) if meas.sum() >= MIN_MEASURED_RUNS else None
         info["j_per_token_from"] = "measured"
         if fit is None:
@@ -136,5 +147,12 @@ def fit_energy_from_runs(runs: dict[str, np.ndarray], cands: Sequence[str], run_
         vals = {c: wmean((ck == k) & (tix == ti)) for k, c in enumerate(cands)}
         per_task[task] = {c: v for c, v in vals.items() if v is not None}
     prior, prior_source = chat_output_tokens(list(cands), profile)
-    return EnergyEstimate(j_per_prompt_token=jp, j_per_output_token=jo, output_tokens=per_task, output_tokens_any=any_,
-                          output_tokens_prior=prior, prior_source=prior_source, fitted_on=fitted)  # fmt: skip
+    return EnergyEstimate(
+        j_per_prompt_token=jp,
+        j_per_output_token=jo,
+        output_tokens=per_task,
+        output_tokens_any=any_,
+        output_tokens_prior=prior,
+        prior_source=prior_source,
+        fitted_on=fitted,
+    )

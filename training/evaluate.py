@@ -111,7 +111,9 @@ class Curve:
     shares: np.ndarray
 
     @classmethod
-    def from_choices(cls, name: str, mode: str, knob: Sequence[float], choices: np.ndarray, Y: np.ndarray, E: np.ndarray) -> "Curve":
+    def from_choices(
+        cls, name: str, mode: str, knob: Sequence[float], choices: np.ndarray, Y: np.ndarray, E: np.ndarray
+    ) -> "Curve":
         """From chosen candidate indices ``choices[L, n]`` (one row per operating point)."""
         C = np.atleast_2d(np.asarray(choices, dtype=np.int64))
         rows = np.arange(Y.shape[0])
@@ -129,15 +131,24 @@ def choices(P: np.ndarray, Ehat: np.ndarray, knobs: Sequence[Knob]) -> np.ndarra
     return np.stack([decide(P, Ehat, k) for k in knobs])
 
 
-def sweep_lambda(P: np.ndarray, Ehat: np.ndarray, Y: np.ndarray, E: np.ndarray, e_ref: float, n_points: int = 41,
-                 name: str = "router") -> tuple[Curve, np.ndarray]:  # fmt: skip
+def sweep_lambda(
+    P: np.ndarray,
+    Ehat: np.ndarray,
+    Y: np.ndarray,
+    E: np.ndarray,
+    e_ref: float,
+    n_points: int = 41,
+    name: str = "router",
+) -> tuple[Curve, np.ndarray]:
     """λ sweep over :func:`lambda_grid` (most accurate → cheapest). Returns the curve and ``choices[L, n]``."""
     lams = lambda_grid(P, Ehat, e_ref, n_points)
     C = choices(P, Ehat, [Knob.point(lambda_=float(lam), e_ref_j=e_ref) for lam in lams])
     return Curve.from_choices(name, "lambda", lams, C, Y, E), C
 
 
-def sweep_target(P: np.ndarray, Ehat: np.ndarray, Y: np.ndarray, E: np.ndarray, n_points: int = 41, name: str = "router") -> Curve:
+def sweep_target(
+    P: np.ndarray, Ehat: np.ndarray, Y: np.ndarray, E: np.ndarray, n_points: int = 41, name: str = "router"
+) -> Curve:
     """Accuracy-target sweep: targets spread over the quantiles of ``P`` (plus 0 and above 1)."""
     qs = np.quantile(P, np.linspace(0, 1, max(n_points - 2, 1)))
     targets = np.unique(np.concatenate([[0.0], qs, [1.0 + 1e-9]]))
@@ -280,23 +291,32 @@ class Evaluation:
         out = []
         for m in self.methods:
             j = m.joules_at_best
-            out.append({
-                "method": m.name, "kind": m.kind, "aiq": m.aiq,
-                "aiq_fold_mean": float(np.mean(m.aiq_folds)) if m.aiq_folds else None,
-                "aiq_fold_sd": float(np.std(m.aiq_folds, ddof=1)) if len(m.aiq_folds) > 1 else None,
-                "aiq_target": m.aiq_target,
-                "joules_at_best": j, "savings_pct": (1 - j / self.best_energy) * 100 if np.isfinite(j) else None,
-                "acc_at_half": m.acc_at_half,
-                "max_accuracy": float(m.curve.accuracy.max()),
-                "phase_lambda": m.phase.lam50 if m.phase else None,
-                "phase_width_decades": m.phase.width_decades if m.phase else None,
-            })  # fmt: skip
+            out.append(
+                {
+                    "method": m.name,
+                    "kind": m.kind,
+                    "aiq": m.aiq,
+                    "aiq_fold_mean": float(np.mean(m.aiq_folds)) if m.aiq_folds else None,
+                    "aiq_fold_sd": float(np.std(m.aiq_folds, ddof=1)) if len(m.aiq_folds) > 1 else None,
+                    "aiq_target": m.aiq_target,
+                    "joules_at_best": j,
+                    "savings_pct": (1 - j / self.best_energy) * 100 if np.isfinite(j) else None,
+                    "acc_at_half": m.acc_at_half,
+                    "max_accuracy": float(m.curve.accuracy.max()),
+                    "phase_lambda": m.phase.lam50 if m.phase else None,
+                    "phase_width_decades": m.phase.width_decades if m.phase else None,
+                }
+            )
         return out
 
 
 def _score(ev_best_acc: float, best_e: float, x_max: float, curve: Curve) -> tuple[float, float, float]:
     hx, hy = curve.hull()
-    return hull_area(hx, hy, x_max) / x_max, joules_at_accuracy(hx, hy, ev_best_acc), float(hull_value(hx, hy, best_e / 2))
+    return (
+        hull_area(hx, hy, x_max) / x_max,
+        joules_at_accuracy(hx, hy, ev_best_acc),
+        float(hull_value(hx, hy, best_e / 2)),
+    )
 
 
 def evaluate(
@@ -332,7 +352,13 @@ def evaluate(
 
     eye = np.eye(K)
     add("zero router (static hull)", Curve("zero router (static hull)", "static", np.arange(K), se, sa, eye), "zero")
-    add("random", Curve("random", "random", np.array([0.0]), np.array([se.mean()]), np.array([sa.mean()]), np.full((1, K), 1 / K)), "random")
+    add(
+        "random",
+        Curve(
+            "random", "random", np.array([0.0]), np.array([se.mean()]), np.array([sa.mean()]), np.full((1, K), 1 / K)
+        ),
+        "random",
+    )
     # the oracle knows Y and the true E: at λ = 0 it sends each query to the cheapest candidate with the
     # best score; its λ sweep is the frontier no router can pass (it maximises Y − λ·E per query)
     ocurve, _ = sweep_lambda(Y, E, Y, E, x_max, max(n_points, 201), "oracle")
@@ -352,6 +378,15 @@ def evaluate(
             fx, fy = fc.hull()
             j_fold.append(joules_at_accuracy(fx, fy, float(Y[idx, best].mean())) / float(E[idx, best].mean()))
         hx, hy = tc.hull()
-        add(name, curve, "router", target_curve=tc, aiq_target=hull_area(hx, hy, x_max) / x_max, aiq_folds=per_fold, joules_ratio_folds=j_fold,
-            phase=phase_transition(curve, se, candidates), calibration=calibration(P, Y))  # fmt: skip
+        add(
+            name,
+            curve,
+            "router",
+            target_curve=tc,
+            aiq_target=hull_area(hx, hy, x_max) / x_max,
+            aiq_folds=per_fold,
+            joules_ratio_folds=j_fold,
+            phase=phase_transition(curve, se, candidates),
+            calibration=calibration(P, Y),
+        )
     return ev

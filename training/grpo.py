@@ -33,7 +33,7 @@ import numpy as np
 
 from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide, lambda_grid
-from litellm_energy_router.router.format import N_LAMBDA_BUCKETS, Q, Layout, lambda_token
+from litellm_energy_router.router.format import N_LAMBDA_BUCKETS, Layout, Q, lambda_token
 from litellm_energy_router.router.model import compute_choice_logits as choice_logits
 from litellm_energy_router.router.policy import POLICY_FILE, START_FILE
 
@@ -73,21 +73,24 @@ class GRPOStageConfig:
     seed: int = 0
 
 
-def decision_buckets(P: np.ndarray, E_hat: np.ndarray, e_ref: float = DEFAULT_E_REF_J,
-                     n: int = N_LAMBDA_BUCKETS) -> np.ndarray:  # fmt: skip
+def decision_buckets(
+    P: np.ndarray, E_hat: np.ndarray, e_ref: float = DEFAULT_E_REF_J, n: int = N_LAMBDA_BUCKETS
+) -> np.ndarray:
     """λ of each bucket: 0, the quantiles of the λ at which the calibrated decision switches candidates
     on these queries, and the λ where every query is at its cheapest (:func:`lambda_grid`)."""
     return lambda_grid(P, E_hat, e_ref, n)
 
 
-def choice_targets(P: np.ndarray, E_hat: np.ndarray, buckets: Sequence[float], e_ref: float = DEFAULT_E_REF_J) -> np.ndarray:
+def choice_targets(
+    P: np.ndarray, E_hat: np.ndarray, buckets: Sequence[float], e_ref: float = DEFAULT_E_REF_J
+) -> np.ndarray:
     """The decision rule's choice per bucket and query, [B, n]."""
     return np.stack([decide(P, E_hat, Knob.point(lambda_=float(lam), e_ref_j=e_ref)) for lam in buckets])
 
 
 def choice_prompt(layout: Layout, text: str, task: str | None, bucket: int) -> str:
     """The choice layout as text (GRPOTrainer tokenizes prompts itself); the query is cut from the left."""
-    ids = layout.choice_ids(text, task, bucket)[: -2]
+    ids = layout.choice_ids(text, task, bucket)[:-2]
     return layout.tokenizer.decode(ids, skip_special_tokens=False) + Q + lambda_token(bucket)
 
 
@@ -113,19 +116,36 @@ def fresh_copy(model: Any) -> Any:
     return new
 
 
-def train_start(model: Any, tokenizer: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None],
-                targets: np.ndarray, cfg: GRPOStageConfig, out_dir: str) -> Any:  # fmt: skip
+def train_start(
+    model: Any,
+    tokenizer: Any,
+    layout: Layout,
+    texts: Sequence[str],
+    tasks: Sequence[str | None],
+    targets: np.ndarray,
+    cfg: GRPOStageConfig,
+    out_dir: str,
+) -> Any:
     """A copy of ``model`` trained (SFT) to reproduce ``targets[B, n]`` on the choice layout."""
     from .sft import SFTStageConfig, run_sft
 
     policy = fresh_copy(model)
     policy.train()
-    sft = SFTStageConfig(epochs=cfg.start_epochs, batch_size=cfg.start_batch_size, learning_rate=cfg.start_learning_rate, seed=cfg.seed)
+    sft = SFTStageConfig(
+        epochs=cfg.start_epochs, batch_size=cfg.start_batch_size, learning_rate=cfg.start_learning_rate, seed=cfg.seed
+    )
     return run_sft(policy, tokenizer, build_start_dataset(layout, texts, tasks, targets), sft, out_dir)
 
 
-def build_grpo_dataset(layout: Layout, texts: Sequence[str], tasks: Sequence[str | None], Y: np.ndarray, E: np.ndarray,
-                       buckets: Sequence[float], seed: int = 0) -> Any:  # fmt: skip
+def build_grpo_dataset(
+    layout: Layout,
+    texts: Sequence[str],
+    tasks: Sequence[str | None],
+    Y: np.ndarray,
+    E: np.ndarray,
+    buckets: Sequence[float],
+    seed: int = 0,
+) -> Any:
     """GRPO prompts, one per (query, bucket), shuffled, each with its query's correctness and true joules."""
     from datasets import Dataset
 
@@ -146,20 +166,22 @@ def make_reward(label_ids: Sequence[int], e_ref: float) -> Callable[..., list[fl
     a completion that is not a label."""
     index = {t: j for j, t in enumerate(label_ids)}
 
-    def reward(prompts: list, completions: list, completion_ids: list, correct: list, joules: list, lam: list,
-               **_: Any) -> list[float]:  # fmt: skip
+    def reward(
+        prompts: list, completions: list, completion_ids: list, correct: list, joules: list, lam: list, **_: Any
+    ) -> list[float]:
         out = []
-        for ids, c, e, l in zip(completion_ids, correct, joules, lam):
+        for ids, c, e, lam_i in zip(completion_ids, correct, joules, lam):
             j = index.get(ids[0]) if len(ids) else None
-            out.append(-1.0 if j is None else float(c[j]) - float(l) * float(e[j]) / e_ref)
+            out.append(-1.0 if j is None else float(c[j]) - float(lam_i) * float(e[j]) / e_ref)
         return out
 
     reward.__name__ = "correct_minus_lambda_joules"
     return reward
 
 
-def run_grpo(model: Any, tokenizer: Any, layout: Layout, dataset: Any, e_ref: float, cfg: GRPOStageConfig,
-             out_dir: str) -> Any:  # fmt: skip
+def run_grpo(
+    model: Any, tokenizer: Any, layout: Layout, dataset: Any, e_ref: float, cfg: GRPOStageConfig, out_dir: str
+) -> Any:
     """GRPO in place from ``model`` (the start), KL-anchored to a frozen copy of it (``beta``).
 
     TRL 1.16 builds the reference model of a policy passed as an instance from its config's
@@ -172,12 +194,23 @@ def run_grpo(model: Any, tokenizer: Any, layout: Layout, dataset: Any, e_ref: fl
     allowed = set(layout.label_ids)
     suppress = [i for i in range(len(tokenizer)) if i not in allowed]
     args = GRPOConfig(
-        output_dir=out_dir, max_steps=cfg.steps, learning_rate=cfg.learning_rate, beta=cfg.beta,
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
-        max_completion_length=1, temperature=cfg.temperature, generation_kwargs={"suppress_tokens": suppress},
-        report_to="none", save_strategy="no", logging_steps=10, seed=cfg.seed, use_cpu=not torch.cuda.is_available(),
-        bf16=False, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=out_dir,
+        max_steps=cfg.steps,
+        learning_rate=cfg.learning_rate,
+        beta=cfg.beta,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
+        num_generations=cfg.num_generations,
+        max_completion_length=1,
+        temperature=cfg.temperature,
+        generation_kwargs={"suppress_tokens": suppress},
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10,
+        seed=cfg.seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        disable_tqdm=True,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -185,14 +218,21 @@ def run_grpo(model: Any, tokenizer: Any, layout: Layout, dataset: Any, e_ref: fl
         ref_dir = str(Path(out_dir) / "reference")
         model.save_pretrained(ref_dir, safe_serialization=True)
         model.config._name_or_path = ref_dir
-    trainer = GRPOTrainer(model=model, reward_funcs=[make_reward(layout.label_ids, e_ref)], args=args,
-                          train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[make_reward(layout.label_ids, e_ref)],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return trainer.model
 
 
-def policy_choices(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None], n_buckets: int) -> np.ndarray:
+def policy_choices(
+    model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None], n_buckets: int
+) -> np.ndarray:
     """The policy's argmax label per bucket and query, [B, n]."""
     model.eval()
     return np.stack([choice_logits(model, layout, texts, tasks, b).argmax(axis=1) for b in range(n_buckets)])
@@ -204,8 +244,16 @@ def _paired(u_a: np.ndarray, u_b: np.ndarray) -> tuple[float, float]:
     return float(d.mean()), se
 
 
-def never_worse_check(Y: np.ndarray, E: np.ndarray, buckets: Sequence[float], C_policy: np.ndarray, C_scorer: np.ndarray,
-                      C_start: np.ndarray, e_ref: float = DEFAULT_E_REF_J, margin_se: float = 2.0) -> list[dict]:  # fmt: skip
+def never_worse_check(
+    Y: np.ndarray,
+    E: np.ndarray,
+    buckets: Sequence[float],
+    C_policy: np.ndarray,
+    C_scorer: np.ndarray,
+    C_start: np.ndarray,
+    e_ref: float = DEFAULT_E_REF_J,
+    margin_se: float = 2.0,
+) -> list[dict]:
     """Per bucket, on held-out queries with true correctness ``Y`` and joules ``E``: the policy's mean
     utility ``y − λ·e/e_ref`` minus the scorer's decision's (``vs_scorer``) and minus its start's
     (``vs_start``), paired, each with its standard error; ``served`` when the policy beats the scorer by
@@ -213,21 +261,41 @@ def never_worse_check(Y: np.ndarray, E: np.ndarray, buckets: Sequence[float], C_
     rows = np.arange(Y.shape[0])
     out = []
     for b, lam in enumerate(buckets):
-        u = {k: Y[rows, C[b]] - float(lam) * E[rows, C[b]] / e_ref
-             for k, C in (("policy", C_policy), ("scorer", C_scorer), ("start", C_start))}  # fmt: skip
+        u = {
+            k: Y[rows, C[b]] - float(lam) * E[rows, C[b]] / e_ref
+            for k, C in (("policy", C_policy), ("scorer", C_scorer), ("start", C_start))
+        }
         d_sc, se_sc = _paired(u["policy"], u["scorer"])
         d_st, se_st = _paired(u["policy"], u["start"])
         served = d_sc > margin_se * se_sc and d_sc > 0 and d_st >= -margin_se * se_st
-        out.append({"lambda": float(lam), "vs_scorer": round(d_sc, 6), "vs_scorer_se": round(se_sc, 6),
-                    "vs_start": round(d_st, 6), "vs_start_se": round(se_st, 6),
-                    "agree_start_scorer": round(float((C_start[b] == C_scorer[b]).mean()), 4),
-                    "served": bool(served)})  # fmt: skip
+        out.append(
+            {
+                "lambda": float(lam),
+                "vs_scorer": round(d_sc, 6),
+                "vs_scorer_se": round(se_sc, 6),
+                "vs_start": round(d_st, 6),
+                "vs_start_se": round(se_st, 6),
+                "agree_start_scorer": round(float((C_start[b] == C_scorer[b]).mean()), 4),
+                "served": bool(served),
+            }
+        )
     return out
 
 
-def grpo_stage(model: Any, tokenizer: Any, layout: Layout, fit: Any, cal: Any, P_fit: np.ndarray, P_cal: np.ndarray,
-               Eh_fit: np.ndarray, Eh_cal: np.ndarray, cfg: GRPOStageConfig, out: Path,
-               log: Callable[[str], None] = print) -> dict:  # fmt: skip
+def grpo_stage(
+    model: Any,
+    tokenizer: Any,
+    layout: Layout,
+    fit: Any,
+    cal: Any,
+    P_fit: np.ndarray,
+    P_cal: np.ndarray,
+    Eh_fit: np.ndarray,
+    Eh_cal: np.ndarray,
+    cfg: GRPOStageConfig,
+    out: Path,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Buckets, SFT start and GRPO on the ``fit`` queries (calibrated ``P_fit``, Ê ``Eh_fit``); the check
     on the ``cal`` queries; the policy saved in ``out/policy.safetensors``. Returns the manifest's ``knob.grpo``."""
     import time
@@ -237,8 +305,11 @@ def grpo_stage(model: Any, tokenizer: Any, layout: Layout, fit: Any, cal: Any, P
     t0 = time.time()
     buckets = decision_buckets(P_cal, Eh_cal)
     texts, tasks = list(fit.texts), [str(t) for t in fit.tasks]
-    start = fresh_copy(train_start(model, tokenizer, layout, texts, tasks, choice_targets(P_fit, Eh_fit, buckets), cfg,
-                                   str(out / "_start")))  # fmt: skip
+    start = fresh_copy(
+        train_start(
+            model, tokenizer, layout, texts, tasks, choice_targets(P_fit, Eh_fit, buckets), cfg, str(out / "_start")
+        )
+    )
     c_texts, c_tasks = list(cal.texts), [str(t) for t in cal.tasks]
     C_start = policy_choices(start, layout, c_texts, c_tasks, len(buckets))
     if cfg.keep_start:
@@ -253,8 +324,16 @@ def grpo_stage(model: Any, tokenizer: Any, layout: Layout, fit: Any, cal: Any, P
     save_model(policy, str(out / POLICY_FILE))
     for tmp in ("_start", "_grpo"):
         shutil.rmtree(out / tmp, ignore_errors=True)
-    log(f"GRPO: buckets {np.round(buckets, 4).tolist()}, start agrees with the scorer on "
+    log(
+        f"GRPO: buckets {np.round(buckets, 4).tolist()}, start agrees with the scorer on "
         f"{np.mean([c['agree_start_scorer'] for c in check]):.0%} of calibration choices, "
-        f"served buckets {[b for b, c in enumerate(check) if c['served']]}, {time.time() - t0:.0f}s")  # fmt: skip
-    return {"file": POLICY_FILE, "e_ref_j": DEFAULT_E_REF_J, "beta": cfg.beta, "steps": cfg.steps,
-            "start_file": START_FILE if cfg.keep_start else None, "buckets": check}  # fmt: skip
+        f"served buckets {[b for b, c in enumerate(check) if c['served']]}, {time.time() - t0:.0f}s"
+    )
+    return {
+        "file": POLICY_FILE,
+        "e_ref_j": DEFAULT_E_REF_J,
+        "beta": cfg.beta,
+        "steps": cfg.steps,
+        "start_file": START_FILE if cfg.keep_start else None,
+        "buckets": check,
+    }

@@ -19,8 +19,18 @@ from typing import Any, Sequence
 import numpy as np
 
 from litellm_energy_router.energy.profile import chat_output_tokens
-from litellm_energy_router.router.length_model import (DENSE, DIM, INFORMATIVE, LENGTH_FILE, MIN_CUE_ROWS, SKETCH,
-                                                        LengthModel, buckets, dense_features, sketch)  # fmt: skip
+from litellm_energy_router.router.length_model import (
+    DENSE,
+    DIM,
+    INFORMATIVE,
+    LENGTH_FILE,
+    MIN_CUE_ROWS,
+    SKETCH,
+    LengthModel,
+    buckets,
+    dense_features,
+    sketch,
+)
 
 from .data import TableMatrix, kfold
 
@@ -63,8 +73,9 @@ def _support(refs: np.ndarray, seed: int) -> tuple[float, float]:
     return hi - SUPPORT_MARGIN, hi
 
 
-def fit_length_model(m: TableMatrix, profile: Any = None, *, alphas: Sequence[float] = ALPHAS, seed: int = 0,
-                     max_rows: int = MAX_ROWS) -> tuple[LengthModel, dict[str, Any]]:  # fmt: skip
+def fit_length_model(
+    m: TableMatrix, profile: Any = None, *, alphas: Sequence[float] = ALPHAS, seed: int = 0, max_rows: int = MAX_ROWS
+) -> tuple[LengthModel, dict[str, Any]]:
     """Fit on the rows of ``m`` (module docstring). Returns the model and its fit report (damping, the
     leave-task-out error of log tokens against the pooled mean's, the support thresholds, the prior)."""
     prior_d, prior_src = chat_output_tokens(list(m.candidates), profile)
@@ -102,14 +113,31 @@ def fit_length_model(m: TableMatrix, profile: Any = None, *, alphas: Sequence[fl
     ref_rows = rng.choice(len(rows), min(MAX_REF, len(rows)), replace=False)
     ref = np.stack([sketch(bks[i]) for i in ref_rows])
     lo, hi = _support(ref, seed)
-    pooled = np.concatenate([Y[te] - Y[tr].mean(axis=0) for tr, te in _groups(tasks, [str(i) for i in m.ids[rows]], seed)])
+    pooled = np.concatenate(
+        [Y[te] - Y[tr].mean(axis=0) for tr, te in _groups(tasks, [str(i) for i in m.ids[rows]], seed)]
+    )
     cues = INFORMATIVE & ((D > 0).sum(axis=0) >= MIN_CUE_ROWS)
-    info.update(model="ridge on log1p(tokens)", alpha=best, support=[lo, hi], features=DENSE,
-                cues_seen=[n for n, on in zip(DENSE, cues) if on],
-                lto_rmse_log={c: float(np.sqrt(np.mean(lto[:, k] ** 2))) for k, c in enumerate(m.candidates)},
-                lto_rmse_log_pooled_mean={c: float(np.sqrt(np.mean(pooled[:, k] ** 2))) for k, c in enumerate(m.candidates)})  # fmt: skip
-    model = LengthModel(prior, Wf[:DIM], V, b, np.quantile(r, 0.1, axis=0), np.quantile(r, 0.9, axis=0),
-                        np.mean(np.exp(r), axis=0), ref.astype(np.float16), (lo, hi), cues)  # fmt: skip
+    info.update(
+        model="ridge on log1p(tokens)",
+        alpha=best,
+        support=[lo, hi],
+        features=DENSE,
+        cues_seen=[n for n, on in zip(DENSE, cues) if on],
+        lto_rmse_log={c: float(np.sqrt(np.mean(lto[:, k] ** 2))) for k, c in enumerate(m.candidates)},
+        lto_rmse_log_pooled_mean={c: float(np.sqrt(np.mean(pooled[:, k] ** 2))) for k, c in enumerate(m.candidates)},
+    )
+    model = LengthModel(
+        prior,
+        Wf[:DIM],
+        V,
+        b,
+        np.quantile(r, 0.1, axis=0),
+        np.quantile(r, 0.9, axis=0),
+        np.mean(np.exp(r), axis=0),
+        ref.astype(np.float16),
+        (lo, hi),
+        cues,
+    )
     return model, info
 
 

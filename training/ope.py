@@ -67,12 +67,16 @@ def _check(rewards: Any, propensities: Any, target_probs: Any) -> tuple[np.ndarr
     p = np.asarray(propensities, dtype=np.float64)
     q = np.asarray(target_probs, dtype=np.float64)
     if not (r.shape == p.shape == q.shape) or r.ndim != 1:
-        raise ValueError(f"off-policy estimate: rewards {r.shape}, propensities {p.shape}, target probs {q.shape} must be equal 1-d")
+        raise ValueError(
+            f"off-policy estimate: rewards {r.shape}, propensities {p.shape}, target probs {q.shape} must be equal 1-d"
+        )
     if len(r) == 0:
         raise ValueError("off-policy estimate: no logged rows")
     if not np.all((p > 0) & (p <= 1)):
         bad = p[~((p > 0) & (p <= 1))][0]
-        raise ValueError(f"off-policy estimate: propensity {bad} outside (0, 1] (log an exploration rate router.epsilon > 0)")
+        raise ValueError(
+            f"off-policy estimate: propensity {bad} outside (0, 1] (log an exploration rate router.epsilon > 0)"
+        )
     if not np.all((q >= 0) & (q <= 1)):
         raise ValueError("off-policy estimate: target probabilities must be in [0, 1]")
     return r, q / p
@@ -127,13 +131,20 @@ class PolicyEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "n": self.n, "matched": self.matched, "logged_accuracy": self.logged_accuracy, "logged_joules": self.logged_joules,
+            "n": self.n,
+            "matched": self.matched,
+            "logged_accuracy": self.logged_accuracy,
+            "logged_joules": self.logged_joules,
             "logging_versions": dict(self.logging_versions),
-            "by_version": {v: {k: x.as_dict() if isinstance(x, Estimate) else x for k, x in d.items()}
-                           for v, d in self.by_version.items()},
-            "accuracy_ips": self.accuracy_ips.as_dict(), "accuracy_snips": self.accuracy_snips.as_dict(),
-            "joules_ips": self.joules_ips.as_dict(), "joules_snips": self.joules_snips.as_dict(),
-        }  # fmt: skip
+            "by_version": {
+                v: {k: x.as_dict() if isinstance(x, Estimate) else x for k, x in d.items()}
+                for v, d in self.by_version.items()
+            },
+            "accuracy_ips": self.accuracy_ips.as_dict(),
+            "accuracy_snips": self.accuracy_snips.as_dict(),
+            "joules_ips": self.joules_ips.as_dict(),
+            "joules_snips": self.joules_snips.as_dict(),
+        }
 
     def lines(self, name: str) -> list[str]:
         return [
@@ -142,8 +153,10 @@ class PolicyEstimate:
             f"  accuracy  IPS {self.accuracy_ips}  SNIPS {self.accuracy_snips}  (95% CI)",
             f"  joules    IPS {self.joules_ips}  SNIPS {self.joules_snips}  (95% CI, J/request)",
             "  logged by router version: " + ", ".join(f"{v} ({n} rows)" for v, n in self.logging_versions.items()),
-        ] + [f"    {v}: accuracy SNIPS {d['accuracy_snips']}, joules SNIPS {d['joules_snips']}"
-             for v, d in self.by_version.items()]
+        ] + [
+            f"    {v}: accuracy SNIPS {d['accuracy_snips']}, joules SNIPS {d['joules_snips']}"
+            for v, d in self.by_version.items()
+        ]
 
 
 def logged_rows(runs: Iterable[Mapping[str, Any]], cap: int | None = None, seed: int = 0) -> list[Mapping[str, Any]]:
@@ -188,8 +201,9 @@ def version_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _per_version(rows: Sequence[Mapping[str, Any]], q: np.ndarray, p: np.ndarray, acc: np.ndarray, joules: np.ndarray,
-                 level: float) -> dict[str, dict[str, Any]]:  # fmt: skip
+def _per_version(
+    rows: Sequence[Mapping[str, Any]], q: np.ndarray, p: np.ndarray, acc: np.ndarray, joules: np.ndarray, level: float
+) -> dict[str, dict[str, Any]]:
     versions = np.array([logging_version(r) for r in rows])
     out: dict[str, dict[str, Any]] = {}
     if len(set(versions.tolist())) < 2:
@@ -197,13 +211,21 @@ def _per_version(rows: Sequence[Mapping[str, Any]], q: np.ndarray, p: np.ndarray
     for v in version_counts(rows):
         k = versions == v
         if k.sum() >= 2:
-            out[v] = {"n": int(k.sum()), "accuracy_snips": snips(acc[k], p[k], q[k], level),
-                      "joules_snips": snips(joules[k], p[k], q[k], level)}  # fmt: skip
+            out[v] = {
+                "n": int(k.sum()),
+                "accuracy_snips": snips(acc[k], p[k], q[k], level),
+                "joules_snips": snips(joules[k], p[k], q[k], level),
+            }
     return out
 
 
-def estimate_policy(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str], candidates: Sequence[str],
-                    epsilon: float = 0.0, level: float = 0.95) -> PolicyEstimate:  # fmt: skip
+def estimate_policy(
+    rows: Sequence[Mapping[str, Any]],
+    chosen: Sequence[str],
+    candidates: Sequence[str],
+    epsilon: float = 0.0,
+    level: float = 0.95,
+) -> PolicyEstimate:
     """Estimate a router that would choose ``chosen[i]`` (a candidate name) for logged row ``rows[i]``;
     pooled over logging versions, and per version when the rows come from several."""
     if len(rows) != len(chosen):
@@ -216,12 +238,17 @@ def estimate_policy(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str], ca
     acc = np.array([float(r["score"]) for r in rows])
     joules = np.array([float(r["energy_j"]) for r in rows])
     return PolicyEstimate(
-        n=len(rows), matched=int((new == logged).sum()),
-        accuracy_ips=ips(acc, p, q, level), accuracy_snips=snips(acc, p, q, level),
-        joules_ips=ips(joules, p, q, level), joules_snips=snips(joules, p, q, level),
-        logged_accuracy=float(acc.mean()), logged_joules=float(joules.mean()),
-        logging_versions=version_counts(rows), by_version=_per_version(rows, q, p, acc, joules, level),
-    )  # fmt: skip
+        n=len(rows),
+        matched=int((new == logged).sum()),
+        accuracy_ips=ips(acc, p, q, level),
+        accuracy_snips=snips(acc, p, q, level),
+        joules_ips=ips(joules, p, q, level),
+        joules_snips=snips(joules, p, q, level),
+        logged_accuracy=float(acc.mean()),
+        logged_joules=float(joules.mean()),
+        logging_versions=version_counts(rows),
+        by_version=_per_version(rows, q, p, acc, joules, level),
+    )
 
 
 def policy_choices(model: Any, rows: Sequence[Mapping[str, Any]], knob: Any) -> list[str]:
@@ -237,9 +264,16 @@ def policy_choices(model: Any, rows: Sequence[Mapping[str, Any]], knob: Any) -> 
     return [model.candidates[j] for j in decide(P, E, knob)]
 
 
-def evaluate_checkpoint_on_log(store: Any, checkpoint: Any, *, knob: Any = None, epsilon: float = 0.0,
-                               rows: Sequence[Mapping[str, Any]] | None = None, level: float = 0.95,
-                               logging_versions: Sequence[str] | None = None) -> PolicyEstimate | None:  # fmt: skip
+def evaluate_checkpoint_on_log(
+    store: Any,
+    checkpoint: Any,
+    *,
+    knob: Any = None,
+    epsilon: float = 0.0,
+    rows: Sequence[Mapping[str, Any]] | None = None,
+    level: float = 0.95,
+    logging_versions: Sequence[str] | None = None,
+) -> PolicyEstimate | None:
     """Off-policy estimate of the router in ``checkpoint`` (a path or a loaded scorer) at ``knob``
     (:class:`~litellm_energy_router.knob.Knob`; default: the default settings' knob) on the logged
     production rows of ``store`` (or ``rows``); ``logging_versions`` keeps only rows logged by those

@@ -75,8 +75,13 @@ class PairWeighting:
     self_normalise: bool = True
 
 
-def ips_weights(source: np.ndarray, propensity: np.ndarray, cand: np.ndarray, version: Sequence[Any],
-                cfg: PairWeighting | None = None) -> tuple[np.ndarray, dict[str, int]]:  # fmt: skip
+def ips_weights(
+    source: np.ndarray,
+    propensity: np.ndarray,
+    cand: np.ndarray,
+    version: Sequence[Any],
+    cfg: PairWeighting | None = None,
+) -> tuple[np.ndarray, dict[str, int]]:
     """Per-row weights: 1 for unbiased rows (``source`` codes index :data:`SOURCES`), clipped and
     self-normalised inverse propensity for production rows. Returns (weights, counts)."""
     cfg = cfg or PairWeighting()
@@ -120,7 +125,9 @@ class PairTable:
     propensity: np.ndarray
     router_version: np.ndarray
     weight: np.ndarray
-    runs: dict[str, np.ndarray] = field(default_factory=dict)  # q (into run_ids), c, task (into run_tasks), pt, ct, e, measured, src, prop, w
+    runs: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # q (into run_ids), c, task (into run_tasks), pt, ct, e, measured, src, prop, w
     run_ids: np.ndarray = field(default_factory=lambda: np.array([], dtype=object))
     run_tasks: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
@@ -149,14 +156,27 @@ class PairTable:
         new[keep_q] = np.arange(len(keep_q))
         sel = ~drop[self.q]
         return PairTable(
-            candidates=list(self.candidates), ids=self.ids[keep_q], tasks=self.tasks[keep_q],
-            texts=[self.texts[i] for i in keep_q], prompt_tokens=self.prompt_tokens[keep_q], q=new[self.q[sel]],
-            c=self.c[sel], y=self.y[sel], energy_j=self.energy_j[sel], completion_tokens=self.completion_tokens[sel],
-            source=self.source[sel], propensity=self.propensity[sel], router_version=self.router_version[sel],
-            weight=self.weight[sel], runs={k: v[~rdrop] for k, v in self.runs.items()}, run_ids=self.run_ids,
-            run_tasks=list(self.run_tasks), stats=dict(self.stats),
-            max_run_id=self.max_run_id, max_updated=self.max_updated,
-        )  # fmt: skip
+            candidates=list(self.candidates),
+            ids=self.ids[keep_q],
+            tasks=self.tasks[keep_q],
+            texts=[self.texts[i] for i in keep_q],
+            prompt_tokens=self.prompt_tokens[keep_q],
+            q=new[self.q[sel]],
+            c=self.c[sel],
+            y=self.y[sel],
+            energy_j=self.energy_j[sel],
+            completion_tokens=self.completion_tokens[sel],
+            source=self.source[sel],
+            propensity=self.propensity[sel],
+            router_version=self.router_version[sel],
+            weight=self.weight[sel],
+            runs={k: v[~rdrop] for k, v in self.runs.items()},
+            run_ids=self.run_ids,
+            run_tasks=list(self.run_tasks),
+            stats=dict(self.stats),
+            max_run_id=self.max_run_id,
+            max_updated=self.max_updated,
+        )
 
     def scale_weights(self, ids: Sequence[str], factor: Sequence[float]) -> None:
         """Multiply the weight of every pair and energy run of query ``ids[i]`` by ``factor[i]`` (a sample's
@@ -180,10 +200,19 @@ class PairTable:
         rows = np.array([t is not None for t in self.texts], dtype=bool) if require_text else np.ones(Q, dtype=bool)
         idx = np.flatnonzero(rows)
         return TableMatrix(
-            candidates=list(self.candidates), ids=self.ids[idx], tasks=self.tasks[idx], texts=[self.texts[i] for i in idx],
-            prompt_tokens=self.prompt_tokens[idx], Y=Y[idx], E=E[idx], T=T[idx], W=W[idx],
-            dropped={"no_text": int(Q - len(idx))}, max_run_id=self.max_run_id, max_updated=self.max_updated,
-        )  # fmt: skip
+            candidates=list(self.candidates),
+            ids=self.ids[idx],
+            tasks=self.tasks[idx],
+            texts=[self.texts[i] for i in idx],
+            prompt_tokens=self.prompt_tokens[idx],
+            Y=Y[idx],
+            E=E[idx],
+            T=T[idx],
+            W=W[idx],
+            dropped={"no_text": int(Q - len(idx))},
+            max_run_id=self.max_run_id,
+            max_updated=self.max_updated,
+        )
 
 
 class PairReader:
@@ -205,12 +234,15 @@ class PairReader:
         self.ver: list[str | None] = []
         self.task_ix: dict[str, int] = {}
         self.rq: dict[str, int] = {}
-        self.run_cols: dict[str, array] = {k: array("d") for k in ("q", "c", "task", "pt", "ct", "e", "measured", "src", "prop")}
+        self.run_cols: dict[str, array] = {
+            k: array("d") for k in ("q", "c", "task", "pt", "ct", "e", "measured", "src", "prop")
+        }
         self.run_ver: list[str | None] = []
         self.max_id, self.max_upd = 0, 0.0
 
-    def table(self, candidates: Sequence[str] | None = None, url: Any = "?",
-              weighting: PairWeighting | None = None) -> PairTable:  # fmt: skip
+    def table(
+        self, candidates: Sequence[str] | None = None, url: Any = "?", weighting: PairWeighting | None = None
+    ) -> PairTable:
         """The :class:`PairTable` of the pairs read, over ``candidates`` (default: every candidate with a
         labelled run, cheapest mean energy first); ``url`` names the table in errors."""
         return _table(self, candidates, url, weighting)
@@ -234,9 +266,17 @@ class PairReader:
         pt = float(r["prompt_tokens"]) if r.get("prompt_tokens") is not None else np.nan
         rc = self.run_cols
         ti = self.task_ix.setdefault(r["task"], len(self.task_ix))
-        for k, v in (("q", self.rq.setdefault(r["query_id"], len(self.rq))), ("c", ci), ("task", ti), ("pt", pt), ("ct", ct),
-                     ("e", float(r["energy_j"])), ("measured", float(r.get("energy_method") in self._measured_methods())),
-                     ("src", src), ("prop", prop)):  # fmt: skip
+        for k, v in (
+            ("q", self.rq.setdefault(r["query_id"], len(self.rq))),
+            ("c", ci),
+            ("task", ti),
+            ("pt", pt),
+            ("ct", ct),
+            ("e", float(r["energy_j"])),
+            ("measured", float(r.get("energy_method") in self._measured_methods())),
+            ("src", src),
+            ("prop", prop),
+        ):
             rc[k].append(v)
         self.run_ver.append(r.get("router_version"))
         if r.get("score") is None:
@@ -269,8 +309,13 @@ class PairReader:
                 arr[s] = v
 
 
-def load_pairs(store: Any, candidates: Sequence[str] | None = None, sources: Sequence[str] | None = None,
-               since_id: int | None = None, weighting: PairWeighting | None = None) -> PairTable:  # fmt: skip
+def load_pairs(
+    store: Any,
+    candidates: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
+    since_id: int | None = None,
+    weighting: PairWeighting | None = None,
+) -> PairTable:
     """Stream ``store.iter_runs`` into a :class:`PairTable` of every labelled (score and energy_j present)
     pair of ``candidates`` (default: every candidate with a labelled run, cheapest mean energy first)."""
     acc = PairReader(set(candidates) if candidates is not None else None)
@@ -307,17 +352,33 @@ def _table(acc: PairReader, candidates: Sequence[str] | None, url: Any, weightin
     rkeep = remap[rc["c"].astype(np.int64)] >= 0
     runs = {k: v[rkeep] for k, v in rc.items()}
     runs["c"] = remap[runs["c"].astype(np.int64)]
-    runs["w"], _ = ips_weights(runs["src"].astype(np.int64), runs["prop"], runs["c"], np.array(acc.run_ver, dtype=object)[rkeep], weighting)
+    runs["w"], _ = ips_weights(
+        runs["src"].astype(np.int64), runs["prop"], runs["c"], np.array(acc.run_ver, dtype=object)[rkeep], weighting
+    )
     texts = acc.texts
     pt = np.array([query_prompt_tokens(t, texts[i]) for i, t in enumerate(acc.ptok)])
     return PairTable(
-        candidates=cands, ids=np.array(list(acc.qix), dtype=object), tasks=np.array(acc.tasks, dtype=object), texts=texts,
-        prompt_tokens=pt, q=q, c=c, y=np.frombuffer(acc.y, dtype=np.float64)[keep], energy_j=e[keep],
-        completion_tokens=np.frombuffer(acc.ct, dtype=np.float64)[keep], source=src, propensity=prop, router_version=ver,
-        weight=w, runs=runs, run_ids=np.array(list(acc.rq), dtype=object), run_tasks=sorted(acc.task_ix, key=acc.task_ix.get),
-        stats=stats, max_run_id=acc.max_id, max_updated=acc.max_upd,
-    )  # fmt: skip
-
+        candidates=cands,
+        ids=np.array(list(acc.qix), dtype=object),
+        tasks=np.array(acc.tasks, dtype=object),
+        texts=texts,
+        prompt_tokens=pt,
+        q=q,
+        c=c,
+        y=np.frombuffer(acc.y, dtype=np.float64)[keep],
+        energy_j=e[keep],
+        completion_tokens=np.frombuffer(acc.ct, dtype=np.float64)[keep],
+        source=src,
+        propensity=prop,
+        router_version=ver,
+        weight=w,
+        runs=runs,
+        run_ids=np.array(list(acc.rq), dtype=object),
+        run_tasks=sorted(acc.task_ix, key=acc.task_ix.get),
+        stats=stats,
+        max_run_id=acc.max_id,
+        max_updated=acc.max_upd,
+    )
 
 
 # -- partial rows in the correctness models --------------------------------------------------------

@@ -12,27 +12,28 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from litellm_energy_router.errors import UserError
 from litellm_energy_router.router.checkpoint import Manifest, library_versions, write_manifest
 from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
 from litellm_energy_router.router.fastpath import build_slot_scorer
 from litellm_energy_router.router.format import UNKNOWN_TASK, Layout, label_token
-from litellm_energy_router.router.probe import PROBE_FILE
-from litellm_energy_router.router.student import STUDENT_FILE
 from litellm_energy_router.router.model import compute_slot_logits
+from litellm_energy_router.router.probe import PROBE_FILE
 from litellm_energy_router.router.scoring import calibrated_logits, scores_from_logits
+from litellm_energy_router.router.student import STUDENT_FILE
 from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .calibrate import fit_calibration, fit_probe
+from .data import TableMatrix as Matrix
+from .data import concat_rows, load_matrix, near_duplicate_groups
 from .embed import default_embedder, embed_queries
-from .data import TableMatrix as Matrix, concat_rows, load_matrix, near_duplicate_groups
 from .energy_fit import fit_energy_estimate
 from .grpo import GRPOStageConfig, grpo_stage
 from .length_fit import attach_length_model
 from .pairs import PairReader, PairTable, partial_only
 from .progress import CountingStore
 from .sft import SFTStageConfig, build_sft_dataset, run_sft
-from litellm_energy_router.errors import UserError
 
 
 class TrainingDataError(UserError, ValueError):
@@ -83,8 +84,11 @@ class TrainConfig:
     @classmethod
     def quick(cls) -> "TrainConfig":
         """Seconds-long training for tests and smoke runs."""
-        return cls(backbone=BackboneSpec(name="tiny", hidden_size=64, layers=1, vocab_size=512),
-                   sft=SFTStageConfig(epochs=3, batch_size=8, learning_rate=5e-3), max_len=64)  # fmt: skip
+        return cls(
+            backbone=BackboneSpec(name="tiny", hidden_size=64, layers=1, vocab_size=512),
+            sft=SFTStageConfig(epochs=3, batch_size=8, learning_rate=5e-3),
+            max_len=64,
+        )
 
 
 def _version() -> str:
@@ -117,8 +121,14 @@ def calibration_split(m: Matrix, fraction: float, seed: int = 0) -> tuple[np.nda
     return np.flatnonzero(~cal), np.flatnonzero(cal)
 
 
-def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable[[str], None] = print,
-                 on_step: Callable[[dict], None] | None = None, pairs: PairTable | None = None) -> Path:  # fmt: skip
+def train_matrix(
+    m: Matrix,
+    out_dir: str | Path,
+    cfg: TrainConfig,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[dict], None] | None = None,
+    pairs: PairTable | None = None,
+) -> Path:
     """Train on a :class:`Matrix` and write a checkpoint into ``out_dir``. Returns the directory.
 
     ``pairs``: every labelled (query, candidate) run of the training queries (:mod:`.pairs`; held-out
@@ -137,8 +147,10 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
         model, tok = build_backbone(cfg.backbone, fit.texts, k, cfg.max_len)
     layout = Layout(tok, k, cfg.max_len)
     ds = build_sft_dataset(layout, fit.texts, fit.tasks, fit.Y, cfg.sft.task_dropout, cfg.seed)
-    log(f"SFT: {len(fit)} queries x {k} candidates, backbone {cfg.backbone.name}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")  # fmt: skip
+    log(
+        f"SFT: {len(fit)} queries x {k} candidates, backbone {cfg.backbone.name}, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
+    )
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
     t_sft = time.time() - t0
     est = fit_energy_estimate(m, pairs=pairs)
@@ -157,14 +169,18 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
         pm = pairs.matrix() if pairs is not None else m  # every labelled pair, weighted (complete queries: m)
         pe = embed_queries(pm.texts) if pairs is not None else emb
         pfit = ~np.isin(pm.ids.astype(str), cal.ids.astype(str))
-        early = fit_probe(pe[pfit], pm.Y[pfit], pm.tasks[pfit], enc, cfg.probe_c, weights=None if pm.W is None else pm.W[pfit])
+        early = fit_probe(
+            pe[pfit], pm.Y[pfit], pm.tasks[pfit], enc, cfg.probe_c, weights=None if pm.W is None else pm.W[pfit]
+        )
         q_cal = early.logits(emb[cal_idx], list(cal.tasks))
         q_cal_any = early.logits(emb[cal_idx], [None] * len(cal))
         calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks, q_cal, q_cal_any)
         probe = fit_probe(pe, pm.Y, pm.tasks, enc, cfg.probe_c, weights=pm.W)
         probe.save(out / PROBE_FILE)
         probe_entry = {"file": PROBE_FILE, "encoder": enc, "dim": probe.dim, "C": cfg.probe_c}
-        log(f"probe head: {enc} embeddings ({probe.dim}), LM slopes {np.round(calibration['a'], 3).tolist()}, {time.time() - t1:.0f}s")
+        log(
+            f"probe head: {enc} embeddings ({probe.dim}), LM slopes {np.round(calibration['a'], 3).tolist()}, {time.time() - t1:.0f}s"
+        )
     else:
         calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
     P_cal = scores_from_logits(z_task, calibration, cal.tasks, offset=q_cal)
@@ -182,39 +198,78 @@ def train_matrix(m: Matrix, out_dir: str | Path, cfg: TrainConfig, log: Callable
     if cfg.student:
         head = None
         if probe is not None:
+
             def head(texts, tasks, z_t, z_a):  # the shipped router's calibrated logits, task shown / hidden
                 e = embed_queries(texts)
                 none = [None] * len(texts)
-                return (calibrated_logits(z_t, calibration, tasks, offset=probe.logits(e, tasks)),
-                        calibrated_logits(z_a, calibration, none, offset=probe.logits(e, none)))  # fmt: skip
+                return (
+                    calibrated_logits(z_t, calibration, tasks, offset=probe.logits(e, tasks)),
+                    calibrated_logits(z_a, calibration, none, offset=probe.logits(e, none)),
+                )
+
         extra = partial_only(pairs, m) if pairs is not None else None
         student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log, head, extra)
     manifest = Manifest(
-        version=_version(), candidates=m.candidates,
+        version=_version(),
+        candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
-        backbone={"name": cfg.backbone.name, "hidden_size": cfg.backbone.hidden_size, "layers": cfg.backbone.layers,
-                  "params": int(sum(p.numel() for p in model.parameters())), "warm_start_from": cfg.init_from},
+        backbone={
+            "name": cfg.backbone.name,
+            "hidden_size": cfg.backbone.hidden_size,
+            "layers": cfg.backbone.layers,
+            "params": int(sum(p.numel() for p in model.parameters())),
+            "warm_start_from": cfg.init_from,
+        },
         max_len=cfg.max_len,
-        knob={"lambda_min": 0.0, "lambda_max": float(grid[-1]),
-              "grpo_lambda_buckets": None if knob_grpo is None else [b["lambda"] for b in knob_grpo["buckets"]],
-              "grpo": knob_grpo},
-        energy=est, calibration=calibration, student=student, probe=probe_entry, length=attach_length_model(m, out),
-        watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m), "sources": list(cfg.sources),
-                   **({"pairs": pairs.counts()} if pairs is not None else {})},
-        eval={"calibration_brier": brier, "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
-              "calibration_queries": len(cal), "sft_seconds": round(t_sft, 1)},
+        knob={
+            "lambda_min": 0.0,
+            "lambda_max": float(grid[-1]),
+            "grpo_lambda_buckets": None if knob_grpo is None else [b["lambda"] for b in knob_grpo["buckets"]],
+            "grpo": knob_grpo,
+        },
+        energy=est,
+        calibration=calibration,
+        student=student,
+        probe=probe_entry,
+        length=attach_length_model(m, out),
+        watermark={
+            "max_run_id": m.max_run_id,
+            "max_updated": m.max_updated,
+            "queries": len(m),
+            "sources": list(cfg.sources),
+            **({"pairs": pairs.counts()} if pairs is not None else {}),
+        },
+        eval={
+            "calibration_brier": brier,
+            "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
+            "calibration_queries": len(cal),
+            "sft_seconds": round(t_sft, 1),
+        },
         versions=library_versions(),
-    )  # fmt: skip
+    )
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     write_manifest(out, manifest)
-    log(f"checkpoint {out} version {manifest.version}: calibration Brier {brier:.4f} "
-        f"(candidate-prior {manifest.eval['calibration_prior_brier']:.4f}), SFT {t_sft:.0f}s")  # fmt: skip
+    log(
+        f"checkpoint {out} version {manifest.version}: calibration Brier {brier:.4f} "
+        f"(candidate-prior {manifest.eval['calibration_prior_brier']:.4f}), SFT {t_sft:.0f}s"
+    )
     return out
 
 
-def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal: np.ndarray, z_any_cal: np.ndarray,
-            out: Path, log: Callable[[str], None], head: Callable | None = None, extra: Matrix | None = None) -> dict:  # fmt: skip
+def _distil(
+    model,
+    layout: Layout,
+    scorer,
+    fit: Matrix,
+    cal: Matrix,
+    z_task_cal: np.ndarray,
+    z_any_cal: np.ndarray,
+    out: Path,
+    log: Callable[[str], None],
+    head: Callable | None = None,
+    extra: Matrix | None = None,
+) -> dict:
     """Fit the student on the LM's slot logits of every training query (task shown and hidden; ``scorer``
     the lean forward or None); the calibration queries' logits are already computed. ``head(texts, tasks,
     z_task, z_any) -> (u_task, u_any)``: distil these (the calibrated logits, probe included) instead.
@@ -226,7 +281,9 @@ def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal:
         fit = concat_rows(fit, extra)
     tasks = [str(t) for t in fit.tasks]
     z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
-    z_any = np.vstack([compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal])
+    z_any = np.vstack(
+        [compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal]
+    )
     texts, all_tasks = list(fit.texts) + list(cal.texts), tasks + [str(t) for t in cal.tasks]
     if head is not None:
         z_task, z_any = head(texts, all_tasks, z_task, z_any)
@@ -234,20 +291,34 @@ def _distil(model, layout: Layout, scorer, fit: Matrix, cal: Matrix, z_task_cal:
     st.save(out / STUDENT_FILE)
     z_hat = st.slot_logits(texts, [None] * len(texts))
     corr = float(np.corrcoef(z_hat.ravel(), z_any.ravel())[0, 1])
-    log(f"student: {st.dim} hashed n-gram features, training-fit correlation with its target {corr:.3f}, {time.time() - t0:.0f}s")
-    return {"file": STUDENT_FILE, "dim": st.dim, "ngrams": list(st.ngrams), "tail_chars": st.tail_chars,
-            "train_corr_any": round(corr, 4), "target": "slot_logit" if head is None else "calibrated_logit"}  # fmt: skip
+    log(
+        f"student: {st.dim} hashed n-gram features, training-fit correlation with its target {corr:.3f}, {time.time() - t0:.0f}s"
+    )
+    return {
+        "file": STUDENT_FILE,
+        "dim": st.dim,
+        "ngrams": list(st.ngrams),
+        "tail_chars": st.tail_chars,
+        "train_corr_any": round(corr, 4),
+        "target": "slot_logit" if head is None else "calibrated_logit",
+    }
 
 
-def train(store: TableStore, out_dir: str | Path, cfg: TrainConfig | None = None,
-          log: Callable[[str], None] = print, on_step: Callable[[dict], None] | None = None) -> Path:  # fmt: skip
+def train(
+    store: TableStore,
+    out_dir: str | Path,
+    cfg: TrainConfig | None = None,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[dict], None] | None = None,
+) -> Path:
     """Read the table and train a router checkpoint into ``out_dir``."""
     cfg = cfg or TrainConfig()
     reader = PairReader(None) if cfg.partial_feedback else None  # fed by the matrix's pass over the table
-    m = load_matrix(CountingStore(store, lambda n: None, also=reader.add) if reader else store, cfg.candidates, cfg.sources)
+    m = load_matrix(
+        CountingStore(store, lambda n: None, also=reader.add) if reader else store, cfg.candidates, cfg.sources
+    )
     pairs = reader.table(m.candidates, getattr(store, "url", "?")) if reader else None
     return train_matrix(m, out_dir, cfg, log, on_step, pairs=pairs)
-
 
 
 class _RouterModelPredictor:
@@ -269,8 +340,13 @@ class LMRouterPredictor(_RouterModelPredictor):
     ``energy-router train``) into a temporary directory and scores the held-out queries with the LM
     (the reference; ``scorer="student"`` judges the distilled student serving runs by default)."""
 
-    def __init__(self, cfg: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None,
-                 scorer: str = "lm", share: dict | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig | None = None,
+        log: Callable[[str], None] = lambda s: None,
+        scorer: str = "lm",
+        share: dict | None = None,
+    ) -> None:
         self.cfg = cfg or TrainConfig()
         self.log, self.scorer, self.share = log, scorer, share
 
@@ -309,14 +385,28 @@ class CheckpointPredictor(_RouterModelPredictor):
         return self
 
 
-def lm_trainer(kind: str, *, train_config: TrainConfig | None = None, log: Callable[[str], None] = lambda s: None,
-               share: dict | None = None, **_context: Any) -> LMRouterPredictor:  # fmt: skip
+def lm_trainer(
+    kind: str,
+    *,
+    train_config: TrainConfig | None = None,
+    log: Callable[[str], None] = lambda s: None,
+    share: dict | None = None,
+    **_context: Any,
+) -> LMRouterPredictor:
     """The ``fit`` of the ``student`` and ``lm`` registry entries: the LM router, judged with scorer ``kind``."""
     return LMRouterPredictor(train_config, log=log, scorer=kind, share=share)
 
 
-def export_lm(kind: str, m: Any, out_dir: str | Path, *, train_config: TrainConfig | None = None,
-              log: Callable[[str], None] = print, pairs: Any = None, **_context: Any) -> Path:  # fmt: skip
+def export_lm(
+    kind: str,
+    m: Any,
+    out_dir: str | Path,
+    *,
+    train_config: TrainConfig | None = None,
+    log: Callable[[str], None] = print,
+    pairs: Any = None,
+    **_context: Any,
+) -> Path:
     """The ``export`` of the ``student`` and ``lm`` registry entries: train the LM router on ``m`` into
     ``out_dir``, its manifest serving scorer ``kind``."""
     from litellm_energy_router.router.checkpoint import read_manifest, write_manifest

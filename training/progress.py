@@ -52,17 +52,36 @@ class Timings:
         return time.time()
 
     def line(self, wall: float) -> str:
-        return (f"wall time {wall:.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.steps.items())
-                + f"); CPU {cpu_seconds():.0f}s (" + ", ".join(f"{k} {v:.0f}s" for k, v in self.cpu.items()) + ")")  # fmt: skip
+        return (
+            f"wall time {wall:.0f}s ("
+            + ", ".join(f"{k} {v:.0f}s" for k, v in self.steps.items())
+            + f"); CPU {cpu_seconds():.0f}s ("
+            + ", ".join(f"{k} {v:.0f}s" for k, v in self.cpu.items())
+            + ")"
+        )
 
 
 def progress_bar() -> Any:
     """The bar ``retrain`` shows: description, bar, done/total, elapsed, ETA (on stderr)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))  # fmt: skip
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
 
 
 class Stages:
@@ -77,8 +96,9 @@ class Stages:
     def stage(self, name: str, total: int | None = None) -> Iterator[Callable[..., None]]:
         task = self.progress.add_task(name, total=total) if self.progress is not None else None
 
-        def tick(advance: float = 1, total: int | None = None, completed: float | None = None,
-                 description: str | None = None) -> None:  # fmt: skip
+        def tick(
+            advance: float = 1, total: int | None = None, completed: float | None = None, description: str | None = None
+        ) -> None:
             if task is None:
                 return
             kw: dict[str, Any] = {"advance": advance} if completed is None else {"completed": completed}
@@ -95,8 +115,9 @@ class Stages:
             self.timings[name] = {"seconds": round(time.perf_counter() - t0, 2), "peak_rss_mb": round(peak_rss_mb(), 1)}
             if task is not None:
                 t = self.progress.tasks[[x.id for x in self.progress.tasks].index(task)]
-                self.progress.update(task, total=t.total if t.total is not None else 1,
-                                     completed=t.total if t.total is not None else 1)  # fmt: skip
+                self.progress.update(
+                    task, total=t.total if t.total is not None else 1, completed=t.total if t.total is not None else 1
+                )
 
     def report(self) -> dict[str, Any]:
         """``{"stages": {name: {"seconds", "peak_rss_mb"}}, "peak_rss_mb": ...}`` for the retrain report."""
@@ -107,8 +128,13 @@ class CountingStore:
     """A table store whose ``iter_runs`` calls ``tick()`` per row read (a progress bar over the read) and
     ``also(row)`` for every row (a second reader fed by the same pass); everything else is the wrapped store's."""
 
-    def __init__(self, store: Any, tick: Callable[..., None], every: int = 1000,
-                 also: Callable[[dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Any,
+        tick: Callable[..., None],
+        every: int = 1000,
+        also: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self._store, self._tick, self._every, self._also = store, tick, every, also
         self.rows_read = 0
 
@@ -135,8 +161,13 @@ class Heartbeat:
     silent seconds (longer than ``every_s``, so a stage that reports its own progress is not interrupted).
     """
 
-    def __init__(self, out: Callable[[str], None], every_s: float = 3.0, idle_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        out: Callable[[str], None],
+        every_s: float = 3.0,
+        idle_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._out, self.every_s, self.idle_s, self.clock = out, float(every_s), float(idle_s), clock
         self.last = self.stage_t0 = clock()
         self.stage = "starting"
@@ -164,8 +195,10 @@ class Heartbeat:
 
     def check(self) -> bool:
         """The ticker's call: after ``idle_s`` silent seconds, one line saying which stage is still running."""
-        return self.beat(lambda: f"      ... {self.stage}: still working ({self.clock() - self.stage_t0:.0f} s in this stage)",
-                         self.idle_s)  # fmt: skip
+        return self.beat(
+            lambda: f"      ... {self.stage}: still working ({self.clock() - self.stage_t0:.0f} s in this stage)",
+            self.idle_s,
+        )
 
 
 _ACTIVE: ContextVar[Heartbeat | None] = ContextVar("energy_router_heartbeat", default=None)
@@ -177,7 +210,9 @@ def active_heartbeat() -> Heartbeat | None:
 
 
 @contextmanager
-def heartbeat(out: Callable[[str], None], every_s: float = 3.0, idle_s: float = 5.0, tick_s: float = 1.0) -> Iterator[Heartbeat]:
+def heartbeat(
+    out: Callable[[str], None], every_s: float = 3.0, idle_s: float = 5.0, tick_s: float = 1.0
+) -> Iterator[Heartbeat]:
     """A :class:`Heartbeat` over ``out`` for the block, with its ticker thread (checks every ``tick_s`` s)."""
     hb = Heartbeat(out, every_s, idle_s)
     token = _ACTIVE.set(hb)

@@ -38,8 +38,10 @@ def _f(v: Any, spec: str = ".3f", none: str = "–") -> str:
 def summary_table(ev: Evaluation) -> str:
     """The per-method table as markdown."""
     best = ev.candidates[ev.best]
-    head = ("| method | AIQ | AIQ per fold (mean ± sd) | AIQ (target mode) | max acc | "
-            f"J at best acc ({best} {ev.best_accuracy:.3f}) | savings vs {ev.best_energy:.1f} J | acc at half J | phase λ | width (dec) |")  # fmt: skip
+    head = (
+        "| method | AIQ | AIQ per fold (mean ± sd) | AIQ (target mode) | max acc | "
+        f"J at best acc ({best} {ev.best_accuracy:.3f}) | savings vs {ev.best_energy:.1f} J | acc at half J | phase λ | width (dec) |"
+    )
     lines = [head, "|" + "---|" * 10]
     for r in ev.rows():
         fold = f"{r['aiq_fold_mean']:.3f} ± {r['aiq_fold_sd']:.3f}" if r["aiq_fold_sd"] is not None else "–"
@@ -61,7 +63,9 @@ def paired_lines(ev: Evaluation, reference: str = "task_prior") -> list[str]:
     for n in names:
         d = ev.paired_fold_delta(n, reference) if n != reference else None
         if d is not None:
-            out.append(f"AIQ({n}) − AIQ({reference}) per fold: {d[0]:+.4f} ± {d[1]:.4f} (mean ± sd over {len(ev.method(n).aiq_folds)} folds)")
+            out.append(
+                f"AIQ({n}) − AIQ({reference}) per fold: {d[0]:+.4f} ± {d[1]:.4f} (mean ± sd over {len(ev.method(n).aiq_folds)} folds)"
+            )
     return out
 
 
@@ -74,8 +78,13 @@ def calibration_tables(ev: Evaluation) -> str:
     lines = ["| method | Brier | ECE |", "|---|---|---|"]
     lines += [f"| {m.name} | {m.calibration.brier:.4f} | {m.calibration.ece:.4f} |" for m in rs]
     edges = sorted({(lo, hi) for m in rs for lo, hi, *_ in m.calibration.bins})
-    lines += ["", "Reliability: mean predicted P → observed success (pairs) per bin of P.", "",
-              "| P bin | " + " | ".join(m.name for m in rs) + " |", "|" + "---|" * (len(rs) + 1)]  # fmt: skip
+    lines += [
+        "",
+        "Reliability: mean predicted P → observed success (pairs) per bin of P.",
+        "",
+        "| P bin | " + " | ".join(m.name for m in rs) + " |",
+        "|" + "---|" * (len(rs) + 1),
+    ]
     by_edge = [{(lo, hi): (n, mp, obs) for lo, hi, n, mp, obs in m.calibration.bins} for m in rs]
     for lo, hi in edges:
         cells = [f"{c[1]:.2f} → {c[2]:.2f} ({c[0]})" if (c := bins.get((lo, hi))) else "–" for bins in by_edge]
@@ -93,14 +102,26 @@ def static_table(ev: Evaluation) -> str:
 def write_markdown(ev: Evaluation, path: Path, title: str, extra: str = "") -> None:
     folds = f", {ev.n_folds}-fold cross-validation by query (predictions pooled over test folds)" if ev.n_folds else ""
     parts = [
-        f"# {title}", "",
-        f"{ev.n} held-out queries × {len(ev.candidates)} candidates{folds}. x_max = {ev.x_max:.2f} J.", "",
-        "## Methods", "", summary_table(ev), "",
-        "## Always one candidate", "", static_table(ev), "",
+        f"# {title}",
+        "",
+        f"{ev.n} held-out queries × {len(ev.candidates)} candidates{folds}. x_max = {ev.x_max:.2f} J.",
+        "",
+        "## Methods",
+        "",
+        summary_table(ev),
+        "",
+        "## Always one candidate",
+        "",
+        static_table(ev),
+        "",
         *(["## Calibration of the predicted P", "", cal, ""] if (cal := calibration_tables(ev)) else []),
-        "![pareto](pareto.png)", "", "![phase](phase.png)", "",
-        DEFINITIONS, "",
-    ]  # fmt: skip
+        "![pareto](pareto.png)",
+        "",
+        "![phase](phase.png)",
+        "",
+        DEFINITIONS,
+        "",
+    ]
     notes = paired_lines(ev) + ev.notes
     if notes:
         parts += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -120,8 +141,10 @@ def write_csv(ev: Evaluation, path: Path) -> None:
         for m in ev.methods:
             for c in [m.curve] + ([m.target_curve] if m.target_curve is not None else []):
                 for i in range(len(c.energy_j)):
-                    w.writerow([m.name, c.mode, f"{c.knob[i]:.6g}", f"{c.energy_j[i]:.6f}", f"{c.accuracy[i]:.6f}"]
-                               + [f"{s:.6f}" for s in c.shares[i]])  # fmt: skip
+                    w.writerow(
+                        [m.name, c.mode, f"{c.knob[i]:.6g}", f"{c.energy_j[i]:.6f}", f"{c.accuracy[i]:.6f}"]
+                        + [f"{s:.6f}" for s in c.shares[i]]
+                    )
 
 
 def _short(name: str) -> str:
@@ -147,11 +170,21 @@ def write_pareto(ev: Evaluation, path: Path) -> None:
         if m.kind == "zero":
             ax.plot(*hull_line(m), "k--", lw=1, label=f"zero router (AIQ {m.aiq:.3f})")
         elif m.kind == "random":
-            ax.scatter(m.curve.energy_j, m.curve.accuracy, marker="x", color="grey", s=60, label=f"random (AIQ {m.aiq:.3f})")
+            ax.scatter(
+                m.curve.energy_j, m.curve.accuracy, marker="x", color="grey", s=60, label=f"random (AIQ {m.aiq:.3f})"
+            )
         elif m.kind == "oracle":
             ax.plot(*hull_line(m), "-", color="goldenrod", lw=1, label=f"oracle (AIQ {m.aiq:.3f})")
-            ax.scatter(m.curve.energy_j[:1], m.curve.accuracy[:1], marker="*", color="gold", edgecolor="k", s=160,
-                       label="oracle: cheapest correct", zorder=6)  # fmt: skip
+            ax.scatter(
+                m.curve.energy_j[:1],
+                m.curve.accuracy[:1],
+                marker="*",
+                color="gold",
+                edgecolor="k",
+                s=160,
+                label="oracle: cheapest correct",
+                zorder=6,
+            )
     for m in _routers(ev):
         (line,) = ax.plot(m.curve.energy_j, m.curve.accuracy, ".", ms=4, alpha=0.6)
         ax.plot(*hull_line(m), "-", lw=1.5, color=line.get_color(), label=f"{m.name} (AIQ {m.aiq:.3f})")
@@ -179,7 +212,7 @@ def write_phase(ev: Evaluation, path: Path) -> None:
     cols = min(n, 3)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax in axes.ravel()[len(routers):]:
+    for ax in axes.ravel()[len(routers) :]:
         ax.axis("off")
     for ax, m in zip(axes.ravel(), routers):
         c = m.curve
@@ -195,13 +228,20 @@ def write_phase(ev: Evaluation, path: Path) -> None:
         ax.set_ylabel("routing share")
         ax.set_ylim(0, 1)
     if routers:
-        fig.legend(*axes.ravel()[0].get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=min(len(ev.candidates), 6))
+        fig.legend(
+            *axes.ravel()[0].get_legend_handles_labels(),
+            fontsize=8,
+            loc="lower center",
+            ncol=min(len(ev.candidates), 6),
+        )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_all(ev: Evaluation, out_dir: str | Path, *, title: str = "Router evaluation", extra: str = "") -> dict[str, Path]:
+def write_all(
+    ev: Evaluation, out_dir: str | Path, *, title: str = "Router evaluation", extra: str = ""
+) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / k for k in ("report.md", "pareto.png", "phase.png", "curves.csv")}

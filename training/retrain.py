@@ -34,8 +34,8 @@ from typing import Any, Callable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.errors import one_line
+from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError, Settings, load_settings, read_yaml_section
 from litellm_energy_router.table import open_store
 
@@ -53,49 +53,98 @@ class RetrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     table_url: str | None = Field(None, description="table URL; default: energy_router.table.url")
-    pointer: Path | None = Field(None, description="checkpoint pointer (JSON file or symlink) that serving watches; "
-                                                   "default: energy_router.router.checkpoint")  # fmt: skip
-    versions_dir: Path | None = Field(None, description="where promoted checkpoints go; default: <pointer dir>/versions")
-    report_dir: Path | None = Field(None, description="per-run JSON + markdown reports; default: <versions_dir>/reports")
+    pointer: Path | None = Field(
+        None,
+        description="checkpoint pointer (JSON file or symlink) that serving watches; "
+        "default: energy_router.router.checkpoint",
+    )
+    versions_dir: Path | None = Field(
+        None, description="where promoted checkpoints go; default: <pointer dir>/versions"
+    )
+    report_dir: Path | None = Field(
+        None, description="per-run JSON + markdown reports; default: <versions_dir>/reports"
+    )
     keep: int = Field(5, ge=1, description="promoted versions kept on disk (the pointed-to one is never removed)")
     min_new_rows: int = Field(200, ge=0, description="labelled rows newer than the watermark needed to train")
     sources: list[str] = Field(default_factory=lambda: ["import", "tournament", "shadow", "production"])
-    warm_start: bool = Field(False, description="start SFT from the serving checkpoint's weights and train on the new "
-                             "queries plus budget.replay_ratio times as many old ones (else from scratch)")  # fmt: skip
+    warm_start: bool = Field(
+        False,
+        description="start SFT from the serving checkpoint's weights and train on the new "
+        "queries plus budget.replay_ratio times as many old ones (else from scratch)",
+    )
     quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
-    grpo_steps: int = Field(0, ge=0, description="GRPO steps after SFT (0 = off, the default pipeline); "
-                            "kept for older configs: train.grpo says more")  # fmt: skip
-    train: TrainSection = Field(default_factory=TrainSection, description="what to train: backbone, stages, "
-                                "budgets (:mod:`.train_config`); left out: the default (or quick) configuration")  # fmt: skip
+    grpo_steps: int = Field(
+        0,
+        ge=0,
+        description="GRPO steps after SFT (0 = off, the default pipeline); "
+        "kept for older configs: train.grpo says more",
+    )
+    train: TrainSection = Field(
+        default_factory=TrainSection,
+        description="what to train: backbone, stages, "
+        "budgets (:mod:`.train_config`); left out: the default (or quick) configuration",
+    )
     rule: Literal["aiq", "joules", "both"] = Field("both", description="promotion rule on the held-out queries")
-    target_accuracy: float | None = Field(None, gt=0, le=1, description="accuracy the 'joules' rule prices; "
-                                          "default: the best single candidate's held-out accuracy")  # fmt: skip
-    tolerance: float = Field(0.0, ge=0, description="slack: AIQ may drop by this much, joules may rise by this fraction")
-    holdout_fraction: float = Field(0.2, gt=0, lt=1, description="share of queries held out (stable hash of the query id)")
+    target_accuracy: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="accuracy the 'joules' rule prices; default: the best single candidate's held-out accuracy",
+    )
+    tolerance: float = Field(
+        0.0, ge=0, description="slack: AIQ may drop by this much, joules may rise by this fraction"
+    )
+    holdout_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of queries held out (stable hash of the query id)"
+    )
     holdout_salt: str = Field("retrain", description="changing it changes the held-out set")
-    lam: float | None = Field(None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda")
-    epsilon: float | None = Field(None, ge=0, le=1, description="exploration rate assumed for the new router in the "
-                                  "off-policy estimate; default: energy_router.router.epsilon")  # fmt: skip
-    budget: TrainingBudget = Field(default_factory=TrainingBudget, description="bounded work per retrain: a "
-                                   "table larger than this is sampled (training/sampling.py)")  # fmt: skip
-    embed_cache_dir: Path | None = Field(None, description="query-embedding cache kept across retrains; "
-                                         "default: <versions_dir>/embed-cache")  # fmt: skip
-    knob: Any = Field(None, exclude=True, description="set from energy_router.knob by load_retrain_config: the knob the "
-                      "off-policy estimate decides with (its λ replaced by lam when lam is set)")  # fmt: skip
-    ope_max_rows: int | None = Field(20000, ge=100, description="logged production rows the off-policy estimate "
-                                     "scores: a uniform sample of them when the table holds more (None: all)")  # fmt: skip
+    lam: float | None = Field(
+        None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda"
+    )
+    epsilon: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="exploration rate assumed for the new router in the "
+        "off-policy estimate; default: energy_router.router.epsilon",
+    )
+    budget: TrainingBudget = Field(
+        default_factory=TrainingBudget,
+        description="bounded work per retrain: a table larger than this is sampled (training/sampling.py)",
+    )
+    embed_cache_dir: Path | None = Field(
+        None, description="query-embedding cache kept across retrains; default: <versions_dir>/embed-cache"
+    )
+    knob: Any = Field(
+        None,
+        exclude=True,
+        description="set from energy_router.knob by load_retrain_config: the knob the "
+        "off-policy estimate decides with (its λ replaced by lam when lam is set)",
+    )
+    ope_max_rows: int | None = Field(
+        20000,
+        ge=100,
+        description="logged production rows the off-policy estimate "
+        "scores: a uniform sample of them when the table holds more (None: all)",
+    )
 
     @model_validator(mode="after")
     def _one_grpo_setting(self) -> "RetrainConfig":
         if self.grpo_steps and self.train.grpo is not None:
             raise ValueError("set either grpo_steps or train.grpo, not both")
         return self
-    select: bool = Field(False, description="model selection: cross-validate select_scorers on the training rows and "
-                         "export the best as the candidate (training/selection.py); false (default): train the LM "
-                         "router (its winner, kNN, ties the router on the development rows)")  # fmt: skip
-    select_scorers: list[str] = Field(default_factory=lambda: _default_scorers(),
-                                      description="scorers model selection judges: trainable kinds of the scorer registry "
-                                      "(router, lm, task_prior, knn, logreg, mf, stacked or a plugin's); default: its default ones")  # fmt: skip
+
+    select: bool = Field(
+        False,
+        description="model selection: cross-validate select_scorers on the training rows and "
+        "export the best as the candidate (training/selection.py); false (default): train the LM "
+        "router (its winner, kNN, ties the router on the development rows)",
+    )
+    select_scorers: list[str] = Field(
+        default_factory=lambda: _default_scorers(),
+        description="scorers model selection judges: trainable kinds of the scorer registry "
+        "(router, lm, task_prior, knn, logreg, mf, stacked or a plugin's); default: its default ones",
+    )
     select_folds: int = Field(5, ge=2, le=20, description="CV folds of model selection")
 
     @field_validator("select_scorers")
@@ -124,7 +173,9 @@ def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainCon
     cfg.table_url = cfg.table_url or settings.table.url
     if cfg.pointer is None:
         if settings.router.checkpoint is None:
-            raise ConfigError(f"{path}: set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)")
+            raise ConfigError(
+                f"{path}: set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)"
+            )
         cfg.pointer = Path(settings.router.checkpoint)
     base = settings.knob.base()
     cfg.knob = base if cfg.lam is None else base.model_copy(update={"lambda_": cfg.lam, "target_accuracy": None})
@@ -164,8 +215,10 @@ def set_pointer(pointer: Path, checkpoint_dir: Path) -> None:
 
 def _serving(pointer: Path) -> tuple[Path | None, Any]:
     if pointer.is_dir() and not pointer.is_symlink():
-        raise ConfigError(f"pointer {pointer}: is a checkpoint directory; retrain needs a pointer file it can swap "
-                          f"(e.g. {pointer}.json with {{\"checkpoint\": \"{pointer}\"}})")  # fmt: skip
+        raise ConfigError(
+            f"pointer {pointer}: is a checkpoint directory; retrain needs a pointer file it can swap "
+            f'(e.g. {pointer}.json with {{"checkpoint": "{pointer}"}})'
+        )
     if not pointer.exists():
         return None, None
     d = resolve(pointer)
@@ -177,18 +230,27 @@ def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig)
     held-out queries; ``promote`` says whether the rule holds."""
     from .evaluate import evaluate, joules_at_accuracy
 
-    routers = {name: (p.predict_proba(hold), p.predict_energy(hold))
-               for name, p in (("candidate", candidate), ("serving", serving)) if p is not None}  # fmt: skip
+    routers = {
+        name: (p.predict_proba(hold), p.predict_energy(hold))
+        for name, p in (("candidate", candidate), ("serving", serving))
+        if p is not None
+    }
     ev = evaluate(hold.Y, hold.E, routers, hold.candidates)
     target = cfg.target_accuracy or ev.best_accuracy
-    out: dict[str, Any] = {"held_out_queries": len(hold), "target_accuracy": target,
-                           "best_single": {"candidate": hold.candidates[ev.best], "accuracy": ev.best_accuracy,
-                                           "joules": ev.best_energy}}  # fmt: skip
+    out: dict[str, Any] = {
+        "held_out_queries": len(hold),
+        "target_accuracy": target,
+        "best_single": {"candidate": hold.candidates[ev.best], "accuracy": ev.best_accuracy, "joules": ev.best_energy},
+    }
     for name in routers:
         m = ev.method(name)
         hx, hy = m.curve.hull()
         j = joules_at_accuracy(hx, hy, target)
-        out[name] = {"aiq": m.aiq, "joules_at_target": j if np.isfinite(j) else None, "max_accuracy": float(m.curve.accuracy.max())}
+        out[name] = {
+            "aiq": m.aiq,
+            "joules_at_target": j if np.isfinite(j) else None,
+            "max_accuracy": float(m.curve.accuracy.max()),
+        }
     if serving is None:
         out["promote"], out["why"] = True, "no serving checkpoint yet"
         return out
@@ -199,8 +261,10 @@ def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig)
     ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
     fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
     out["promote"] = bool(ok)
-    out["why"] = (f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
-                  f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})")  # fmt: skip
+    out["why"] = (
+        f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
+        f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})"
+    )
     return out
 
 
@@ -249,11 +313,19 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
     jp, mp = rdir / f"{version}.json", rdir / f"{version}.md"
     jp.write_text(json.dumps(report, indent=2, default=str))
     cmp_ = report.get("comparison", {})
-    lines = [f"# Retrain {version}: {report['status']}", "", report["message"], "",
-             f"- new labelled rows since the watermark: {report['new_rows']}",
-             f"- trained on {report['train_queries']} queries; held out {cmp_.get('held_out_queries')}",
-             f"- training time: {report['train_seconds']:.1f} s", *_scale_lines(report), "",
-             "| checkpoint | AIQ | J at target accuracy | max accuracy |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Retrain {version}: {report['status']}",
+        "",
+        report["message"],
+        "",
+        f"- new labelled rows since the watermark: {report['new_rows']}",
+        f"- trained on {report['train_queries']} queries; held out {cmp_.get('held_out_queries')}",
+        f"- training time: {report['train_seconds']:.1f} s",
+        *_scale_lines(report),
+        "",
+        "| checkpoint | AIQ | J at target accuracy | max accuracy |",
+        "|---|---|---|---|",
+    ]
     for name in ("candidate", "serving"):
         if name in cmp_:
             r = cmp_[name]
@@ -266,8 +338,10 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
     for name, est in report.get("off_policy", {}).items():
         if "accuracy_snips" in est:
             a, j = est["accuracy_snips"], est["joules_snips"]
-            lines.append(f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows): accuracy {a['value']:.3f} "
-                         f"[{a['lo']:.3f}, {a['hi']:.3f}], {j['value']:.1f} J [{j['lo']:.1f}, {j['hi']:.1f}]")  # fmt: skip
+            lines.append(
+                f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows): accuracy {a['value']:.3f} "
+                f"[{a['lo']:.3f}, {a['hi']:.3f}], {j['value']:.1f} J [{j['lo']:.1f}, {j['hi']:.1f}]"
+            )
     mp.write_text("\n".join(lines) + "\n")
     return jp, mp
 
@@ -278,11 +352,15 @@ def _scale_lines(report: dict[str, Any]) -> list[str]:
     out = [f"- rows read: {data.get('rows_read')}; table queries: {data.get('table_queries')}"] if data else []
     if "sample" in data:
         s = data["sample"]
-        out.append(f"- sampled {s['sampled']} of {s['table_rows']} queries (budget; effective sample size "
-                   f"{s['effective_sample_size']}, weights {s['weight_min']:.2f}..{s['weight_max']:.2f})")  # fmt: skip
+        out.append(
+            f"- sampled {s['sampled']} of {s['table_rows']} queries (budget; effective sample size "
+            f"{s['effective_sample_size']}, weights {s['weight_min']:.2f}..{s['weight_max']:.2f})"
+        )
     if t:
-        out.append(f"- peak RSS {t['peak_rss_mb']:.0f} MiB; stages: " +
-                   ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in t["stages"].items()))  # fmt: skip
+        out.append(
+            f"- peak RSS {t['peak_rss_mb']:.0f} MiB; stages: "
+            + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in t["stages"].items())
+        )
     return out
 
 
@@ -302,9 +380,14 @@ class _Run:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = print,
-                transform_train: Callable[[TableMatrix], TableMatrix] | None = None,
-                progress: Any | None = None) -> RetrainResult:  # fmt: skip
+def run_retrain(
+    cfg: RetrainConfig,
+    *,
+    since: int | None = None,
+    log: Log = print,
+    transform_train: Callable[[TableMatrix], TableMatrix] | None = None,
+    progress: Any | None = None,
+) -> RetrainResult:
     """One retraining run (see the module docstring). ``transform_train`` edits the training matrix
     before training (tests use it to build a deliberately worse candidate); the edited matrix is then all
     the run trains on (no partial-feedback pairs). ``progress``: a ``rich.progress.Progress`` showing each
@@ -325,8 +408,15 @@ def run_retrain(cfg: RetrainConfig, *, since: int | None = None, log: Log = prin
     try:
         serving_dir, manifest = _serving(Path(cfg.pointer))  # type: ignore[arg-type]
         use_cache_dir(cfg.embed_cache_dir or vdir / "embed-cache")
-        run = _Run(cfg, log, Stages(progress), vdir, Path(cfg.report_dir) if cfg.report_dir else vdir / "reports",
-                   serving_dir, manifest)  # fmt: skip
+        run = _Run(
+            cfg,
+            log,
+            Stages(progress),
+            vdir,
+            Path(cfg.report_dir) if cfg.report_dir else vdir / "reports",
+            serving_dir,
+            manifest,
+        )
         store = open_store(cfg.table_url, create=False)  # the table to learn from; a typo creates none
         try:
             if not _enough_new(run, store, since):
@@ -360,12 +450,23 @@ def _read(run: _Run, store: Any, tc: Any, transform_train: Any) -> tuple[TableMa
     wm = run.manifest.watermark if run.manifest is not None else {}
     warm_since = wm.get("max_run_id") if cfg.warm_start and run.serving_dir is not None else None
     reader = PairReader(None) if tc.partial_feedback and transform_train is None else None
-    m, run.data = bounded_matrix(store, run.manifest.candidates if run.manifest is not None else None, cfg.sources,
-                                 cfg.budget, cfg.holdout_fraction, run.serving_dir, run.rdir, stages, run.log,
-                                 warm_since, reader)  # fmt: skip
+    m, run.data = bounded_matrix(
+        store,
+        run.manifest.candidates if run.manifest is not None else None,
+        cfg.sources,
+        cfg.budget,
+        cfg.holdout_fraction,
+        run.serving_dir,
+        run.rdir,
+        stages,
+        run.log,
+        warm_since,
+        reader,
+    )
     with stages.stage("held-out split"):
-        tr, te = holdout_split(m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt,
-                               groups=near_duplicate_groups(m.texts, m.ids, m.tasks))
+        tr, te = holdout_split(
+            m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt, groups=near_duplicate_groups(m.texts, m.ids, m.tasks)
+        )
     train_m, hold = m.take(tr), m.take(te)
     if transform_train is not None:
         train_m = transform_train(train_m)
@@ -389,11 +490,24 @@ def _train(run: _Run, train_m: TableMatrix, pairs: Any, tc: Any, tmp: Path) -> d
         if run.cfg.select:  # cross-validate the scorers on the training rows, export the best (selection.py)
             from .selection import select_and_export
 
-            selection = select_and_export(train_m, tmp, run.cfg.select_scorers, folds=run.cfg.select_folds,
-                                          train_config=tc, log=run.log, pairs=pairs).summary()  # fmt: skip
+            selection = select_and_export(
+                train_m,
+                tmp,
+                run.cfg.select_scorers,
+                folds=run.cfg.select_folds,
+                train_config=tc,
+                log=run.log,
+                pairs=pairs,
+            ).summary()
         else:
-            train_matrix(train_m, tmp, tc, log=run.log, pairs=pairs,
-                         on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")))  # fmt: skip
+            train_matrix(
+                train_m,
+                tmp,
+                tc,
+                log=run.log,
+                pairs=pairs,
+                on_step=lambda d: tick(completed=d.get("step", 0), total=d.get("max_steps")),
+            )
     shutil.rmtree(tmp / "_trainer", ignore_errors=True)
     shutil.rmtree(tmp / "_grpo", ignore_errors=True)
     return selection
@@ -414,8 +528,10 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
     t0 = time.time()
     selection = _train(run, train_m, pairs, tc, tmp)
     version, t_train = read_manifest(tmp).version, time.time() - t0
-    loaded = {"candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
-              "serving": CheckpointPredictor(run.serving_dir, hold.candidates) if run.serving_dir else None}  # fmt: skip
+    loaded = {
+        "candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
+        "serving": CheckpointPredictor(run.serving_dir, hold.candidates) if run.serving_dir else None,
+    }
     with stages.stage("compare"):
         cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
     log(f"retrain {version}: {cmp_['why']}")
@@ -423,13 +539,25 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         off_policy = _ope(store, loaded, cfg, log)
     status, ck, msg = _promote_or_delete(run, tmp, version, cmp_)
     log(msg)
-    report = {"version": version, "status": status, "message": msg, "new_rows": run.new, "since_id": run.since_id,
-              "train_queries": len(train_m), "train_seconds": t_train, "comparison": cmp_,
-              "off_policy": off_policy, "selection": selection,
-              "serving": str(run.serving_dir) if run.serving_dir else None,
-              "checkpoint": str(ck) if ck else None, "config": cfg.model_dump(mode="json"),
-              "train_config": dataclasses.asdict(tc),
-              "created": time.time(), "data": run.data, "timings": stages.report()}  # fmt: skip
+    report = {
+        "version": version,
+        "status": status,
+        "message": msg,
+        "new_rows": run.new,
+        "since_id": run.since_id,
+        "train_queries": len(train_m),
+        "train_seconds": t_train,
+        "comparison": cmp_,
+        "off_policy": off_policy,
+        "selection": selection,
+        "serving": str(run.serving_dir) if run.serving_dir else None,
+        "checkpoint": str(ck) if ck else None,
+        "config": cfg.model_dump(mode="json"),
+        "train_config": dataclasses.asdict(tc),
+        "created": time.time(),
+        "data": run.data,
+        "timings": stages.report(),
+    }
     jp, mp = _write_reports(run.rdir, version, report)
     return RetrainResult(status, msg, version, ck, jp, mp, report)
 
@@ -443,4 +571,8 @@ def _promote_or_delete(run: _Run, tmp: Path, version: str, cmp_: dict[str, Any])
     os.replace(tmp, final)
     set_pointer(Path(run.cfg.pointer), final)  # type: ignore[arg-type]
     removed = _prune(run.vdir, run.cfg.keep, {final.resolve()})
-    return "promoted", final, f"promoted {final} (pointer {run.cfg.pointer} moved); removed old versions {removed or 'none'}"
+    return (
+        "promoted",
+        final,
+        f"promoted {final} (pointer {run.cfg.pointer} moved); removed old versions {removed or 'none'}",
+    )

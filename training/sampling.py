@@ -39,14 +39,26 @@ class TrainingBudget(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_queries: int | None = Field(3000, ge=10, description="training queries per retrain (a sample when the table is larger)")
-    max_seconds: float | None = Field(None, gt=0, description="training wall seconds; turned into a query cap with the "
-                                      "seconds per query the last retrain report measured")  # fmt: skip
+    max_queries: int | None = Field(
+        3000, ge=10, description="training queries per retrain (a sample when the table is larger)"
+    )
+    max_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="training wall seconds; turned into a query cap with the "
+        "seconds per query the last retrain report measured",
+    )
     min_per_stratum: int = Field(20, ge=1, description="rows kept from every stratum (all of it when smaller)")
     recency_boost: float = Field(1.0, ge=0, description="extra inclusion size of the most recent row over the oldest")
-    uncertainty_boost: float = Field(1.0, ge=0, description="extra inclusion size of a row the serving router scores at P=0.5")
-    replay_ratio: float = Field(1.0, ge=0, description="warm start: old queries replayed per new query (the retrain "
-                                "then costs in proportion to the new rows)")  # fmt: skip
+    uncertainty_boost: float = Field(
+        1.0, ge=0, description="extra inclusion size of a row the serving router scores at P=0.5"
+    )
+    replay_ratio: float = Field(
+        1.0,
+        ge=0,
+        description="warm start: old queries replayed per new query (the retrain "
+        "then costs in proportion to the new rows)",
+    )
     seed: int = 0
 
     def query_cap(self, report_dir: Path | None = None) -> int | None:
@@ -101,8 +113,9 @@ def _capped_pps(size: np.ndarray, n: float) -> np.ndarray:
     return pi
 
 
-def inclusion_probabilities(strata: Sequence[Hashable], budget: int, size: np.ndarray | None = None,
-                            min_per_stratum: int = 20) -> np.ndarray:  # fmt: skip
+def inclusion_probabilities(
+    strata: Sequence[Hashable], budget: int, size: np.ndarray | None = None, min_per_stratum: int = 20
+) -> np.ndarray:
     """π per row: each stratum gets ``max(min_per_stratum, budget · N_h / N)`` rows (all of them when
     smaller), spread in proportion to ``size`` (uniform when None)."""
     keys = np.asarray([str(s) for s in strata], dtype=object)
@@ -118,8 +131,13 @@ def inclusion_probabilities(strata: Sequence[Hashable], budget: int, size: np.nd
     return pi
 
 
-def favour_sizes(recency: np.ndarray | None, uncertainty: np.ndarray | None, n: int,
-                 recency_boost: float = 1.0, uncertainty_boost: float = 1.0) -> np.ndarray:  # fmt: skip
+def favour_sizes(
+    recency: np.ndarray | None,
+    uncertainty: np.ndarray | None,
+    n: int,
+    recency_boost: float = 1.0,
+    uncertainty_boost: float = 1.0,
+) -> np.ndarray:
     """``1 + recency_boost · rank(recency) + uncertainty_boost · uncertainty`` (rank scaled to [0, 1])."""
     size = np.ones(n)
     if recency is not None and n > 1 and recency_boost:
@@ -151,9 +169,15 @@ def systematic_sample(keys: Sequence[str], pi: np.ndarray, rng: np.random.Genera
     return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
 
-def sample_rows(strata: Sequence[Hashable], budget: int, *, recency: np.ndarray | None = None,
-                uncertainty: np.ndarray | None = None, base_weight: np.ndarray | None = None,
-                cfg: TrainingBudget | None = None) -> Sample:  # fmt: skip
+def sample_rows(
+    strata: Sequence[Hashable],
+    budget: int,
+    *,
+    recency: np.ndarray | None = None,
+    uncertainty: np.ndarray | None = None,
+    base_weight: np.ndarray | None = None,
+    cfg: TrainingBudget | None = None,
+) -> Sample:
     """A sample of about ``budget`` rows (see the module docstring); every row is kept when the
     table is not larger than the budget (weights = ``base_weight``)."""
     cfg = cfg or TrainingBudget()
@@ -174,21 +198,24 @@ def sample_rows(strata: Sequence[Hashable], budget: int, *, recency: np.ndarray 
     return Sample(idx=idx, pi=pi[idx], weight=base[idx] / pi[idx], strata=counts)
 
 
-def sample_matrix(m: Any, budget: int, cfg: TrainingBudget | None = None,
-                  uncertainty: np.ndarray | None = None) -> tuple[Any, Sample]:  # fmt: skip
+def sample_matrix(
+    m: Any, budget: int, cfg: TrainingBudget | None = None, uncertainty: np.ndarray | None = None
+) -> tuple[Any, Sample]:
     """A :class:`~.data.TableMatrix` of about ``budget`` queries drawn from ``m`` (stratified by task,
     favouring recent queries, by ``m.last_run``, and ``uncertainty``), and the :class:`Sample` behind it;
     the sampled matrix's ``weight`` holds the weights."""
     recency = getattr(m, "last_run", None)
-    s = sample_rows(list(m.tasks), budget, recency=recency, uncertainty=uncertainty,
-                    base_weight=getattr(m, "weight", None), cfg=cfg)  # fmt: skip
+    s = sample_rows(
+        list(m.tasks), budget, recency=recency, uncertainty=uncertainty, base_weight=getattr(m, "weight", None), cfg=cfg
+    )
     out = m.take(s.idx)
     out.weight = s.weight
     return out, s
 
 
-def warm_sample_matrix(m: Any, new: np.ndarray, n_total: int, cfg: TrainingBudget | None = None,
-                       uncertainty: np.ndarray | None = None) -> tuple[Any, Sample]:  # fmt: skip
+def warm_sample_matrix(
+    m: Any, new: np.ndarray, n_total: int, cfg: TrainingBudget | None = None, uncertainty: np.ndarray | None = None
+) -> tuple[Any, Sample]:
     """Warm start: every new query (``new`` mask; a sample of them when more than ``n_total``) plus a
     replay sample of the old ones filling ``n_total``, drawn like :func:`sample_matrix`. New rows have
     π = 1 unless sampled, so the weights keep whole-table estimates unbiased."""
@@ -200,7 +227,9 @@ def warm_sample_matrix(m: Any, new: np.ndarray, n_total: int, cfg: TrainingBudge
             continue
         sub = m.take(rows)
         u = None if uncertainty is None else uncertainty[rows]
-        _, s = sample_matrix(sub, n, cfg, u) if n < len(rows) else (sub, sample_rows(list(sub.tasks), len(rows), cfg=cfg))
+        _, s = (
+            sample_matrix(sub, n, cfg, u) if n < len(rows) else (sub, sample_rows(list(sub.tasks), len(rows), cfg=cfg))
+        )
         parts.append(rows[s.idx])
         pis.append(s.pi)
         tag = "new" if rows is new_idx else "old"
@@ -230,14 +259,29 @@ def summary(s: Sample, table_rows: int) -> dict[str, Any]:
     """What the report says about a sample: sizes per stratum and the weights' effective sample size."""
     w = s.weight
     ess = float(w.sum() ** 2 / max((w**2).sum(), 1e-12)) if len(w) else 0.0
-    return {"table_rows": table_rows, "sampled": int(len(s.idx)), "effective_sample_size": round(ess, 1),
-            "weight_min": float(w.min()) if len(w) else None, "weight_max": float(w.max()) if len(w) else None,
-            "strata": s.strata}  # fmt: skip
+    return {
+        "table_rows": table_rows,
+        "sampled": int(len(s.idx)),
+        "effective_sample_size": round(ess, 1),
+        "weight_min": float(w.min()) if len(w) else None,
+        "weight_max": float(w.max()) if len(w) else None,
+        "strata": s.strata,
+    }
 
 
-def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequence[str], budget: TrainingBudget,
-                   holdout_fraction: float, serving_dir: Path | None, report_dir: Path | None, stages: Any,
-                   log: Any = print, warm_since: int | None = None, pairs_reader: Any = None) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+def bounded_matrix(
+    store: Any,
+    candidates: Sequence[str] | None,
+    sources: Sequence[str],
+    budget: TrainingBudget,
+    holdout_fraction: float,
+    serving_dir: Path | None,
+    report_dir: Path | None,
+    stages: Any,
+    log: Any = print,
+    warm_since: int | None = None,
+    pairs_reader: Any = None,
+) -> tuple[Any, dict[str, Any]]:
     """Read the table in chunks (a bar over the rows) and, when it holds more queries than the budget
     allows (the training cap plus the held-out share), sample it (:func:`sample_matrix`, uncertainty
     from the serving checkpoint when one loads). ``warm_since`` (warm start: the serving checkpoint's
@@ -270,8 +314,10 @@ def bounded_matrix(store: Any, candidates: Sequence[str] | None, sources: Sequen
     with stages.stage("sample"):
         m, s = sample_matrix(m, n, budget, u) if new is None else warm_sample_matrix(m, new, n, budget, u)
     info["sample"] = summary(s, info["table_queries"])
-    log(f"sampling: {len(m)} of {info['table_queries']} queries (budget {cap} training queries; "
-        f"effective sample size {info['sample']['effective_sample_size']})")  # fmt: skip
+    log(
+        f"sampling: {len(m)} of {info['table_queries']} queries (budget {cap} training queries; "
+        f"effective sample size {info['sample']['effective_sample_size']})"
+    )
     return m, info
 
 

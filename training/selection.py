@@ -31,15 +31,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.baseline_scorers import stack_features, stack_proba
-
 from litellm_energy_router.plugins import ScorerSpec, trainable_scorers
+from litellm_energy_router.router.baseline_scorers import stack_features, stack_proba
 
 from .baselines import make_baseline
 from .crossval import Factory, OutOfFold, cv_splits, out_of_fold
 from .data import TableMatrix
 from .evaluate import Evaluation, evaluate
-
 
 
 def selectable() -> dict[str, tuple[str, ScorerSpec]]:
@@ -56,6 +54,7 @@ def default_scorers() -> list[str]:
 def stack_bases(names: Sequence[str] | None = None) -> list[str]:
     """The registry's ``stack_base`` scorers (among ``names`` when given), in registration order."""
     return [n for n, (_, s) in selectable().items() if s.stack_base and (names is None or n in names)]
+
 
 Log = Callable[[str], None]
 # what an exported baseline answers for a task it never saw: "model" (its text features, task one-hot all
@@ -102,8 +101,9 @@ def fit_stack(Ps: Sequence[np.ndarray], Y: np.ndarray, *, l2: float = 1.0, iters
     return W
 
 
-def cross_fit_stack(P: Mapping[str, np.ndarray], Y: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]],
-                    bases: Sequence[str]) -> np.ndarray:  # fmt: skip
+def cross_fit_stack(
+    P: Mapping[str, np.ndarray], Y: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]], bases: Sequence[str]
+) -> np.ndarray:
     """Held-out ``P`` of the stack: for each fold, weights fitted on the other folds' out-of-fold ``P``."""
     out = np.full(Y.shape, np.nan)
     for tr, te in splits:
@@ -119,8 +119,15 @@ class Stacked:
 
     uses_embeddings = True
 
-    def __init__(self, bases: Sequence[str] | None = None, *, embedder: Any = None, inner_folds: int = 3, seed: int = 0,
-                 stack_w: np.ndarray | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bases: Sequence[str] | None = None,
+        *,
+        embedder: Any = None,
+        inner_folds: int = 3,
+        seed: int = 0,
+        stack_w: np.ndarray | None = None,
+    ) -> None:
         self.bases = list(stack_bases() if bases is None else bases)
         self.embedder, self.inner_folds, self.seed = embedder, inner_folds, seed
         self.stack_w = stack_w
@@ -135,8 +142,11 @@ class Stacked:
             oof = out_of_fold(self._factories(), train, splits, energy=lambda tr, te: np.zeros((te.n, te.K)))
             self.stack_w = fit_stack([oof.P[b] for b in self.bases], train.Y)
         self.models = {b: f().fit(train) for b, f in self._factories().items()}
-        self.params = {"bases": self.bases, "base_params": {b: m.params for b, m in self.models.items()},
-                       "stack_w": np.round(self.stack_w, 4).tolist()}  # fmt: skip
+        self.params = {
+            "bases": self.bases,
+            "base_params": {b: m.params for b, m in self.models.items()},
+            "stack_w": np.round(self.stack_w, 4).tolist(),
+        }
         return self
 
     def predict_proba(self, test: TableMatrix) -> np.ndarray:
@@ -176,13 +186,24 @@ class Selection:
     def summary(self) -> dict[str, Any]:
         """JSON-able: what the report and the manifest's ``selection`` entry hold."""
         pm, ps = self.paired if self.paired else (None, None)
-        return {"chosen": self.chosen, "runner_up": self.runner_up, "margin_aiq": self.margin,
-                "paired_fold_delta_mean": pm, "paired_fold_delta_sd": ps, "tie": self.tie,
-                "best_baseline": self.best_baseline, "folds": self.folds, "rule": "highest pooled held-out AIQ",
-                "best_single": {"candidate": self.ev.candidates[self.ev.best], "accuracy": self.ev.best_accuracy,
-                                "joules": self.ev.best_energy},
-                "scorers": {r["scorer"]: {k: v for k, v in r.items() if k != "scorer"} for r in self.rows},
-                "per_query_energy": self.tokens}  # fmt: skip
+        return {
+            "chosen": self.chosen,
+            "runner_up": self.runner_up,
+            "margin_aiq": self.margin,
+            "paired_fold_delta_mean": pm,
+            "paired_fold_delta_sd": ps,
+            "tie": self.tie,
+            "best_baseline": self.best_baseline,
+            "folds": self.folds,
+            "rule": "highest pooled held-out AIQ",
+            "best_single": {
+                "candidate": self.ev.candidates[self.ev.best],
+                "accuracy": self.ev.best_accuracy,
+                "joules": self.ev.best_energy,
+            },
+            "scorers": {r["scorer"]: {k: v for k, v in r.items() if k != "scorer"} for r in self.rows},
+            "per_query_energy": self.tokens,
+        }
 
 
 def stack_trainer(*, embedder: Any = None, seed: int = 0, **_context: Any) -> Stacked:
@@ -190,8 +211,9 @@ def stack_trainer(*, embedder: Any = None, seed: int = 0, **_context: Any) -> St
     return Stacked(stack_bases(), embedder=embedder, seed=seed)
 
 
-def scorer_factories(names: Sequence[str], *, train_config: Any = None, embedder: Any = None, seed: int = 0,
-                     log: Log = lambda s: None) -> dict[str, Factory]:  # fmt: skip
+def scorer_factories(
+    names: Sequence[str], *, train_config: Any = None, embedder: Any = None, seed: int = 0, log: Log = lambda s: None
+) -> dict[str, Factory]:
     """Factories for the selectable scorers in ``names`` (a ``combines`` scorer is cross-fitted, not fitted here)."""
     known = selectable()
     share: dict = {}  # router and lm: one training per fold, judged with both scorers
@@ -209,18 +231,38 @@ def _rows(ev: Evaluation, names: Sequence[str], secs: Mapping[str, float]) -> li
     for n in names:
         r = ev.method(n)
         ratios = r.joules_ratio_folds
-        rows.append({"scorer": n, "aiq": r.aiq, "aiq_fold_sd": _fold_sd(r.aiq_folds),
-                     "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
-                     "joules_ratio": r.joules_at_best / ev.best_energy if np.isfinite(r.joules_at_best) else None,
-                     "joules_ratio_fold_sd": _fold_sd(ratios), "never_folds": int(sum(not np.isfinite(x) for x in ratios)),
-                     "brier": r.calibration.brier if r.calibration else None, "seconds": round(secs.get(n, 0.0), 1)})  # fmt: skip
+        rows.append(
+            {
+                "scorer": n,
+                "aiq": r.aiq,
+                "aiq_fold_sd": _fold_sd(r.aiq_folds),
+                "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
+                "joules_ratio": r.joules_at_best / ev.best_energy if np.isfinite(r.joules_at_best) else None,
+                "joules_ratio_fold_sd": _fold_sd(ratios),
+                "never_folds": int(sum(not np.isfinite(x) for x in ratios)),
+                "brier": r.calibration.brier if r.calibration else None,
+                "seconds": round(secs.get(n, 0.0), 1),
+            }
+        )
     return rows
 
 
-def select(m: TableMatrix, scorers: Sequence[str] | None = None, *, folds: int = 5, seed: int = 0,
-           train_config: Any = None, profile: Any = None, embedder: Any = None, n_points: int = 41,
-           extra: Mapping[str, Factory] | None = None, progress: Callable[[int, int, str], None] | None = None,
-           per_query_energy: bool = True, log: Log = lambda s: None, partial: TableMatrix | None = None) -> Selection:  # fmt: skip
+def select(
+    m: TableMatrix,
+    scorers: Sequence[str] | None = None,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    train_config: Any = None,
+    profile: Any = None,
+    embedder: Any = None,
+    n_points: int = 41,
+    extra: Mapping[str, Factory] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    per_query_energy: bool = True,
+    log: Log = lambda s: None,
+    partial: TableMatrix | None = None,
+) -> Selection:
     """Cross-validate ``scorers`` (plus ``extra`` methods, judged but never chosen) on ``m`` and choose.
     ``partial``: queries only partial feedback labels, added to the training rows of every fold for the
     scorers that fit them (the baselines; the router's probe and student see them when it is exported)."""
@@ -231,7 +273,10 @@ def select(m: TableMatrix, scorers: Sequence[str] | None = None, *, folds: int =
     if stack is not None and len(bases) < 2:
         raise ValueError(f"scorer {stack!r} needs at least two of {', '.join(stack_bases())} among the scorers")
     splits = cv_splits(m, folds, seed)
-    methods = {**(extra or {}), **scorer_factories(names, train_config=train_config, embedder=embedder, seed=seed, log=log)}
+    methods = {
+        **(extra or {}),
+        **scorer_factories(names, train_config=train_config, embedder=embedder, seed=seed, log=log),
+    }
     oof: OutOfFold = out_of_fold(methods, m, splits, profile=profile, progress=progress, partial=partial)
     stack_w = None
     if stack is not None:
@@ -241,25 +286,56 @@ def select(m: TableMatrix, scorers: Sequence[str] | None = None, *, folds: int =
         stack_w = fit_stack([oof.P[b] for b in bases], m.Y)
         oof.seconds[stack] = sum(oof.seconds[b] for b in bases) + time.perf_counter() - t0
     order = list(extra or {}) + names
-    ev = evaluate(m.Y, m.E, {n: (oof.P[n], oof.Eh[n]) for n in order}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
-                  n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
+    ev = evaluate(
+        m.Y,
+        m.E,
+        {n: (oof.P[n], oof.Eh[n]) for n in order},
+        m.candidates,
+        e_ref=float(np.mean(oof.e_refs)),
+        n_points=n_points,
+        folds=[te for _, te in splits],
+    )
     rows = _rows(ev, names, oof.seconds)
     tokens = _per_query_energy(m, splits, oof, ev, names, n_points, profile) if per_query_energy else None
     simple = {n: known[n][1].rank for n in names}  # exact ties go to the cheaper scorer to serve
-    ranked = sorted(rows, key=lambda r: (-r["aiq"], r["joules_at_best"] if r["joules_at_best"] is not None else np.inf,
-                                         simple[r["scorer"]]))  # fmt: skip
+    ranked = sorted(
+        rows,
+        key=lambda r: (
+            -r["aiq"],
+            r["joules_at_best"] if r["joules_at_best"] is not None else np.inf,
+            simple[r["scorer"]],
+        ),
+    )
     chosen = ranked[0]["scorer"]
     runner = ranked[1]["scorer"] if len(ranked) > 1 else None
     base_rows = [r for r in ranked if known[r["scorer"]][1].baseline]
-    sel = Selection(ev, rows, chosen, runner, ranked[0]["aiq"] - (ranked[1]["aiq"] if runner else ranked[0]["aiq"]),
-                    ev.paired_fold_delta(chosen, runner) if runner else None, base_rows[0]["scorer"] if base_rows else None,
-                    folds, stack_w, bases, dict(oof.seconds), tokens)  # fmt: skip
+    sel = Selection(
+        ev,
+        rows,
+        chosen,
+        runner,
+        ranked[0]["aiq"] - (ranked[1]["aiq"] if runner else ranked[0]["aiq"]),
+        ev.paired_fold_delta(chosen, runner) if runner else None,
+        base_rows[0]["scorer"] if base_rows else None,
+        folds,
+        stack_w,
+        bases,
+        dict(oof.seconds),
+        tokens,
+    )
     log(selection_line(sel))
     return sel
 
 
-def _per_query_energy(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]], oof: OutOfFold, ev0: Evaluation,
-                      names: Sequence[str], n_points: int, profile: Any) -> dict[str, Any]:  # fmt: skip
+def _per_query_energy(
+    m: TableMatrix,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    oof: OutOfFold,
+    ev0: Evaluation,
+    names: Sequence[str],
+    n_points: int,
+    profile: Any,
+) -> dict[str, Any]:
     """The token model judged on the same folds: output-token MAE per candidate (per-task mean vs model) and
     every scorer's pooled AIQ / joules at the best single's accuracy with the per-query Ê, with the paired
     per-fold AIQ difference (mean, sd) against the per-task Ê (``ev0``)."""
@@ -273,14 +349,25 @@ def _per_query_energy(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndar
         test = m.subset(te)
         est = fit_energy_estimate(m.subset(tr), profile)
         Eh[te] = est.estimate(m.candidates, test.prompt_tokens, list(test.tasks), offset_tokens=offsets[te])
-    ev = evaluate(m.Y, m.E, {n: (oof.P[n], Eh) for n in names}, m.candidates, e_ref=float(np.mean(oof.e_refs)),
-                  n_points=n_points, folds=[te for _, te in splits])  # fmt: skip
+    ev = evaluate(
+        m.Y,
+        m.E,
+        {n: (oof.P[n], Eh) for n in names},
+        m.candidates,
+        e_ref=float(np.mean(oof.e_refs)),
+        n_points=n_points,
+        folds=[te for _, te in splits],
+    )
     out: dict[str, Any] = {"token_mae": errors, "seconds": round(time.perf_counter() - t0, 1), "scorers": {}}
     for n in names:
         r = ev.method(n)
         d = np.asarray(r.aiq_folds) - np.asarray(ev0.method(n).aiq_folds)
-        out["scorers"][n] = {"aiq": r.aiq, "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
-                             "aiq_delta_fold_mean": float(d.mean()), "aiq_delta_fold_sd": float(d.std(ddof=1)) if len(d) > 1 else None}  # fmt: skip
+        out["scorers"][n] = {
+            "aiq": r.aiq,
+            "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
+            "aiq_delta_fold_mean": float(d.mean()),
+            "aiq_delta_fold_sd": float(d.std(ddof=1)) if len(d) > 1 else None,
+        }
     return out
 
 
@@ -292,31 +379,53 @@ def selection_line(sel: Selection | dict[str, Any]) -> str:
     pm, ps = s["paired_fold_delta_mean"], s["paired_fold_delta_sd"]
     verdict = "a tie (inside the fold spread)" if s["tie"] else "ahead beyond the fold spread"
     per_fold = "" if pm is None else f"; per fold {pm:+.4f} ± {ps:.4f}: {verdict}"
-    return f"selection: {s['chosen']} (AIQ {s['margin_aiq']:+.4f} over {s['runner_up']}{per_fold}) on {s['folds']}-fold CV"
+    return (
+        f"selection: {s['chosen']} (AIQ {s['margin_aiq']:+.4f} over {s['runner_up']}{per_fold}) on {s['folds']}-fold CV"
+    )
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """Markdown of a :meth:`Selection.summary`: per scorer AIQ ± fold sd, joules at the best single's
     accuracy (J, and × its J ± fold sd), Brier and fit seconds; the one retrain (select: true) promotes is marked."""
     b = s["best_single"]
-    lines = [f"| scorer | AIQ ± fold sd | J at {b['candidate']}'s accuracy ({b['accuracy']:.3f}) | × its J "
-             f"({b['joules']:.1f} J) ± fold sd | Brier | fit s |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| scorer | AIQ ± fold sd | J at {b['candidate']}'s accuracy ({b['accuracy']:.3f}) | × its J "
+        f"({b['joules']:.1f} J) ± fold sd | Brier | fit s |",
+        "|---|---|---|---|---|---|",
+    ]
     sd = lambda v, f: "–" if v is None else f"{v:{f}}"  # noqa: E731
     for name, r in sorted(s["scorers"].items(), key=lambda kv: -kv[1]["aiq"]):
         mark = " **← promoted**" if name == s["chosen"] else ""
         j = "never" if r["joules_at_best"] is None else f"{r['joules_at_best']:.2f}"
-        ratio = "never" if r["joules_ratio"] is None else f"{r['joules_ratio']:.3f} ± {sd(r['joules_ratio_fold_sd'], '.3f')}"
-        lines.append(f"| {name}{mark} | {r['aiq']:.4f} ± {sd(r['aiq_fold_sd'], '.4f')} | {j} | {ratio} | "
-                     f"{sd(r['brier'], '.4f')} | {r['seconds']:.0f} |")  # fmt: skip
+        ratio = (
+            "never"
+            if r["joules_ratio"] is None
+            else f"{r['joules_ratio']:.3f} ± {sd(r['joules_ratio_fold_sd'], '.3f')}"
+        )
+        lines.append(
+            f"| {name}{mark} | {r['aiq']:.4f} ± {sd(r['aiq_fold_sd'], '.4f')} | {j} | {ratio} | "
+            f"{sd(r['brier'], '.4f')} | {r['seconds']:.0f} |"
+        )
     lines += ["", selection_line(s)]
     tok = s.get("per_query_energy")
     if tok:
-        lines += ["", "Per-query energy (output tokens predicted per query and candidate, same folds): output-token "
-                  "MAE per candidate, per-task mean → model: " + ", ".join(
-                      f"{c.split('/')[-1]} {e['mae_task_mean']:.1f} → {e['mae_model']:.1f}" for c, e in tok["token_mae"].items()
-                      if e["mae_task_mean"] is not None) + "; AIQ with it (paired per-fold Δ vs the per-task Ê): " + ", ".join(
-                      f"{n} {r['aiq']:.4f} ({r['aiq_delta_fold_mean']:+.4f} ± {r['aiq_delta_fold_sd'] or 0:.4f})"
-                      for n, r in tok["scorers"].items()) + ("" if "served" not in tok else f"; served: {'yes' if tok['served'] else 'no'}") + "."]  # fmt: skip
+        lines += [
+            "",
+            "Per-query energy (output tokens predicted per query and candidate, same folds): output-token "
+            "MAE per candidate, per-task mean → model: "
+            + ", ".join(
+                f"{c.split('/')[-1]} {e['mae_task_mean']:.1f} → {e['mae_model']:.1f}"
+                for c, e in tok["token_mae"].items()
+                if e["mae_task_mean"] is not None
+            )
+            + "; AIQ with it (paired per-fold Δ vs the per-task Ê): "
+            + ", ".join(
+                f"{n} {r['aiq']:.4f} ({r['aiq_delta_fold_mean']:+.4f} ± {r['aiq_delta_fold_sd'] or 0:.4f})"
+                for n, r in tok["scorers"].items()
+            )
+            + ("" if "served" not in tok else f"; served: {'yes' if tok['served'] else 'no'}")
+            + ".",
+        ]
     return lines
 
 
@@ -327,8 +436,16 @@ def selection_table(sel: Selection) -> str:
 # -- export ------------------------------------------------------------------------------------------
 
 
-def export_stacked(m: TableMatrix, out_dir: str | Path, *, bases: Sequence[str] | None = None, stack_w: np.ndarray | None = None,
-                   embedder: Any = None, seed: int = 0, kind: str = "stacked") -> Path:  # fmt: skip
+def export_stacked(
+    m: TableMatrix,
+    out_dir: str | Path,
+    *,
+    bases: Sequence[str] | None = None,
+    stack_w: np.ndarray | None = None,
+    embedder: Any = None,
+    seed: int = 0,
+    kind: str = "stacked",
+) -> Path:
     """Fit the stack on ``m`` (weights ``stack_w`` when given, else fitted by inner CV) and write it as a
     ``stacked`` checkpoint. Returns the directory."""
     from .baselines import write_baseline_checkpoint
@@ -339,16 +456,32 @@ def export_stacked(m: TableMatrix, out_dir: str | Path, *, bases: Sequence[str] 
     return write_baseline_checkpoint(kind, m, out_dir, st.export_arrays(), st.params, emb.name, st.predict_proba(m))
 
 
-def export_stack(kind: str, m: TableMatrix, out_dir: str | Path, *, selection: "Selection | None" = None, seed: int = 0,
-                 **_context: Any) -> Path:  # fmt: skip
+def export_stack(
+    kind: str,
+    m: TableMatrix,
+    out_dir: str | Path,
+    *,
+    selection: "Selection | None" = None,
+    seed: int = 0,
+    **_context: Any,
+) -> Path:
     """The ``export`` of the ``stacked`` registry entry: the selection's bases and weights when given."""
     if selection is None:
         return export_stacked(m, out_dir, seed=seed, kind=kind)
     return export_stacked(m, out_dir, bases=selection.bases, stack_w=selection.stack_w, seed=seed, kind=kind)
 
 
-def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str] | None = None, *, folds: int = 5,
-                      seed: int = 0, train_config: Any = None, log: Log = print, pairs: Any = None) -> Selection:  # fmt: skip
+def select_and_export(
+    m: TableMatrix,
+    out_dir: str | Path,
+    scorers: Sequence[str] | None = None,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    train_config: Any = None,
+    log: Log = print,
+    pairs: Any = None,
+) -> Selection:
     """:func:`select` on ``m``, then write the chosen scorer, fitted on all of ``m``, into ``out_dir``
     with the selection in its manifest (``selection``). ``pairs`` (:class:`~.pairs.PairTable`): every labelled
     (query, candidate) run of the training queries; the queries only partial feedback labels join the
@@ -367,19 +500,21 @@ def select_and_export(m: TableMatrix, out_dir: str | Path, scorers: Sequence[str
     log(f"selection: {len(sel.rows)} scorers on {folds} folds of {m.n} queries in {time.time() - t0:.0f} s")
     out = Path(out_dir)
     kind, spec = selectable()[sel.chosen]
-    (spec.export or export_baseline)(kind, m, out, selection=sel, seed=seed, train_config=train_config, log=log, pairs=pairs,
-                                     partial=partial)  # fmt: skip
+    (spec.export or export_baseline)(
+        kind, m, out, selection=sel, seed=seed, train_config=train_config, log=log, pairs=pairs, partial=partial
+    )
     manifest = read_manifest(out)
     if manifest.baseline is not None:
         manifest.baseline["unknown_task"] = UNKNOWN_TASK_FALLBACK
     if sel.tokens is not None:  # per-query Ê served only when it does not lower the chosen scorer's AIQ
         from .token_fit import attach_token_model
 
-        helps = sel.tokens["scorers"][sel.chosen]["aiq"] >= next(r["aiq"] for r in sel.rows if r["scorer"] == sel.chosen)
+        helps = sel.tokens["scorers"][sel.chosen]["aiq"] >= next(
+            r["aiq"] for r in sel.rows if r["scorer"] == sel.chosen
+        )
         manifest.tokens = attach_token_model(m, out, sel.tokens["token_mae"]) if helps else None
         sel.tokens["served"] = manifest.tokens is not None
         log(f"per-query energy: {'served' if sel.tokens['served'] else 'not served (per-task mean kept)'}")
     manifest.selection = sel.summary()  # type: ignore[attr-defined]
     write_manifest(out, manifest)
     return sel
-

@@ -37,8 +37,14 @@ class SFTStageConfig:
     seed: int = 0
 
 
-def build_sft_dataset(layout: Layout, texts: Sequence[str], tasks: Sequence[str | None], Y: np.ndarray,
-                      task_dropout: float = 0.25, seed: int = 0) -> Any:  # fmt: skip
+def build_sft_dataset(
+    layout: Layout,
+    texts: Sequence[str],
+    tasks: Sequence[str | None],
+    Y: np.ndarray,
+    task_dropout: float = 0.25,
+    seed: int = 0,
+) -> Any:
     """A ``datasets.Dataset`` with ``input_ids`` and ``labels`` (one row per query, K targets each)."""
     from datasets import Dataset
 
@@ -51,21 +57,38 @@ def build_sft_dataset(layout: Layout, texts: Sequence[str], tasks: Sequence[str 
     return Dataset.from_dict({"input_ids": ids_col, "labels": labels_col})
 
 
-def run_sft(model: Any, tokenizer: Any, dataset: Any, cfg: SFTStageConfig, out_dir: str,
-            on_log: Callable[[dict[str, float]], None] | None = None) -> Any:  # fmt: skip
+def run_sft(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    cfg: SFTStageConfig,
+    out_dir: str,
+    on_log: Callable[[dict[str, float]], None] | None = None,
+) -> Any:
     """Train in place with TRL's ``SFTTrainer`` on CPU or GPU; returns the model."""
+    import torch
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    import torch
-
     args = SFTConfig(
-        output_dir=out_dir, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate, lr_scheduler_type="linear", warmup_steps=0.05, weight_decay=0.01,
-        logging_steps=10, save_strategy="no", report_to="none", seed=cfg.seed, data_seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(), bf16=False, max_length=None, dataset_num_proc=None,
+        output_dir=out_dir,
+        num_train_epochs=cfg.epochs,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=0.05,
+        weight_decay=0.01,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        max_length=None,
+        dataset_num_proc=None,
         disable_tqdm=True,
-    )  # fmt: skip
+    )
 
     class _Log(TrainerCallback):
         def on_log(self, _args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:

@@ -34,8 +34,9 @@ def sketches(texts: list[str]) -> np.ndarray:
     return np.stack([sketch(buckets(t or "")) for t in texts]).astype(np.float32)
 
 
-def knn_fold(S_tr: np.ndarray, Y_tr: np.ndarray, S_te: np.ndarray, k: int, shrink: float,
-             seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def knn_fold(
+    S_tr: np.ndarray, Y_tr: np.ndarray, S_te: np.ndarray, k: int, shrink: float, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(``P[n, K]`` kNN on the training sketches, support ``s[n]`` against a ``MAX_REF`` sample, pooled prior ``π[K]``)."""
     prior = np.nanmean(Y_tr, axis=0)
     Y = np.where(np.isnan(Y_tr), prior, Y_tr)
@@ -101,8 +102,10 @@ def report(m: Any, k: int = 20, shrink: float = 5.0, n_boot: int = 1000) -> str:
     """Markdown: per held-out task, the rule chosen on the other tasks and its Brier / accuracy against the
     pooled prior and the scorer alone (differences with bootstrap 95 % intervals); then in-distribution."""
     lto = leave_task_out(m, k, shrink)
-    head = ("| held-out task | rule (lo, hi) chosen on the others | support median | w = 0 share | Brier: prior / scorer / blend "
-            "| blend − prior Brier [95 % CI] | argmax accuracy: prior / scorer / blend | blend − prior accuracy [95 % CI] |")
+    head = (
+        "| held-out task | rule (lo, hi) chosen on the others | support median | w = 0 share | Brier: prior / scorer / blend "
+        "| blend − prior Brier [95 % CI] | argmax accuracy: prior / scorer / blend | blend − prior accuracy [95 % CI] |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for t, f in lto.items():
         lo, hi = choose_rule([g for u, g in lto.items() if u != t])
@@ -110,9 +113,13 @@ def report(m: Any, k: int = 20, shrink: float = 5.0, n_boot: int = 1000) -> str:
         b = [brier_rows(X, f["Y"]) for X in (Pp, f["P"], Pb)]
         a = [acc_rows(X, f["Y"]) for X in (Pp, f["P"], Pb)]
         db, da = boot_ci(b[2] - b[0], n_boot), boot_ci(a[2] - a[0], n_boot)
-        lines.append(f"| {t} (n={len(f['s'])}) | ({lo:.2f}, {hi:.2f}) | {np.median(f['s']):.3f} | {np.mean(f['s'] <= lo):.2f} | "
-                     + " / ".join(f"{x.mean():.4f}" for x in b) + f" | {db[0]:+.4f} [{db[1]:+.4f}, {db[2]:+.4f}] | "
-                     + " / ".join(f"{x.mean():.4f}" for x in a) + f" | {da[0]:+.4f} [{da[1]:+.4f}, {da[2]:+.4f}] |")  # fmt: skip
+        lines.append(
+            f"| {t} (n={len(f['s'])}) | ({lo:.2f}, {hi:.2f}) | {np.median(f['s']):.3f} | {np.mean(f['s'] <= lo):.2f} | "
+            + " / ".join(f"{x.mean():.4f}" for x in b)
+            + f" | {db[0]:+.4f} [{db[1]:+.4f}, {db[2]:+.4f}] | "
+            + " / ".join(f"{x.mean():.4f}" for x in a)
+            + f" | {da[0]:+.4f} [{da[1]:+.4f}, {da[2]:+.4f}] |"
+        )
     lo, hi = choose_rule(list(lto.values()))
     d = in_distribution(m, k, shrink)
     w = np.clip((d["s"] - lo) / (hi - lo), 0, 1)
@@ -120,11 +127,16 @@ def report(m: Any, k: int = 20, shrink: float = 5.0, n_boot: int = 1000) -> str:
     bs, bb = brier_rows(d["P"], d["Y"]), brier_rows(Pb, d["Y"])
     db = boot_ci(bb - bs, n_boot)
     da = boot_ci(acc_rows(Pb, d["Y"]) - acc_rows(d["P"], d["Y"]), n_boot)
-    lines += ["", f"Rule chosen on all held-out tasks: lo = {lo:.2f}, hi = {hi:.2f}.",
-              (f"In-distribution (5 random folds, tags hidden, n={m.n}): support median {np.median(d['s']):.3f}, "
-              f"w < 1 for {np.mean(w < 1):.3f} of rows; Brier scorer {bs.mean():.4f}, blend {bb.mean():.4f}, "
-              f"blend − scorer {db[0]:+.4f} [{db[1]:+.4f}, {db[2]:+.4f}]; argmax accuracy blend − scorer "
-              f"{da[0]:+.4f} [{da[1]:+.4f}, {da[2]:+.4f}].")]  # fmt: skip
+    lines += [
+        "",
+        f"Rule chosen on all held-out tasks: lo = {lo:.2f}, hi = {hi:.2f}.",
+        (
+            f"In-distribution (5 random folds, tags hidden, n={m.n}): support median {np.median(d['s']):.3f}, "
+            f"w < 1 for {np.mean(w < 1):.3f} of rows; Brier scorer {bs.mean():.4f}, blend {bb.mean():.4f}, "
+            f"blend − scorer {db[0]:+.4f} [{db[1]:+.4f}, {db[2]:+.4f}]; argmax accuracy blend − scorer "
+            f"{da[0]:+.4f} [{da[1]:+.4f}, {da[2]:+.4f}]."
+        ),
+    ]
     return "\n".join(lines)
 
 

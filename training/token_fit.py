@@ -43,7 +43,9 @@ def _design(tm: TokenModel, texts: Sequence[str | None], prompt_tokens: np.ndarr
     rows = tm.rows(texts)
     indptr = np.concatenate([[0], np.cumsum([len(r) + 1 for r in rows])])
     indices = np.concatenate([np.append(r, tm.dim) for r in rows]) if rows else np.zeros(0, dtype=np.intp)
-    vals = np.concatenate([np.append(np.full(len(r), 1 / np.sqrt(max(len(r), 1))), np.log1p(p)) for r, p in zip(rows, prompt_tokens)])
+    vals = np.concatenate(
+        [np.append(np.full(len(r), 1 / np.sqrt(max(len(r), 1))), np.log1p(p)) for r, p in zip(rows, prompt_tokens)]
+    )
     return csr_matrix((vals, indices, indptr), shape=(len(rows), tm.dim + 1))
 
 
@@ -56,8 +58,9 @@ def _ridge_all(X: Any, R: np.ndarray, alphas: Sequence[float]) -> dict[float, np
     return {a: np.asarray(X.T @ (U @ (UR / (np.maximum(s, 0.0) + a)[:, None]))) for a in alphas}
 
 
-def fit_token_model(m: TableMatrix, *, alphas: Sequence[float] = ALPHAS, folds: int = 3, seed: int = 0,
-                    max_rows: int = MAX_ROWS) -> tuple[TokenModel, dict]:  # fmt: skip
+def fit_token_model(
+    m: TableMatrix, *, alphas: Sequence[float] = ALPHAS, folds: int = 3, seed: int = 0, max_rows: int = MAX_ROWS
+) -> tuple[TokenModel, dict]:
     """Fit on ``m``, one model per task (at most ``max_rows`` rows of it, drawn at random; see the module
     docstring). Returns the model and, per task and candidate, the damping chosen (None: per-task mean kept)
     and the inner-CV mean squared error (tokens²) of both."""
@@ -93,13 +96,19 @@ def _fit_task(m: TableMatrix, alphas: Sequence[float], folds: int, seed: int) ->
     for k, c in enumerate(m.candidates):
         best = min(alphas, key=lambda a: mse[a][k])
         keep = bool(mse[best][k] < base[k])
-        info[c] = {"alpha": best if keep else None, "inner_mse_model": float(mse[best][k] / m.n), "inner_mse_mean": float(base[k] / m.n)}
+        info[c] = {
+            "alpha": best if keep else None,
+            "inner_mse_model": float(mse[best][k] / m.n),
+            "inner_mse_mean": float(base[k] / m.n),
+        }
         if keep:
             W[:, k] = full[best][:, k]
     return W, info
 
 
-def token_errors(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[dict[str, dict[str, float]], np.ndarray]:
+def token_errors(
+    m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> tuple[dict[str, dict[str, float]], np.ndarray]:
     """Outer-CV judgement: per candidate the mean absolute and root-mean-square error (tokens) of the
     per-task mean and of the model's prediction, on rows with known output tokens; and the held-out offsets ``[n, K]``."""
     offsets = np.zeros((m.n, m.K))
@@ -116,10 +125,12 @@ def token_errors(m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]]
     for k, c in enumerate(m.candidates):
         ok = ~np.isnan(m.T[:, k])
         em, eo = pred_mean[ok, k] - m.T[ok, k], pred_model[ok, k] - m.T[ok, k]
-        out[c] = {"mae_task_mean": float(np.mean(np.abs(em))) if ok.any() else None,
-                  "mae_model": float(np.mean(np.abs(eo))) if ok.any() else None,
-                  "rmse_task_mean": float(np.sqrt(np.mean(em**2))) if ok.any() else None,
-                  "rmse_model": float(np.sqrt(np.mean(eo**2))) if ok.any() else None}  # fmt: skip
+        out[c] = {
+            "mae_task_mean": float(np.mean(np.abs(em))) if ok.any() else None,
+            "mae_model": float(np.mean(np.abs(eo))) if ok.any() else None,
+            "rmse_task_mean": float(np.sqrt(np.mean(em**2))) if ok.any() else None,
+            "rmse_model": float(np.sqrt(np.mean(eo**2))) if ok.any() else None,
+        }
     return out, offsets
 
 
@@ -134,4 +145,11 @@ def attach_token_model(m: TableMatrix, out_dir: Any, errors: dict | None = None)
     if not np.any(tm.W):
         return None
     tm.save(Path(out_dir) / TOKENS_FILE)
-    return {"file": TOKENS_FILE, "dim": tm.dim, "ngrams": list(tm.ngrams), "tail_chars": tm.tail_chars, "fit": info, "cv_errors": errors}
+    return {
+        "file": TOKENS_FILE,
+        "dim": tm.dim,
+        "ngrams": list(tm.ngrams),
+        "tail_chars": tm.tail_chars,
+        "fit": info,
+        "cv_errors": errors,
+    }

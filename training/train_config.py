@@ -71,19 +71,26 @@ def section_of(dc: type, name: str, skip: tuple[str, ...] = (), **extra: Any) ->
             continue
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
         keys[f.name] = (hints[f.name], Field(default, description=docs.get(f.name), **dict(f.metadata)))
-    return create_model(name, __base__=_Section, __doc__=f"``train`` section of :class:`{dc.__name__}`.", **keys, **extra)
+    return create_model(
+        name, __base__=_Section, __doc__=f"``train`` section of :class:`{dc.__name__}`.", **keys, **extra
+    )
 
 
 BackboneSection = section_of(BackboneSpec, "BackboneSection")
 SFTSection = section_of(SFTStageConfig, "SFTSection")
-GRPOSection = section_of(GRPOStageConfig, "GRPOSection",
-                         enabled=(bool, Field(True, description="run the GRPO stage (false: skip it, as when the section "
-                                                                "is left out)")))  # fmt: skip
-_TrainKeys = section_of(TrainConfig, "_TrainKeys", skip=NOT_KEYS,
-                        backbone=(BackboneSection | None, Field(None, description="the backbone (BackboneSpec)")),
-                        sft=(SFTSection | None, Field(None, description="the SFT stage (SFTStageConfig)")),
-                        grpo=(GRPOSection | None, Field(None, description="the GRPO stage (GRPOStageConfig); absent: "
-                                                                          "none")))  # fmt: skip
+GRPOSection = section_of(
+    GRPOStageConfig,
+    "GRPOSection",
+    enabled=(bool, Field(True, description="run the GRPO stage (false: skip it, as when the section is left out)")),
+)
+_TrainKeys = section_of(
+    TrainConfig,
+    "_TrainKeys",
+    skip=NOT_KEYS,
+    backbone=(BackboneSection | None, Field(None, description="the backbone (BackboneSpec)")),
+    sft=(SFTSection | None, Field(None, description="the SFT stage (SFTStageConfig)")),
+    grpo=(GRPOSection | None, Field(None, description="the GRPO stage (GRPOStageConfig); absent: none")),
+)
 
 
 class TrainSection(_TrainKeys):  # type: ignore[misc, valid-type]

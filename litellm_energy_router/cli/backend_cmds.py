@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from .common import err_console, fail
+from litellm_energy_router.cli.common import err_console, fail
 
 GROUP = "chat"
 
@@ -18,19 +18,25 @@ def proxy_config(api_base: str, candidates: list[str], group: str = GROUP) -> di
     """A LiteLLM proxy config: one deployment per candidate at ``api_base`` (tagged
     ``energy_router_candidate``) in the model group ``group``, the energy router and the energy logger as
     callbacks, the master key from ``LITELLM_MASTER_KEY``."""
-    from ..demo.backend import model_list
+    from litellm_energy_router.demo.backend import model_list
 
     return {
         "model_list": model_list(api_base, candidates, group=group),
-        "litellm_settings": {"callbacks": ["litellm_energy_router.proxy_router.energy_router",
-                                           "litellm_energy_router.callback.proxy_logger.energy_logger"]},
+        "litellm_settings": {
+            "callbacks": [
+                "litellm_energy_router.litellm_glue.proxy_router.energy_router",
+                "litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger",
+            ]
+        },
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-    }  # fmt: skip
+    }
 
 
 def replay_backend(
     port: int = typer.Option(8000, "--port", help="TCP port on 127.0.0.1 (0: a free one)"),
-    data: Optional[list[Path]] = typer.Option(None, "--data", help="RouterBench CSV(.gz) file to replay (repeatable; default: the bundled rows)"),
+    data: Optional[list[Path]] = typer.Option(
+        None, "--data", help="RouterBench CSV(.gz) file to replay (repeatable; default: the bundled rows)"
+    ),
     group: str = typer.Option(GROUP, "--group", help="model group of the printed deployments"),
 ) -> None:
     """Serve RouterBench's recorded answers as an OpenAI-compatible backend on 127.0.0.1 (model = a
@@ -38,8 +44,12 @@ def replay_backend(
     config that routes a pool of its deployments by energy. Runs until Ctrl-C."""
     import yaml
 
-    from ..demo.backend import LocalBackend, ReplayAnswers
-    from ..profiling.routerbench import ImportFormatError, bundled_files, iter_records
+    from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
+    from litellm_energy_router.profiling.routerbench import (
+        ImportFormatError,
+        bundled_files,
+        iter_records,
+    )
 
     if not 0 <= port <= 65535:
         fail(f"--port {port}: not a TCP port (0-65535)")
@@ -53,11 +63,13 @@ def replay_backend(
     except RuntimeError as e:
         fail(f"--port {port}: {e}")
         raise  # unreachable
-    head = (f"# energy-router replay-backend: {len(answers.candidates)} candidates replaying recorded answers at {backend.base_url}\n"
-            "# Save as proxy_config.yaml, then (the checkpoint: e.g. the one `energy-router demo` promotes;\n"
-            "# without one each request fails open to LiteLLM's own choice):\n"
-            "#   ENERGY_ROUTER_ROUTER__CHECKPOINT=energy_router_demo/router.json LITELLM_MASTER_KEY=sk-local-key \\\n"
-            "#     litellm --config proxy_config.yaml --host 127.0.0.1 --port 4000\n")  # fmt: skip
+    head = (
+        f"# energy-router replay-backend: {len(answers.candidates)} candidates replaying recorded answers at {backend.base_url}\n"
+        "# Save as proxy_config.yaml, then (the checkpoint: e.g. the one `energy-router demo` promotes;\n"
+        "# without one each request fails open to LiteLLM's own choice):\n"
+        "#   ENERGY_ROUTER_ROUTER__CHECKPOINT=energy_router_demo/router.json LITELLM_MASTER_KEY=sk-local-key \\\n"
+        "#     litellm --config proxy_config.yaml --host 127.0.0.1 --port 4000\n"
+    )
     print(head + yaml.safe_dump(proxy_config(backend.base_url, answers.candidates, group), sort_keys=False), flush=True)
     err_console.print(f"replay backend serving at {backend.base_url} (Ctrl-C stops)", highlight=False, soft_wrap=True)
     try:

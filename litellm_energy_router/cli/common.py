@@ -11,11 +11,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..settings import ConfigError, Settings, load_settings
+from litellm_energy_router.settings import ConfigError, Settings, load_settings
 
 # Wide when piped (logs, CI): rich would otherwise cut candidate names at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=200)
 err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=400)
+
 
 def _check_settings_file(value: Optional[Path]) -> Optional[Path]:
     """``--config``: the settings file is read (and refused, one line) before the command starts."""
@@ -27,15 +28,24 @@ def _check_settings_file(value: Optional[Path]) -> Optional[Path]:
 def _check_db(value: Optional[str]) -> Optional[str]:
     """``--db``: a URL no table can live at is refused, one line, before the command starts."""
     if value is not None:
-        from ..table import check_table_url
+        from litellm_energy_router.table import check_table_url
 
         check_table_url(value)
     return value
 
 
-ConfigOpt = typer.Option(None, "--config", "-c", exists=True, dir_okay=False, help="settings YAML with a top-level energy_router: key "
-                         "(default: $ENERGY_ROUTER_CONFIG)", callback=_check_settings_file)  # fmt: skip
-DbOpt = typer.Option(None, "--db", help="table URL, e.g. sqlite:///x.db (default: settings table.url)", callback=_check_db)
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    "-c",
+    exists=True,
+    dir_okay=False,
+    help="settings YAML with a top-level energy_router: key (default: $ENERGY_ROUTER_CONFIG)",
+    callback=_check_settings_file,
+)
+DbOpt = typer.Option(
+    None, "--db", help="table URL, e.g. sqlite:///x.db (default: settings table.url)", callback=_check_db
+)
 
 
 def _error_line(msg: str) -> None:

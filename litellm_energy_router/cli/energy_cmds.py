@@ -7,7 +7,15 @@ from typing import Any, Optional
 
 import typer
 
-from .common import ConfigOpt, DbOpt, console, db_url, err_console, fail, settings_or_fail
+from litellm_energy_router.cli.common import (
+    ConfigOpt,
+    DbOpt,
+    console,
+    db_url,
+    err_console,
+    fail,
+    settings_or_fail,
+)
 
 feedback_app = typer.Typer(help="Quality labels for production rows, keyed by LiteLLM call id.", no_args_is_help=True)
 
@@ -15,32 +23,61 @@ feedback_app = typer.Typer(help="Quality labels for production rows, keyed by Li
 def agent(
     host: str = typer.Option("127.0.0.1", "--host", help="bind address; anything but loopback needs --token"),
     port: int = typer.Option(9400, "--port", help="TCP port (0: any free port)"),
-    token: Optional[str] = typer.Option(None, "--token", envvar="ENERGY_ROUTER_AGENT_TOKEN",
-                                        help="bearer token required on every endpoint (default: energy.agent_token)"),
-    meter: str = typer.Option("nvml", "--meter", help="nvml | simulated | a plugin's meter (built with energy.options)"),
+    token: Optional[str] = typer.Option(
+        None,
+        "--token",
+        envvar="ENERGY_ROUTER_AGENT_TOKEN",
+        help="bearer token required on every endpoint (default: energy.agent_token)",
+    ),
+    meter: str = typer.Option(
+        "nvml", "--meter", help="nvml | simulated | a plugin's meter (built with energy.options)"
+    ),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (default: energy.gpus or all)"),
-    vllm_metrics_url: Optional[str] = typer.Option(None, "--vllm-metrics-url",
-                                                   help="vLLM /metrics, e.g. http://127.0.0.1:8000/metrics (token counters)"),
-    sample_hz: Optional[float] = typer.Option(None, "--sample-hz", help="meter samples per second (default: energy.sample_hz)"),
-    history_s: Optional[float] = typer.Option(None, "--history-s", help="seconds of history kept (default: energy.history_s)"),
+    vllm_metrics_url: Optional[str] = typer.Option(
+        None, "--vllm-metrics-url", help="vLLM /metrics, e.g. http://127.0.0.1:8000/metrics (token counters)"
+    ),
+    sample_hz: Optional[float] = typer.Option(
+        None, "--sample-hz", help="meter samples per second (default: energy.sample_hz)"
+    ),
+    history_s: Optional[float] = typer.Option(
+        None, "--history-s", help="seconds of history kept (default: energy.history_s)"
+    ),
     simulated_power_w: float = typer.Option(300.0, "--simulated-power-w", help="power of the simulated meter, W"),
-    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", exists=True, dir_okay=False, help="PEM certificate chain: serve https (default: energy.agent_tls_cert)"),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", exists=True, dir_okay=False, help="PEM key of --tls-cert (default: energy.agent_tls_key)"),
+    tls_cert: Optional[Path] = typer.Option(
+        None,
+        "--tls-cert",
+        exists=True,
+        dir_okay=False,
+        help="PEM certificate chain: serve https (default: energy.agent_tls_cert)",
+    ),
+    tls_key: Optional[Path] = typer.Option(
+        None, "--tls-key", exists=True, dir_okay=False, help="PEM key of --tls-cert (default: energy.agent_tls_key)"
+    ),
     config: Optional[Path] = ConfigOpt,
-) -> None:  # fmt: skip
+) -> None:
     """Run the GPU-node energy agent beside vLLM: samples the meter, attributes each interval's joules
     to the requests in flight by tokens, serves GET /v1/energy/{request_id} and /metrics."""
     import asyncio
 
-    from ..energy import MeterError, make_meter
-    from ..agent.server import EnergyAgent, is_local, serve
+    from litellm_energy_router.agent.server import EnergyAgent, is_local, serve
+    from litellm_energy_router.energy import MeterError, make_meter
 
     s = settings_or_fail(config).energy
-    opts = dict(host=host, port=port, token=token, sample_hz=sample_hz, history_s=history_s, vllm_metrics_url=vllm_metrics_url,
-                tls_cert=tls_cert and str(tls_cert), tls_key=tls_key and str(tls_key))  # fmt: skip
+    opts = dict(
+        host=host,
+        port=port,
+        token=token,
+        sample_hz=sample_hz,
+        history_s=history_s,
+        vllm_metrics_url=vllm_metrics_url,
+        tls_cert=tls_cert and str(tls_cert),
+        tls_key=tls_key and str(tls_key),
+    )
     cfg = _agent_config(s, opts)
     if meter in ("estimate", "agent"):
-        fail(f"--meter {meter!r}: the agent measures with a counter meter ('nvml', a plugin's, or 'simulated' for tests)")
+        fail(
+            f"--meter {meter!r}: the agent measures with a counter meter ('nvml', a plugin's, or 'simulated' for tests)"
+        )
     try:
         idx = [int(x) for x in gpus.split(",") if x.strip()] if gpus else s.gpus
     except ValueError:
@@ -56,12 +93,19 @@ def agent(
     ag = EnergyAgent(m, cfg)
     scheme = "https" if ag.ssl_context else "http"
     if scheme == "http" and not is_local(host):
-        err_console.print(f"agent: warning: serving {host} over plain HTTP: the bearer token travels in clear text "
-                          "(--tls-cert/--tls-key)", highlight=False, soft_wrap=True)  # fmt: skip
+        err_console.print(
+            f"agent: warning: serving {host} over plain HTTP: the bearer token travels in clear text "
+            "(--tls-cert/--tls-key)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
     def ready(p: int) -> None:
-        console.print(f"energy agent listening on {scheme}://{host}:{p} (meter {m.name}, {cfg.sample_hz:g} Hz)",
-                      highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"energy agent listening on {scheme}://{host}:{p} (meter {m.name}, {cfg.sample_hz:g} Hz)",
+            highlight=False,
+            soft_wrap=True,
+        )
         console.file.flush()
 
     try:
@@ -77,8 +121,8 @@ def _agent_config(s: Any, opts: dict[str, Any]) -> Any:
     with the bind policy and TLS files checked: exits with a one-line error when refused."""
     from pydantic import ValidationError
 
-    from ..agent.server import AgentConfig, BindError, EnergyAgent
-    from ..errors import one_line
+    from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent
+    from litellm_energy_router.errors import one_line
 
     try:
         cfg = AgentConfig.from_energy(s, **opts)
@@ -98,8 +142,8 @@ def feedback_set(
     config: Optional[Path] = ConfigOpt,
 ) -> None:
     """Score one production answer."""
-    from ..feedback import apply_feedback
-    from ..table import open_store
+    from litellm_energy_router.feedback import apply_feedback
+    from litellm_energy_router.table import open_store
 
     store = open_store(db_url(db, config), create=False)  # labels rows of an existing table, creates none
     try:
@@ -116,18 +160,19 @@ def feedback_set(
 def feedback_serve(
     host: Optional[str] = typer.Option(None, "--host", help="bind address (default: feedback.host)"),
     port: Optional[int] = typer.Option(None, "--port", help="TCP port (default: feedback.port; 0: any free port)"),
-    token: Optional[str] = typer.Option(None, "--token", envvar="ENERGY_ROUTER_FEEDBACK_TOKEN",
-                                        help="bearer token (default: feedback.token); required"),
+    token: Optional[str] = typer.Option(
+        None, "--token", envvar="ENERGY_ROUTER_FEEDBACK_TOKEN", help="bearer token (default: feedback.token); required"
+    ),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
-) -> None:  # fmt: skip
+) -> None:
     """Serve POST /v1/feedback {"call_id", "score"} (token-protected)."""
     import asyncio
 
     from aiohttp import web
 
-    from ..feedback import feedback_app as make_app
-    from ..table import open_store
+    from litellm_energy_router.feedback import feedback_app as make_app
+    from litellm_energy_router.table import open_store
 
     s = settings_or_fail(config)
     token = token or s.feedback.token

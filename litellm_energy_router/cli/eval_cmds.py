@@ -7,9 +7,16 @@ from typing import Optional
 
 import typer
 
-from ..redact import redact_url
-from .common import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
-from .table_cmds import _store
+from litellm_energy_router.cli.common import (
+    ConfigOpt,
+    DbOpt,
+    console,
+    db_url,
+    fail,
+    settings_or_fail,
+)
+from litellm_energy_router.cli.table_cmds import _store
+from litellm_energy_router.redact import redact_url
 
 
 def eval_cmd(
@@ -17,33 +24,64 @@ def eval_cmd(
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
     folds: int = typer.Option(5, "--folds", min=2, help="cross-validation folds (split by query, stratified by task)"),
-    baselines: Optional[str] = typer.Option(None, "--baselines", help="comma-separated trainable scorers of the registry "
-                                            "(default: its default ones; a plugin's included), or 'none'"),
+    baselines: Optional[str] = typer.Option(
+        None,
+        "--baselines",
+        help="comma-separated trainable scorers of the registry "
+        "(default: its default ones; a plugin's included), or 'none'",
+    ),
     seed: int = typer.Option(0, "--seed", help="fold assignment seed"),
     source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
-    energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", exists=True, dir_okay=False, help="J/token profile YAML (default: settings energy.profile, else bundled)"),
+    energy_profile: Optional[Path] = typer.Option(
+        None,
+        "--energy-profile",
+        exists=True,
+        dir_okay=False,
+        help="J/token profile YAML (default: settings energy.profile, else bundled)",
+    ),
     points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
-    router: bool = typer.Option(True, "--router/--no-router", help="also train the LM router (default config) per fold, judged as "
-                                "served ('router': its student) and with the LM forward ('lm')"),
+    router: bool = typer.Option(
+        True,
+        "--router/--no-router",
+        help="also train the LM router (default config) per fold, judged as "
+        "served ('router': its student) and with the LM forward ('lm')",
+    ),
     checkpoint: Optional[list[Path]] = typer.Option(
-        None, "--checkpoint", exists=True,
+        None,
+        "--checkpoint",
+        exists=True,
         help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
-             "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
-    ),  # fmt: skip
-    lam: Optional[float] = typer.Option(None, "--lambda", min=0, help="knob of the off-policy estimate of --checkpoint on "
-                                        "logged production rows (default: settings knob.lambda)"),  # fmt: skip
-    leave_task_out: bool = typer.Option(False, "--leave-task-out", help="train on all tasks but one, judge on the held-out "
-                                        "one with its task hidden (an unseen task), for every task"),  # fmt: skip
+        "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
+    ),
+    lam: Optional[float] = typer.Option(
+        None,
+        "--lambda",
+        min=0,
+        help="knob of the off-policy estimate of --checkpoint on "
+        "logged production rows (default: settings knob.lambda)",
+    ),
+    leave_task_out: bool = typer.Option(
+        False,
+        "--leave-task-out",
+        help="train on all tasks but one, judge on the held-out "
+        "one with its task hidden (an unseen task), for every task",
+    ),
 ) -> None:
     """K-fold CV by query of the router and the learned baselines on the table: curves vs the zero router,
     random and the oracle; per scorer AIQ and joules at the best single candidate's accuracy with their
     fold spread, the one model selection (`retrain` with `select: true`) would promote marked."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
-    from ..energy.profile import ProfileError, load_profile
-    from ..training.data import MatrixError, load_matrix
-    from ..training.report import write_report
-    from ..training.selection import default_scorers, selectable
+    from litellm_energy_router.energy.profile import ProfileError, load_profile
+    from litellm_energy_router.training.data import MatrixError, load_matrix
+    from litellm_energy_router.training.report import write_report
+    from litellm_energy_router.training.selection import default_scorers, selectable
 
     lm = [n for n, (_, s) in selectable().items() if not s.baseline and not s.combines]  # what --router adds
     have = [n for n in selectable() if n not in lm]
@@ -58,8 +96,8 @@ def eval_cmd(
         fail("--baselines none with --no-router: nothing to evaluate")
     ckpts = {}
     if checkpoint:
-        from ..router.checkpoint import CheckpointError
-        from ..training.pipeline import CheckpointPredictor
+        from litellm_energy_router.router.checkpoint import CheckpointError
+        from litellm_energy_router.training.pipeline import CheckpointPredictor
 
         for path in checkpoint:
             try:
@@ -81,33 +119,60 @@ def eval_cmd(
     if folds > m.n:
         fail(f"--folds {folds}: only {m.n} fully labelled queries in {redact_url(url)}")
     console.print(m.summary(), highlight=False, soft_wrap=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         scorers = (lm if router else []) + names
         extra = {name: (lambda pred=pred: pred) for name, pred in ckpts.items()}
         for name, pred in ckpts.items():
             if pred.model.candidates != m.candidates:
-                fail(f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}")
+                fail(
+                    f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}"
+                )
         if leave_task_out:
             return _leave_task_out(scorers, extra, m, profile, points, out, bar)
         if not scorers:
             _checkpoints_only(extra, m, folds, seed, profile, points, out, bar)
             return _off_policy(url, ckpts, settings_or_fail(config), lam, out)
-        from ..training.selection import select, selection_table
+        from litellm_energy_router.training.selection import select, selection_table
 
-        task = bar.add_task("cross-validating", total=folds * (len(extra) + len([s for s in scorers if not selectable()[s][1].combines])))
+        task = bar.add_task(
+            "cross-validating",
+            total=folds * (len(extra) + len([s for s in scorers if not selectable()[s][1].combines])),
+        )
         try:
-            sel = select(m, scorers, folds=folds, seed=seed, profile=profile, n_points=points, extra=extra,
-                         progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
+            sel = select(
+                m,
+                scorers,
+                folds=folds,
+                seed=seed,
+                profile=profile,
+                n_points=points,
+                extra=extra,
+                progress=lambda i, n, label: bar.update(task, completed=i, description=label),
+            )
         except ValueError as e:
             fail(str(e))
     table = selection_table(sel)
-    paths = write_report(sel.ev, out, title=f"Router evaluation ({folds}-fold CV by query)",
-                         extra="## Model selection (what retrain with select: true would promote)\n\n" + table)  # fmt: skip
-    from ..training.report import summary_table
+    paths = write_report(
+        sel.ev,
+        out,
+        title=f"Router evaluation ({folds}-fold CV by query)",
+        extra="## Model selection (what retrain with select: true would promote)\n\n" + table,
+    )
+    from litellm_energy_router.training.report import summary_table
 
     console.print(summary_table(sel.ev), highlight=False, soft_wrap=True)
-    console.print("\nModel selection over the scorers (retrain with select: true promotes the marked one):\n" + table, highlight=False, soft_wrap=True)
+    console.print(
+        "\nModel selection over the scorers (retrain with select: true promotes the marked one):\n" + table,
+        highlight=False,
+        soft_wrap=True,
+    )
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
     if ckpts:
         _off_policy(url, ckpts, settings_or_fail(config), lam, out)
@@ -115,13 +180,19 @@ def eval_cmd(
 
 def _checkpoints_only(extra: dict, m, folds: int, seed: int, profile, points: int, out: Path, bar) -> None:
     """``--baselines none --no-router --checkpoint ...``: the checkpoints judged on every fold, as they are."""
-    from ..training.crossval import cross_validate
-    from ..training.report import write_report
-    from ..training.report import summary_table
+    from litellm_energy_router.training.crossval import cross_validate
+    from litellm_energy_router.training.report import summary_table, write_report
 
     task = bar.add_task("cross-validating", total=folds * len(extra))
-    ev = cross_validate(extra, m, folds=folds, seed=seed, profile=profile, n_points=points,
-                        progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
+    ev = cross_validate(
+        extra,
+        m,
+        folds=folds,
+        seed=seed,
+        profile=profile,
+        n_points=points,
+        progress=lambda i, n, label: bar.update(task, completed=i, description=label),
+    )
     paths = write_report(ev, out, title=f"Router evaluation ({folds}-fold CV by query)")
     console.print(summary_table(ev), highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
@@ -131,9 +202,14 @@ def _leave_task_out(scorers: list, extra: dict, m, profile, points: int, out: Pa
     """Per held-out task: AIQ (± sd over 5 parts of its queries) and joules at the best single model's
     accuracy of every method; the per-task table of all methods, then each task's full table; written to
     ``out/leave_task_out.md`` and printed."""
-    from ..training.crossval import leave_task_out, lto_table
-    from ..training.report import summary_table
-    from ..training.selection import Stacked, scorer_factories, selectable, stack_bases
+    from litellm_energy_router.training.crossval import leave_task_out, lto_table
+    from litellm_energy_router.training.report import summary_table
+    from litellm_energy_router.training.selection import (
+        Stacked,
+        scorer_factories,
+        selectable,
+        stack_bases,
+    )
 
     methods = {**extra, **scorer_factories(scorers)}
     for n in scorers:
@@ -141,15 +217,25 @@ def _leave_task_out(scorers: list, extra: dict, m, profile, points: int, out: Pa
             methods[n] = lambda b=stack_bases(scorers) or stack_bases(): Stacked(b)
     task = bar.add_task("leave-task-out", total=len(m.task_names()) * len(methods))
     try:
-        evs = leave_task_out(methods, m, profile=profile, n_points=points,
-                             progress=lambda i, n, label: bar.update(task, completed=i, description=label))  # fmt: skip
+        evs = leave_task_out(
+            methods,
+            m,
+            profile=profile,
+            n_points=points,
+            progress=lambda i, n, label: bar.update(task, completed=i, description=label),
+        )
     except ValueError as e:
         fail(str(e))
-    parts = ["# Leave-task-out evaluation", "",
-             "Each method is trained on all tasks but one and judged on the held-out task's queries with the task "
-             "hidden (an unseen task: no task prior; `task_prior` is then the pooled prior of the other tasks). "
-             "AIQ ± sd over 5 random parts of the held-out queries; J ratio = joules at the best single "
-             "candidate's accuracy on that task / that candidate's joules.", "", lto_table(evs)]  # fmt: skip
+    parts = [
+        "# Leave-task-out evaluation",
+        "",
+        "Each method is trained on all tasks but one and judged on the held-out task's queries with the task "
+        "hidden (an unseen task: no task prior; `task_prior` is then the pooled prior of the other tasks). "
+        "AIQ ± sd over 5 random parts of the held-out queries; J ratio = joules at the best single "
+        "candidate's accuracy on that task / that candidate's joules.",
+        "",
+        lto_table(evs),
+    ]
     for t, ev in evs.items():
         parts += ["", f"## held-out task: {t} ({ev.n} queries)", "", summary_table(ev)]
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +248,10 @@ def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path
     """IPS / SNIPS estimates of each checkpoint on the table's logged production rows (with propensities)."""
     import json
 
-    from ..training.ope import evaluate_checkpoint_on_log, logged_rows
+    from litellm_energy_router.training.ope import (
+        evaluate_checkpoint_on_log,
+        logged_rows,
+    )
 
     base = settings.knob.base()
     knob = base if lam is None else base.model_copy(update={"lambda_": lam, "target_accuracy": None})
@@ -176,7 +265,9 @@ def _off_policy(url: str, ckpts: dict, settings, lam: Optional[float], out: Path
     for name, pred in ckpts.items():
         est = evaluate_checkpoint_on_log(None, pred.model, knob=knob, epsilon=settings.router.epsilon, rows=rows)
         if est is None:
-            console.print(f"off-policy: {name}: no logged row with query text names one of its candidates", highlight=False)
+            console.print(
+                f"off-policy: {name}: no logged row with query text names one of its candidates", highlight=False
+            )
             continue
         report[name] = {"lambda": lam, **est.as_dict()}
         for line in est.lines(f"off-policy estimate of {name} at λ={lam:g}"):

@@ -8,18 +8,41 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from ..redact import redact_url
-from ..settings import ConfigError
-from .common import _check_db, _check_settings_file, console, err_console, fail, settings_or_fail
+from litellm_energy_router.cli.common import (
+    _check_db,
+    _check_settings_file,
+    console,
+    err_console,
+    fail,
+    settings_or_fail,
+)
+from litellm_energy_router.redact import redact_url
+from litellm_energy_router.settings import ConfigError
 
-TConfigOpt = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="tournament YAML (candidates, tasks, energy, judge)")
-SettingsOpt = typer.Option(None, "--settings", exists=True, dir_okay=False, callback=_check_settings_file,
-                           help="settings YAML for defaults (table, privacy, shadow queue)")
-DbOpt = typer.Option(None, "--db", help="table URL (default: the tournament config's table, else the settings')",
-                     callback=_check_db)
+TConfigOpt = typer.Option(
+    ..., "--config", "-c", exists=True, dir_okay=False, help="tournament YAML (candidates, tasks, energy, judge)"
+)
+SettingsOpt = typer.Option(
+    None,
+    "--settings",
+    exists=True,
+    dir_okay=False,
+    callback=_check_settings_file,
+    help="settings YAML for defaults (table, privacy, shadow queue)",
+)
+DbOpt = typer.Option(
+    None, "--db", help="table URL (default: the tournament config's table, else the settings')", callback=_check_db
+)
 
 
 class RichProgress:
@@ -27,9 +50,15 @@ class RichProgress:
 
     def __init__(self) -> None:
         self.bar = Progress(
-            TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=console,
-        )  # fmt: skip
+            TextColumn("{task.description:<24}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[stats]}"),
+            console=console,
+        )
         self.ids: dict[str, Any] = {}
 
     def start(self, candidate: str, total: int, skipped: int) -> None:
@@ -50,12 +79,14 @@ def _table_url(db: Optional[str], cfg: Any, settings: Optional[Path]) -> str:
     return settings_or_fail(settings).table.url
 
 
-def _run(cfg: Any, url: str, make_jobs: Any, source: str, driver: Any = None, sequential: Optional[bool] = None) -> None:
+def _run(
+    cfg: Any, url: str, make_jobs: Any, source: str, driver: Any = None, sequential: Optional[bool] = None
+) -> None:
     """Shared by both commands: open the table, run with progress bars, print the summary."""
-    from ..table import BadRowError, TableError, open_store
-    from ..profiling.runner import Tournament
-    from ..profiling.sandbox import SandboxError
-    from ..profiling.tasks import TaskError
+    from litellm_energy_router.profiling.runner import Tournament
+    from litellm_energy_router.profiling.sandbox import SandboxError
+    from litellm_energy_router.profiling.tasks import TaskError
+    from litellm_energy_router.table import BadRowError, TableError, open_store
 
     user_errors = (ConfigError, TaskError, SandboxError, TableError, BadRowError)
     try:
@@ -84,8 +115,9 @@ def _run(cfg: Any, url: str, make_jobs: Any, source: str, driver: Any = None, se
         fail(str(e))
     except (KeyboardInterrupt, asyncio.CancelledError):
         written = tournament.summary.written if tournament else 0
-        err_console.print(f"interrupted: {written} pairs written this run; run the same command again to resume",
-                          highlight=False)  # fmt: skip
+        err_console.print(
+            f"interrupted: {written} pairs written this run; run the same command again to resume", highlight=False
+        )
         raise typer.Exit(130)
     finally:
         if tournament is not None:
@@ -95,14 +127,24 @@ def _run(cfg: Any, url: str, make_jobs: Any, source: str, driver: Any = None, se
     for col in ("candidate", "pairs", "failed", "already in table", "accuracy", "mean J"):
         t.add_column(col, justify="left" if col == "candidate" else "right")
     for s in summary.candidates.values():
-        t.add_row(s.candidate, str(s.done), str(s.failed), str(s.skipped),
-                  "-" if s.accuracy is None else f"{s.accuracy:.3f}", "-" if s.mean_energy_j is None else f"{s.mean_energy_j:.2f}")  # fmt: skip
+        t.add_row(
+            s.candidate,
+            str(s.done),
+            str(s.failed),
+            str(s.skipped),
+            "-" if s.accuracy is None else f"{s.accuracy:.3f}",
+            "-" if s.mean_energy_j is None else f"{s.mean_energy_j:.2f}",
+        )
     console.print(t)
-    console.print(f"{summary.line()}; energy_method={tournament.accountant.method} table={redact_url(url)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"{summary.line()}; energy_method={tournament.accountant.method} table={redact_url(url)}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _load(config: Path) -> Any:
-    from ..profiling.config import load_tournament_config
+    from litellm_energy_router.profiling.config import load_tournament_config
 
     try:
         return load_tournament_config(config)
@@ -118,12 +160,12 @@ def tournament(config: Path = TConfigOpt, db: Optional[str] = DbOpt, settings: O
     url = _table_url(db, cfg, settings)
     driver = None
     if cfg.mode == "vllm_offline":  # one GPU: models loaded one after another (extra 'gpu')
-        from ..profiling.vllm_offline import OfflineDriver
+        from litellm_energy_router.profiling.vllm_offline import OfflineDriver
 
         driver = OfflineDriver()
 
     def make_jobs(store: Any) -> Any:
-        from ..profiling.runner import build_jobs
+        from litellm_energy_router.profiling.runner import build_jobs
 
         return build_jobs(cfg)
 
@@ -131,9 +173,13 @@ def tournament(config: Path = TConfigOpt, db: Optional[str] = DbOpt, settings: O
 
 
 def shadow_tournament(
-    config: Path = TConfigOpt, db: Optional[str] = DbOpt, settings: Optional[Path] = SettingsOpt,
-    queue: Optional[Path] = typer.Option(None, "--queue", exists=True, dir_okay=False, help="shadow queue JSONL (default: settings shadow.queue_path)"),
-) -> None:  # fmt: skip
+    config: Path = TConfigOpt,
+    db: Optional[str] = DbOpt,
+    settings: Optional[Path] = SettingsOpt,
+    queue: Optional[Path] = typer.Option(
+        None, "--queue", exists=True, dir_okay=False, help="shadow queue JSONL (default: settings shadow.queue_path)"
+    ),
+) -> None:
     """Run the production queries queued by shadow sampling against every candidate (judge-graded),
     written with source=shadow under the production query ids."""
     cfg = _load(config)
@@ -144,7 +190,11 @@ def shadow_tournament(
     qpath = queue or st.shadow.queue_path
 
     def make_jobs(store: Any) -> Any:
-        from ..profiling.shadow_tournament import QueueError, read_queue, shadow_jobs
+        from litellm_energy_router.profiling.shadow_tournament import (
+            QueueError,
+            read_queue,
+            shadow_jobs,
+        )
 
         try:
             entries = read_queue(qpath)
@@ -159,4 +209,3 @@ def shadow_tournament(
 def register(app: typer.Typer) -> None:
     app.command("tournament")(tournament)
     app.command("shadow-tournament")(shadow_tournament)
-

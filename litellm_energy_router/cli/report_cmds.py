@@ -12,14 +12,21 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from ..table.ledger import BY
-from .common import ConfigOpt, DbOpt, console, db_url, fail
-from .table_cmds import _store
+from litellm_energy_router.cli.common import ConfigOpt, DbOpt, console, db_url, fail
+from litellm_energy_router.cli.table_cmds import _store
+from litellm_energy_router.table.ledger import BY
 
-COLUMNS = [("requests", "requests", "d"), ("tokens", None, "d"), ("J measured", "joules_measured", ".1f"),
-           ("J estimated", "joules_estimated", ".1f"), ("gCO2e", "co2e_g", ".3f"),
-           ("J router est.", "joules_router_estimate", ".1f"), ("J reference", "joules_reference", ".1f"),
-           ("J saved", "joules_saved", ".1f"), ("saved %", None, ".1f")]  # fmt: skip
+COLUMNS = [
+    ("requests", "requests", "d"),
+    ("tokens", None, "d"),
+    ("J measured", "joules_measured", ".1f"),
+    ("J estimated", "joules_estimated", ".1f"),
+    ("gCO2e", "co2e_g", ".3f"),
+    ("J router est.", "joules_router_estimate", ".1f"),
+    ("J reference", "joules_reference", ".1f"),
+    ("J saved", "joules_saved", ".1f"),
+    ("saved %", None, ".1f"),
+]
 
 
 def _since(v: Optional[str]) -> Optional[str]:
@@ -68,7 +75,9 @@ def report_cmd(
     since: Optional[str] = typer.Option(None, "--since", help="first day, YYYY-MM-DD or e.g. 7d (UTC)"),
     until: Optional[str] = typer.Option(None, "--until", help="last day, YYYY-MM-DD (UTC)"),
     fmt: str = typer.Option("table", "--format", help="table | csv | json"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: joules and gCO2e per day stacked by team, saved vs reference"),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="PNG: joules and gCO2e per day stacked by team, saved vs reference"
+    ),
     config: Optional[Path] = ConfigOpt,
     db: Optional[str] = DbOpt,
 ) -> None:
@@ -97,7 +106,7 @@ def report_cmd(
         span = f" {lo or '…'} .. {hi or '…'}" if lo or hi else ""
         console.print(_table(rows, by, f"energy ledger by {by}{span}"))
     if plot is not None:
-        from .report_plot import plot_days
+        from litellm_energy_router.cli.report_plot import plot_days
 
         plot_days(per_day, plot)
         console.print(f"plot written to {plot}")

@@ -2,7 +2,7 @@
 
 * ``.txt`` (or any other name): one plain-text prompt per line (blank lines skipped);
 * ``.jsonl``: one JSON object per line with ``prompt`` (a string) or ``messages`` (a chat list, routed on
-  the same text as a served request: :func:`~litellm_energy_router.router.request_text.query_text`),
+  the same text as a served request: :func:`~litellm_energy_router.litellm_glue.request_text.query_text`),
   and optionally ``id`` and ``eval_name`` (or ``task``); a line that is a bare chat list or string works too;
 * ``.json``: one chat ``messages`` list, or a list of the JSONL objects;
 * ``.csv`` / ``.csv.gz``: a ``prompt`` column (plain text, or RouterBench's Python list literal
@@ -22,12 +22,14 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import UserError
+from litellm_energy_router.errors import UserError
 
 Row = tuple[str, "str | None", str]
-FORMATS_HELP = ("prompts: .txt (one per line), .jsonl ({\"prompt\"} or {\"messages\"} per line, optional id, "
-                "eval_name), .json (a chat messages list or a list of those objects), .csv[.gz] (column prompt, "
-                "plain or RouterBench's list literal, or messages; optional eval_name)")  # fmt: skip
+FORMATS_HELP = (
+    'prompts: .txt (one per line), .jsonl ({"prompt"} or {"messages"} per line, optional id, '
+    "eval_name), .json (a chat messages list or a list of those objects), .csv[.gz] (column prompt, "
+    "plain or RouterBench's list literal, or messages; optional eval_name)"
+)
 
 
 class RouteInputError(UserError, ValueError):
@@ -41,13 +43,18 @@ def read_route_input(path: Path) -> list[Row]:
         if name.endswith((".csv", ".csv.gz")):
             rows = list(_csv_rows(path))
         elif name.endswith(".jsonl"):
-            rows = [_record(path, n, _json(path, n, line), str(n - 1))
-                    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]  # fmt: skip
+            rows = [
+                _record(path, n, _json(path, n, line), str(n - 1))
+                for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                if line.strip()
+            ]
         elif name.endswith(".json"):
             rows = _json_file(path)
         else:
-            rows = [(str(i), None, line) for i, line in enumerate(
-                l for l in path.read_text(encoding="utf-8").splitlines() if l.strip())]  # fmt: skip
+            rows = [
+                (str(i), None, line)
+                for i, line in enumerate(ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip())
+            ]
     except UnicodeDecodeError as e:
         raise RouteInputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not rows:
@@ -74,7 +81,7 @@ def _json_file(path: Path) -> list[Row]:
 
 def _record(path: Path, n: int, rec: Any, default_key: str) -> Row:
     """One JSON prompt record (object, chat list or string) as a row."""
-    from ..router.request_text import query_text
+    from litellm_energy_router.litellm_glue.request_text import query_text
 
     where = f"{path}:{n}"
     if isinstance(rec, str):

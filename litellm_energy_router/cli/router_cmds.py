@@ -9,14 +9,21 @@ from typing import Any, Optional, Sequence
 
 import typer
 
-from .common import ConfigOpt, DbOpt, console, db_url, fail, settings_or_fail
-from .route_input import FORMATS_HELP, read_route_input
-from .table_cmds import _store, progress_bar
+from litellm_energy_router.cli.common import (
+    ConfigOpt,
+    DbOpt,
+    console,
+    db_url,
+    fail,
+    settings_or_fail,
+)
+from litellm_energy_router.cli.route_input import FORMATS_HELP, read_route_input
+from litellm_energy_router.cli.table_cmds import _store, progress_bar
 
 
 def _builtin_trainable() -> list[str]:
     """The built-in trainable scorer kinds besides ``lm``/``student``, read from the registry's plugin."""
-    from ..router.builtin_scorers import energy_router_scorers
+    from litellm_energy_router.router.builtin_scorers import energy_router_scorers
 
     return [n for n, s in energy_router_scorers().items() if s.fit is not None and n not in ("lm", "student")]
 
@@ -25,20 +32,36 @@ def train_cmd(
     out: Path = typer.Option(..., "--out", help="checkpoint directory to write"),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
-    backbone: Optional[str] = typer.Option(None, "--backbone", help="tiny | minilm | hf:<model id or path> (default from TrainConfig)"),
+    backbone: Optional[str] = typer.Option(
+        None, "--backbone", help="tiny | minilm | hf:<model id or path> (default from TrainConfig)"
+    ),
     quick: bool = typer.Option(False, "--quick", help="seconds-long run for tests and smoke checks"),
     epochs: Optional[float] = typer.Option(None, "--epochs", help="SFT epochs (default from TrainConfig)"),
-    candidates: Optional[str] = typer.Option(None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"),
+    candidates: Optional[str] = typer.Option(
+        None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"
+    ),
     grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
-    probe_c: Optional[float] = typer.Option(None, "--probe-c", min=0,
-                                            help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone"),  # fmt: skip
-    scorer: str = typer.Option("lm", "--scorer", help="lm (the LM router and its student) or another trainable scorer kind of the registry "
-                               f"({', '.join(_builtin_trainable())} or a plugin's)"),
+    probe_c: Optional[float] = typer.Option(
+        None,
+        "--probe-c",
+        min=0,
+        help="probe head's inverse L2 strength (default from TrainConfig); 0 = no probe, the LM alone",
+    ),
+    scorer: str = typer.Option(
+        "lm",
+        "--scorer",
+        help="lm (the LM router and its student) or another trainable scorer kind of the registry "
+        f"({', '.join(_builtin_trainable())} or a plugin's)",
+    ),
 ) -> None:
     """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
     with ``--scorer KIND``, fit that registered scorer instead and write it as a servable checkpoint."""
-    from ..training.backbones import BackboneSpec
-    from ..training.pipeline import TrainConfig, TrainingDataError, train
+    from litellm_energy_router.training.backbones import BackboneSpec
+    from litellm_energy_router.training.pipeline import (
+        TrainConfig,
+        TrainingDataError,
+        train,
+    )
 
     if scorer != "lm":
         return _export_baseline_cmd(scorer, out, db_url(db, config), candidates)
@@ -49,7 +72,7 @@ def train_cmd(
     if epochs is not None:
         cfg.sft.epochs = epochs
     if grpo_steps > 0:
-        from ..training.grpo import GRPOStageConfig
+        from litellm_energy_router.training.grpo import GRPOStageConfig
 
         cfg.grpo = GRPOStageConfig(steps=grpo_steps)
     if candidates:
@@ -61,8 +84,12 @@ def train_cmd(
         task = bar.add_task("SFT", total=None)
 
         def on_step(d: dict) -> None:
-            bar.update(task, total=d.get("max_steps"), completed=d.get("step", 0),
-                       description=f"SFT loss {d.get('loss', float('nan')):.3f}" if "loss" in d else "SFT")  # fmt: skip
+            bar.update(
+                task,
+                total=d.get("max_steps"),
+                completed=d.get("step", 0),
+                description=f"SFT loss {d.get('loss', float('nan')):.3f}" if "loss" in d else "SFT",
+            )
 
         try:
             ck = train(store, out, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
@@ -72,9 +99,9 @@ def train_cmd(
 
 
 def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None) -> None:
-    from ..plugins import scorer_specs
-    from ..training.baselines import export_baseline
-    from ..training.data import load_matrix
+    from litellm_energy_router.plugins import scorer_specs
+    from litellm_energy_router.training.baselines import export_baseline
+    from litellm_energy_router.training.data import load_matrix
 
     specs = {n: s for n, s in scorer_specs().items() if s.fit is not None and n != "lm"}
     if kind not in specs:
@@ -89,21 +116,31 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     console.print(f"{kind} checkpoint {ck} in {time.time() - t0:.0f}s", highlight=False)
 
 
-def route_points(base: Any, P: Any, E: Any, lambdas: Sequence[float] = (), sweep: int | None = None,
-                 target_accuracy: float | None = None) -> list[tuple[str, float, Any]]:
+def route_points(
+    base: Any,
+    P: Any,
+    E: Any,
+    lambdas: Sequence[float] = (),
+    sweep: int | None = None,
+    target_accuracy: float | None = None,
+) -> list[tuple[str, float, Any]]:
     """(kind, value, :class:`~litellm_energy_router.knob.Knob`) per operating point: ``base`` (the settings'
     knob: ``e_ref_j``, ``max_energy_j``) with λ (``--lambda``, ``--sweep`` points spread over where the
     decisions on ``P``/``E`` switch) or a target accuracy; the settings' own knob when none is asked for."""
-    from ..router.decide import lambda_grid
+    from litellm_energy_router.router.decide import lambda_grid
 
     lams = [float(x) for x in lambdas]
     if sweep:
         lams += [float(x) for x in lambda_grid(P, E, base.e_ref_j, sweep)]
     points = [("lambda", lam, base.model_copy(update={"lambda_": lam, "target_accuracy": None})) for lam in lams]
     if target_accuracy is not None:
-        points.append(("target_accuracy", target_accuracy, base.model_copy(update={"target_accuracy": target_accuracy})))
+        points.append(
+            ("target_accuracy", target_accuracy, base.model_copy(update={"target_accuracy": target_accuracy}))
+        )
     if not points:
-        kind, val = ("target_accuracy", base.target_accuracy) if base.target_accuracy is not None else ("lambda", base.lambda_)
+        kind, val = (
+            ("target_accuracy", base.target_accuracy) if base.target_accuracy is not None else ("lambda", base.lambda_)
+        )
         points = [(kind, val, base)]
     return points
 
@@ -113,18 +150,27 @@ def route_cmd(
     input: Path = typer.Option(..., "--input", exists=True, dir_okay=False, help=FORMATS_HELP),
     output: Path = typer.Option(..., "--output", help="decisions.jsonl"),
     lambdas: Optional[str] = typer.Option(None, "--lambda", help="comma-separated λ values"),
-    sweep: Optional[int] = typer.Option(None, "--sweep", min=1, help="N operating points spanning this input's curve: λ at the "
-                                        "breakpoints of its decisions, from the most accurate choice to the cheapest"),
-    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", min=0, max=1, help="cheapest candidate predicted >= X"),
-    scorer: str = typer.Option("auto", "--scorer", help="auto (the checkpoint's own, as serving), student, lm, or another registered kind"),
+    sweep: Optional[int] = typer.Option(
+        None,
+        "--sweep",
+        min=1,
+        help="N operating points spanning this input's curve: λ at the "
+        "breakpoints of its decisions, from the most accurate choice to the cheapest",
+    ),
+    target_accuracy: Optional[float] = typer.Option(
+        None, "--target-accuracy", min=0, max=1, help="cheapest candidate predicted >= X"
+    ),
+    scorer: str = typer.Option(
+        "auto", "--scorer", help="auto (the checkpoint's own, as serving), student, lm, or another registered kind"
+    ),
     config: Optional[Path] = ConfigOpt,
 ) -> None:
     """Batch routing: one JSON line per (row, operating point), decided as serving decides (the settings'
     knob: λ in accuracy per ``knob.e_ref_j`` J, ``knob.max_energy_j``; ``--lambda``/``--target-accuracy``
     replace its λ / target)."""
-    from ..router.checkpoint import CheckpointError
-    from ..router.decide import decide
-    from ..router.scoring import load_scorer
+    from litellm_energy_router.router.checkpoint import CheckpointError
+    from litellm_energy_router.router.decide import decide
+    from litellm_energy_router.router.scoring import load_scorer
 
     base = settings_or_fail(config).knob.base()
     try:
@@ -148,11 +194,19 @@ def route_cmd(
         for kind, val, knob in points:
             choice = decide(P, E, knob)
             for i, (key, task, _) in enumerate(rows):
-                rec = {"row": int(key) if key.isdigit() else key, "eval_name": task, "model": cands[int(choice[i])],
-                       kind: val, **({} if knob.max_energy_j is None else {"max_energy_j": knob.max_energy_j}),
-                       "scores": {c: round(float(p), 6) for c, p in zip(cands, P[i])},
-                       "energy_j": {c: round(float(e), 4) for c, e in zip(cands, E[i])}}  # fmt: skip
+                rec = {
+                    "row": int(key) if key.isdigit() else key,
+                    "eval_name": task,
+                    "model": cands[int(choice[i])],
+                    kind: val,
+                    **({} if knob.max_energy_j is None else {"max_energy_j": knob.max_energy_j}),
+                    "scores": {c: round(float(p), 6) for c, p in zip(cands, P[i])},
+                    "energy_j": {c: round(float(e), 4) for c, e in zip(cands, E[i])},
+                }
                 fh.write(json.dumps(rec) + "\n")
     dt = time.time() - t0
-    console.print(f"routed {len(rows)} rows x {len(points)} operating points -> {output} "
-                  f"({len(rows) / max(dt, 1e-9):.0f} queries/s)", highlight=False)  # fmt: skip
+    console.print(
+        f"routed {len(rows)} rows x {len(points)} operating points -> {output} "
+        f"({len(rows) / max(dt, 1e-9):.0f} queries/s)",
+        highlight=False,
+    )

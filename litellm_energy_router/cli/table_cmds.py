@@ -7,15 +7,22 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from ..energy.profile import load_profile
-from ..redact import redact_url
-from ..table import SQLStore, open_store
-from .common import ConfigOpt, DbOpt, console, db_url, fail
+from litellm_energy_router.cli.common import ConfigOpt, DbOpt, console, db_url, fail
+from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.redact import redact_url
+from litellm_energy_router.table import SQLStore, open_store
 
 table_app = typer.Typer(help="The tournament table: import, export, statistics.", no_args_is_help=True)
+
 
 @contextmanager
 def _store(url: str, *, create: bool = True) -> Iterator[SQLStore]:
@@ -30,30 +37,54 @@ def _store(url: str, *, create: bool = True) -> Iterator[SQLStore]:
 
 def progress_bar() -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        console=console, transient=True,
-    )  # fmt: skip
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def print_stats(store: SQLStore, by_task: bool = False, sources: Optional[List[str]] = None,
-                by_version: bool = False) -> None:  # fmt: skip
+def print_stats(
+    store: SQLStore, by_task: bool = False, sources: Optional[List[str]] = None, by_version: bool = False
+) -> None:
     stats = store.stats(by_task=by_task, sources=sources, by_version=by_version)
     t = Table(title=f"tournament table {store._safe_url()}")
     if by_task:
         t.add_column("task")
     if by_version:
         t.add_column("router version")
-    for col in ("candidate", "rows", "labelled", "accuracy", "mean J", "median J", "p95 J", "mean latency s",
-                "median latency s", "p95 latency s"):  # fmt: skip
+    for col in (
+        "candidate",
+        "rows",
+        "labelled",
+        "accuracy",
+        "mean J",
+        "median J",
+        "p95 J",
+        "mean latency s",
+        "median latency s",
+        "p95 latency s",
+    ):
         t.add_column(col, justify="left" if col == "candidate" else "right")
     for s in stats:
-        cells = [s.candidate, str(s.rows), str(s.labelled), _fmt(s.accuracy, ".3f"), _fmt(s.mean_energy_j, ".2f"),
-                 _fmt(s.median_energy_j, ".2f"), _fmt(s.p95_energy_j, ".2f"), _fmt(s.mean_latency_s, ".3f"),
-                 _fmt(s.median_latency_s, ".3f"), _fmt(s.p95_latency_s, ".3f")]  # fmt: skip
+        cells = [
+            s.candidate,
+            str(s.rows),
+            str(s.labelled),
+            _fmt(s.accuracy, ".3f"),
+            _fmt(s.mean_energy_j, ".2f"),
+            _fmt(s.median_energy_j, ".2f"),
+            _fmt(s.p95_energy_j, ".2f"),
+            _fmt(s.mean_latency_s, ".3f"),
+            _fmt(s.median_latency_s, ".3f"),
+            _fmt(s.p95_latency_s, ".3f"),
+        ]
         t.add_row(*([s.task or ""] if by_task else []), *([s.router_version or "-"] if by_version else []), *cells)
     if not stats:
         console.print("table is empty")
@@ -67,16 +98,25 @@ def stats(
     config: Optional[Path] = ConfigOpt,
     by_task: bool = typer.Option(False, "--by-task", help="one line per (task, candidate)"),
     source: Optional[List[str]] = typer.Option(None, "--source", help="only these sources (repeatable)"),
-    by_version: bool = typer.Option(False, "--by-version", help="one line per router version that served the "
-                                    "runs (production rows; '-' for the others)"),
+    by_version: bool = typer.Option(
+        False,
+        "--by-version",
+        help="one line per router version that served the runs (production rows; '-' for the others)",
+    ),
 ) -> None:
     """Per candidate: rows, accuracy, and the mean, median and 95th percentile of joules and latency."""
     with _store(db_url(db, config), create=False) as store:
         print_stats(store, by_task, source, by_version)
 
 
-def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Path], models: Optional[List[str]]) -> None:
-    from ..profiling.routerbench import OPEN_MODELS, ImportFormatError, import_routerbench
+def _import_routerbench(
+    url: str, files: List[Path], energy_profile: Optional[Path], models: Optional[List[str]]
+) -> None:
+    from litellm_energy_router.profiling.routerbench import (
+        OPEN_MODELS,
+        ImportFormatError,
+        import_routerbench,
+    )
 
     chosen = [m.strip() for spec in (models or []) for m in spec.split(",") if m.strip()] or list(OPEN_MODELS)
     profile = load_profile(energy_profile)
@@ -84,9 +124,13 @@ def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Pa
         task = bar.add_task("importing RouterBench rows", total=None)
         try:
             summary = import_routerbench(
-                store, files, profile, chosen, profile_origin=str(energy_profile or "bundled energy profile"),
+                store,
+                files,
+                profile,
+                chosen,
+                profile_origin=str(energy_profile or "bundled energy profile"),
                 progress=lambda n: bar.advance(task, n),
-            )  # fmt: skip
+            )
         except ImportFormatError as e:  # a UserError too; caught here for an install whose profiling/ predates it
             fail(str(e))
     console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
@@ -94,11 +138,17 @@ def _import_routerbench(url: str, files: List[Path], energy_profile: Optional[Pa
 
 @table_app.command("import-routerbench")
 def import_routerbench_cmd(
-    files: List[Path] = typer.Argument(..., exists=True, dir_okay=False, help="RouterBench CSV files (.csv or .csv.gz)"),
+    files: List[Path] = typer.Argument(
+        ..., exists=True, dir_okay=False, help="RouterBench CSV files (.csv or .csv.gz)"
+    ),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
     energy_profile: Optional[Path] = typer.Option(
-        None, "--energy-profile", exists=True, dir_okay=False, help="J/token profile YAML (default: bundled ML.ENERGY H100 profile)"
+        None,
+        "--energy-profile",
+        exists=True,
+        dir_okay=False,
+        help="J/token profile YAML (default: bundled ML.ENERGY H100 profile)",
     ),
     models: Optional[List[str]] = typer.Option(
         None, "--models", help="models to import (repeatable or comma-separated; default: the 6 open-weight models)"
@@ -110,34 +160,55 @@ def import_routerbench_cmd(
 
 @table_app.command("import-matrix")
 def import_matrix_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                help="matrix: .jsonl / .csv (documented form) or LLMRouter's train.json (.gz allowed)"),
+    file: Path = typer.Argument(
+        ...,
+        exists=True,
+        dir_okay=False,
+        help="matrix: .jsonl / .csv (documented form) or LLMRouter's train.json (.gz allowed)",
+    ),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
-    energy_profile: Optional[Path] = typer.Option(None, "--energy-profile", exists=True, dir_okay=False,
-                                                  help="J/token profile YAML holding every candidate (default: bundled)"),
-    model_map: Optional[List[str]] = typer.Option(None, "--map", help="model=candidate (repeatable or comma-separated); "
-                                                  "default: each model is its own candidate"),
-    default_task: Optional[str] = typer.Option(None, "--default-task", help="LLMRouter: task of a question without one"),
+    energy_profile: Optional[Path] = typer.Option(
+        None,
+        "--energy-profile",
+        exists=True,
+        dir_okay=False,
+        help="J/token profile YAML holding every candidate (default: bundled)",
+    ),
+    model_map: Optional[List[str]] = typer.Option(
+        None, "--map", help="model=candidate (repeatable or comma-separated); default: each model is its own candidate"
+    ),
+    default_task: Optional[str] = typer.Option(
+        None, "--default-task", help="LLMRouter: task of a question without one"
+    ),
 ) -> None:
     """Import a (query, task, per-model score) matrix; energy is estimated from the profile (energy_method=estimate)."""
-    from ..profiling.matrix_import import import_matrix, parse_map
+    from litellm_energy_router.profiling.matrix_import import import_matrix, parse_map
 
     url, mapping = db_url(db, config), parse_map(model_map) or None
     profile = load_profile(energy_profile)
     with _store(url) as store, progress_bar() as bar:
         task = bar.add_task("importing the matrix", total=None)
-        summary = import_matrix(store, file, profile, mapping, default_task=default_task,
-                                profile_origin=str(energy_profile or "bundled energy profile"),
-                                progress=lambda n: bar.advance(task, n))  # fmt: skip
+        summary = import_matrix(
+            store,
+            file,
+            profile,
+            mapping,
+            default_task=default_task,
+            profile_origin=str(energy_profile or "bundled energy profile"),
+            progress=lambda n: bar.advance(task, n),
+        )
     console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
 
 
 @table_app.command("export")
-def export_cmd(out: Path = typer.Argument(..., help=".csv or .parquet"), db: Optional[str] = DbOpt,
-               config: Optional[Path] = ConfigOpt) -> None:  # fmt: skip
+def export_cmd(
+    out: Path = typer.Argument(..., help=".csv or .parquet"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+) -> None:
     """Export every run with its query and candidate to one CSV or Parquet file."""
-    from ..table.io import export_table
+    from litellm_energy_router.table.io import export_table
 
     with _store(db_url(db, config), create=False) as store:
         n = export_table(store, out)
@@ -145,12 +216,14 @@ def export_cmd(out: Path = typer.Argument(..., help=".csv or .parquet"), db: Opt
 
 
 @table_app.command("import")
-def import_cmd(file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".csv or .parquet written by `table export`"),
-               db: Optional[str] = DbOpt, config: Optional[Path] = ConfigOpt) -> None:  # fmt: skip
+def import_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".csv or .parquet written by `table export`"),
+    db: Optional[str] = DbOpt,
+    config: Optional[Path] = ConfigOpt,
+) -> None:
     """Import a file written by `table export` (all-or-nothing, idempotent)."""
-    from ..table.io import import_table
+    from litellm_energy_router.table.io import import_table
 
     with _store(db_url(db, config)) as store:
         n = import_table(store, file)
     console.print(f"imported {n} runs from {file}", highlight=False)
-

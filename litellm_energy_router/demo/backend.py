@@ -43,7 +43,7 @@ from typing import Any, Iterable, Mapping, Protocol
 
 from aiohttp import web
 
-from ..threaded_app import ThreadedApp
+from litellm_energy_router.threaded_app import ThreadedApp
 
 FALLBACK_ANSWER = "I do not have a recorded answer to this question."
 Usage = tuple[int, int]  # (prompt tokens, completion tokens)
@@ -68,7 +68,9 @@ def last_user_text(messages: Any) -> str:
             if isinstance(c, str):
                 return c
             if isinstance(c, list):
-                return "".join(p.get("text", "") for p in c if isinstance(p, Mapping) and p.get("type", "text") == "text")
+                return "".join(
+                    p.get("text", "") for p in c if isinstance(p, Mapping) and p.get("type", "text") == "text"
+                )
     return ""
 
 
@@ -87,7 +89,7 @@ class EchoAnswers:
 
 @lru_cache(maxsize=65536)
 def _tokens(text: str) -> int:
-    from ..tokens import count_prompt_tokens
+    from litellm_energy_router.tokens import count_prompt_tokens
 
     return count_prompt_tokens(text)
 
@@ -128,19 +130,23 @@ def deployment_id(model: str) -> str:
     return "replay-" + model.replace("/", "--")
 
 
-def deployment(api_base: str, model: str, *, group: str | None = None, id: str | None = None,
-               candidate: bool = False) -> dict[str, Any]:  # fmt: skip
+def deployment(
+    api_base: str, model: str, *, group: str | None = None, id: str | None = None, candidate: bool = False
+) -> dict[str, Any]:
     """A LiteLLM model_list entry for ``model`` at ``api_base`` in model group ``group`` (default: the
     model's name). ``id`` sets ``model_info.id``; ``candidate`` tags the deployment with
     ``model_info.energy_router_candidate = model`` (how the router maps a deployment to a candidate)."""
-    entry: dict[str, Any] = {"model_name": group or model,
-                             "litellm_params": {"model": f"openai/{model}", "api_base": api_base, "api_key": "sk-local"}}  # fmt: skip
+    entry: dict[str, Any] = {
+        "model_name": group or model,
+        "litellm_params": {"model": f"openai/{model}", "api_base": api_base, "api_key": "sk-local"},
+    }
     info = {**({"id": id} if id else {}), **({"energy_router_candidate": model} if candidate else {})}
     return {**entry, "model_info": info} if info else entry
 
 
-def model_list(api_base: str, models: Iterable[str], *, group: str, ids: Iterable[str] | None = None,
-               candidates: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+def model_list(
+    api_base: str, models: Iterable[str], *, group: str, ids: Iterable[str] | None = None, candidates: bool = True
+) -> list[dict[str, Any]]:
     """One deployment per model in the group ``group`` at ``api_base``, ``model_info.id`` from ``ids``
     (default :func:`deployment_id`), tagged as energy-router candidates unless ``candidates`` is false."""
     models = list(models)
@@ -158,8 +164,16 @@ class LocalBackend:
     per word to an answer that is not streamed); ``fail_every``: every n-th request answers 500 (0: none);
     ``port``: 0 for a free one; ``backlog``: listen backlog, connections."""
 
-    def __init__(self, answers: Answers | None = None, *, delay_s: float = 0.0, per_token_s: float = 0.0,
-                 fail_every: int = 0, port: int = 0, backlog: int = 256) -> None:  # fmt: skip
+    def __init__(
+        self,
+        answers: Answers | None = None,
+        *,
+        delay_s: float = 0.0,
+        per_token_s: float = 0.0,
+        fail_every: int = 0,
+        port: int = 0,
+        backlog: int = 256,
+    ) -> None:
         self.answers: Answers = answers if answers is not None else EchoAnswers()
         self.delay_s, self.per_token_s, self.fail_every = delay_s, per_token_s, fail_every
         self.fail_models: set[str] = set()  # models answered with a 500
@@ -227,13 +241,26 @@ class LocalBackend:
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(pieces))
         if kind == "completions":
-            return web.json_response({**base, "object": "text_completion", "usage": usage,
-                                      "choices": [{"index": 0, "text": text, "finish_reason": "stop"}]})  # fmt: skip
-        return web.json_response({**base, "object": "chat.completion", "usage": usage, "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})  # fmt: skip
+            return web.json_response(
+                {
+                    **base,
+                    "object": "text_completion",
+                    "usage": usage,
+                    "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+                }
+            )
+        return web.json_response(
+            {
+                **base,
+                "object": "chat.completion",
+                "usage": usage,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            }
+        )
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], base: dict[str, Any], pieces: list[str],
-                      usage: dict[str, int]) -> web.StreamResponse:  # fmt: skip
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], base: dict[str, Any], pieces: list[str], usage: dict[str, int]
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
 
@@ -258,9 +285,14 @@ class LocalBackend:
         inp = body.get("input")
         items = inp if isinstance(inp, list) else [inp]
         pt = sum(expected_usage(str(x))[0] for x in items)
-        return web.json_response({"object": "list", "model": body.get("model"),
-                                  "usage": {"prompt_tokens": pt, "total_tokens": pt},
-                                  "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2]} for i in range(len(items))]})  # fmt: skip
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body.get("model"),
+                "usage": {"prompt_tokens": pt, "total_tokens": pt},
+                "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2]} for i in range(len(items))],
+            }
+        )
 
     async def _log(self, request: web.Request) -> web.Response:
         since = int(request.query.get("since", 0))

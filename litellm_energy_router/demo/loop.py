@@ -18,12 +18,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..energy.profile import load_profile
-from ..table import Run, open_store
+from litellm_energy_router.energy.profile import load_profile
+from litellm_energy_router.table import Run, open_store
 
 Out = Callable[[str], None]
 
-DEFAULT_LAMBDA = 0.22  # accuracy per 100 J; mid-curve on the bundled rows: most of the accuracy for a fraction of the joules
+DEFAULT_LAMBDA = (
+    0.22  # accuracy per 100 J; mid-curve on the bundled rows: most of the accuracy for a fraction of the joules
+)
 DEFAULT_EPSILON = 0.05  # exploration rate of the served traffic (every production row gets a propensity)
 DEFAULT_CONCURRENCY = 8  # requests in flight
 # The demo's training budget (docs/demo.md, "Training budget"): the default TrainConfig with SFT cut to one epoch
@@ -32,8 +34,10 @@ DEFAULT_CONCURRENCY = 8  # requests in flight
 # runs the long configuration instead (the default TrainConfig, retrain from scratch).
 DEMO_SFT_EPOCHS = 1.0
 DEMO_WARM_RETRAIN = True
-ENERGY_NOTE = ("ESTIMATED joules: bundled ML.ENERGY H100 profile (J/prompt token, J/output token) x cl100k token "
-               "counts of the replayed answers (energy_method=estimate); nothing here is measured on a GPU")  # fmt: skip
+ENERGY_NOTE = (
+    "ESTIMATED joules: bundled ML.ENERGY H100 profile (J/prompt token, J/output token) x cl100k token "
+    "counts of the replayed answers (energy_method=estimate); nothing here is measured on a GPU"
+)
 MARKER = "demo.json"
 
 
@@ -104,7 +108,7 @@ class DemoConfig:
 
 def _sqlite_path(url: str) -> Path | None:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return Path(url[len("sqlite:///"):])
+        return Path(url[len("sqlite:///") :])
     return None
 
 
@@ -126,14 +130,18 @@ def prepare(cfg: DemoConfig, out: Out) -> None:
     finally:
         store.close()
     if n and marker_db != cfg.db:
-        raise DemoError(f"--db {cfg.db}: the table already holds {n} runs not written by a demo run in {cfg.workdir}; "
-                        "the demo needs its own table (pass another --db)")  # fmt: skip
+        raise DemoError(
+            f"--db {cfg.db}: the table already holds {n} runs not written by a demo run in {cfg.workdir}; "
+            "the demo needs its own table (pass another --db)"
+        )
     if marker_db is None and (cfg.pointer.exists() or cfg.versions.exists()):
         raise DemoError(f"--workdir {cfg.workdir}: holds router checkpoints no demo run wrote; pass another --workdir")
     if n:
         path = _sqlite_path(cfg.db)
         if path is None:
-            raise DemoError(f"--db {cfg.db}: holds an earlier demo run; the demo only resets SQLite tables (empty it or pass another --db)")
+            raise DemoError(
+                f"--db {cfg.db}: holds an earlier demo run; the demo only resets SQLite tables (empty it or pass another --db)"
+            )
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         out(f"removed the earlier demo run's table {path}")
@@ -152,32 +160,46 @@ def prepare(cfg: DemoConfig, out: Out) -> None:
 def retrain_config(cfg: DemoConfig) -> Any:
     """The demo's :class:`~litellm_energy_router.training.retrain.RetrainConfig`: its training budget
     (:data:`DEMO_SFT_EPOCHS`, :data:`DEMO_WARM_RETRAIN`) unless ``full_training`` or ``quick``."""
-    from ..training.retrain import RetrainConfig
-    from ..training.train_config import SFTSection, TrainSection
+    from litellm_energy_router.training.retrain import RetrainConfig
+    from litellm_energy_router.training.train_config import SFTSection, TrainSection
 
     short = not (cfg.full_training or cfg.quick)
-    return RetrainConfig(table_url=cfg.db, pointer=cfg.pointer, versions_dir=cfg.versions, keep=5, min_new_rows=1,
-                         quick=cfg.quick, rule="both", holdout_fraction=0.2, lam=cfg.lam_value, epsilon=cfg.epsilon,
-                         warm_start=DEMO_WARM_RETRAIN and not cfg.full_training,
-                         train=TrainSection(sft=SFTSection(epochs=DEMO_SFT_EPOCHS)) if short else TrainSection())  # fmt: skip
+    return RetrainConfig(
+        table_url=cfg.db,
+        pointer=cfg.pointer,
+        versions_dir=cfg.versions,
+        keep=5,
+        min_new_rows=1,
+        quick=cfg.quick,
+        rule="both",
+        holdout_fraction=0.2,
+        lam=cfg.lam_value,
+        epsilon=cfg.epsilon,
+        warm_start=DEMO_WARM_RETRAIN and not cfg.full_training,
+        train=TrainSection(sft=SFTSection(epochs=DEMO_SFT_EPOCHS)) if short else TrainSection(),
+    )
 
 
 def retrain_once(cfg: DemoConfig, out: Out) -> Any:
     """One cron-style retrain (a :class:`~litellm_energy_router.training.retrain.RetrainResult`): with no
     serving checkpoint it trains and promotes the first version; later it trains on the new rows and
     promotes only a better checkpoint."""
-    from ..training.retrain import run_retrain
+    from litellm_energy_router.training.retrain import run_retrain
 
-    return run_retrain(retrain_config(cfg), log=lambda s: out(f"  {s}" + ("  [J estimated]" if re.search(r"\d J\b", s) else "")))
+    return run_retrain(
+        retrain_config(cfg), log=lambda s: out(f"  {s}" + ("  [J estimated]" if re.search(r"\d J\b", s) else ""))
+    )
 
 
 # -- labels ----------------------------------------------------------------------------------------------
 
 
-def label_production(db: str, served: list[Any], grade: Callable[[int, str], float | None]) -> dict[str, dict[str, Any]]:
+def label_production(
+    db: str, served: list[Any], grade: Callable[[int, str], float | None]
+) -> dict[str, dict[str, Any]]:
     """Feedback for every served call: its production row's score := the recorded correctness of the
     served candidate (``grade(index, candidate)``). Returns the production rows by call id, as labelled."""
-    from ..feedback import apply_feedback
+    from litellm_energy_router.feedback import apply_feedback
 
     store = open_store(db)
     try:
@@ -212,47 +234,56 @@ def summary_json(path: Path, data: dict[str, Any]) -> None:
 
 def _served_matrices(recs: list[Any], candidates: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(prompt tokens[n], completion tokens[n, K], correctness Y[n, K], estimated J E[n, K]) of the records."""
-    from ..tokens import count_prompt_tokens
+    from litellm_energy_router.tokens import count_prompt_tokens
 
     profile = load_profile()
     pt = np.array([count_prompt_tokens(r.prompt) for r in recs], dtype=np.int64)
     ct = np.array([[count_prompt_tokens(r.answers[c][1]) for c in candidates] for r in recs], dtype=np.int64)
     Y = np.array([[r.answers[c][0] for c in candidates] for r in recs], dtype=np.float64)
-    E = np.array([[profile.estimate_j(c, int(pt[i]), int(ct[i, k])) for k, c in enumerate(candidates)]
-                  for i in range(len(recs))], dtype=np.float64)  # fmt: skip
+    E = np.array(
+        [
+            [profile.estimate_j(c, int(pt[i]), int(ct[i, k])) for k, c in enumerate(candidates)]
+            for i in range(len(recs))
+        ],
+        dtype=np.float64,
+    )
     return pt, ct, Y, E
 
 
 def _serving_settings(cfg: DemoConfig) -> Any:
-    from ..settings import Settings
+    from litellm_energy_router.settings import Settings
 
-    return Settings.model_validate({
-        "table": {"url": cfg.db},
-        "router": {"checkpoint": str(cfg.pointer), "epsilon": cfg.epsilon, "timeout_ms": 5000},
-        "knob": {"lambda": cfg.lam_value},
-        "energy": {"meter": "estimate"},
-        "privacy": {"store_text": True},  # the demo keeps query text so retrain can learn from served queries
-        "writer": {"spool_dir": str(cfg.workdir / "spool"), "flush_interval_s": 0.2},
-    })  # fmt: skip
+    return Settings.model_validate(
+        {
+            "table": {"url": cfg.db},
+            "router": {"checkpoint": str(cfg.pointer), "epsilon": cfg.epsilon, "timeout_ms": 5000},
+            "knob": {"lambda": cfg.lam_value},
+            "energy": {"meter": "estimate"},
+            "privacy": {"store_text": True},  # the demo keeps query text so retrain can learn from served queries
+            "writer": {"spool_dir": str(cfg.workdir / "spool"), "flush_interval_s": 0.2},
+        }
+    )
 
 
 def run_demo(cfg: DemoConfig, out: Out = print) -> dict[str, Any]:
     """Run the whole loop; print progress and the comparison through ``out`` (a line at least every few
     seconds in every stage: :class:`~litellm_energy_router.training.progress.Heartbeat`); return the
     summary (also written to ``<workdir>/summary.json``)."""
-    from ..training.progress import heartbeat
+    from litellm_energy_router.training.progress import heartbeat
 
     cfg.check()
-    out(f"energy-router demo{' --quick' if cfg.quick else ''}{' --full-training' if cfg.full_training else ''}: "
-        f"table {cfg.db}, workdir {cfg.workdir} (loading torch, transformers and LiteLLM ...)")  # fmt: skip
+    out(
+        f"energy-router demo{' --quick' if cfg.quick else ''}{' --full-training' if cfg.full_training else ''}: "
+        f"table {cfg.db}, workdir {cfg.workdir} (loading torch, transformers and LiteLLM ...)"
+    )
     with heartbeat(out) as hb:
         return _run(cfg, hb)
 
 
 def held_back(cfg: DemoConfig) -> tuple[list[Any], list[Any]]:
     """(all bundled records, the held-back ones: stable hash of the query id, salt ``demo``)."""
-    from ..profiling.routerbench import bundled_files, iter_records
-    from ..training.data import holdout_split
+    from litellm_energy_router.profiling.routerbench import bundled_files, iter_records
+    from litellm_energy_router.training.data import holdout_split
 
     records = list(iter_records(bundled_files()))
     _, test_idx = holdout_split([r.query_id for r in records], cfg.holdout_fraction, salt="demo")
@@ -261,8 +292,11 @@ def held_back(cfg: DemoConfig) -> tuple[list[Any], list[Any]]:
 
 def _import(cfg: DemoConfig, out: Out) -> tuple[Any, list[Any], list[Any]]:
     """Step 1: import the bundled rows minus the held-back queries. Returns (import result, held-back records, served records)."""
-    from ..profiling.routerbench import bundled_files, import_routerbench
-    from ..training.data import holdout_split
+    from litellm_energy_router.profiling.routerbench import (
+        bundled_files,
+        import_routerbench,
+    )
+    from litellm_energy_router.training.data import holdout_split
 
     files = bundled_files()
     records, held = held_back(cfg)
@@ -273,11 +307,18 @@ def _import(cfg: DemoConfig, out: Out) -> tuple[Any, list[Any], list[Any]]:
         keep_ids = {sorted(keep_ids)[i] for i in sub}
     store = open_store(cfg.db)
     try:
-        imp = import_routerbench(store, files, load_profile(), keep=lambda q: q in keep_ids, profile_origin="bundled energy profile")
+        imp = import_routerbench(
+            store, files, load_profile(), keep=lambda q: q in keep_ids, profile_origin="bundled energy profile"
+        )
     finally:
         store.close()
-    out(f"[1/6] {imp.line(cfg.db)}".replace(f"held back {imp.held_back} queries",
-        f"held back {len(held)} queries to serve" + (f", {imp.held_back - len(held)} left out (--quick)" if cfg.quick else "")))  # fmt: skip
+    out(
+        f"[1/6] {imp.line(cfg.db)}".replace(
+            f"held back {imp.held_back} queries",
+            f"held back {len(held)} queries to serve"
+            + (f", {imp.held_back - len(held)} left out (--quick)" if cfg.quick else ""),
+        )
+    )
     return imp, held, held[: cfg.quick_queries] if cfg.quick else held
 
 
@@ -289,12 +330,14 @@ def _training_line(cfg: DemoConfig) -> str:
     return f"[2/6] training the router on the table (the default TrainConfig with {DEMO_SFT_EPOCHS:g} SFT epoch; about a minute on 2 cores) ..."
 
 
-def _serve(cfg: DemoConfig, hb: Any, serve_recs: list[Any], candidates: list[str]) -> tuple[list[Any], dict[str, int], Any, int]:
+def _serve(
+    cfg: DemoConfig, hb: Any, serve_recs: list[Any], candidates: list[str]
+) -> tuple[list[Any], dict[str, int], Any, int]:
     """Step 3: the held-back queries through litellm.Router; a progress line every few seconds."""
     import torch
 
-    from .backend import LocalBackend, ReplayAnswers
-    from .serve import serve
+    from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
+    from litellm_energy_router.demo.serve import serve
 
     n, done, t0 = len(serve_recs), [0], time.time()
 
@@ -304,15 +347,23 @@ def _serve(cfg: DemoConfig, hb: Any, serve_recs: list[Any], candidates: list[str
 
     threads = torch.get_num_threads()
     with LocalBackend(ReplayAnswers(serve_recs)) as backend:
-        calls, counts = serve([r.prompt for r in serve_recs], candidates, backend.base_url, _serving_settings(cfg),
-                              concurrency=cfg.concurrency, progress=progress)  # fmt: skip
+        calls, counts = serve(
+            [r.prompt for r in serve_recs],
+            candidates,
+            backend.base_url,
+            _serving_settings(cfg),
+            concurrency=cfg.concurrency,
+            progress=progress,
+        )
         grade = backend.answers.grade
         unknown = backend.answers.unknown
     torch.set_num_threads(threads)  # the serving runtime pins torch to one thread; training wants them all
     return calls, counts, grade, unknown
 
 
-def _label(cfg: DemoConfig, calls: list[Any], serve_recs: list[Any], candidates: list[str], grade: Any) -> tuple[list[dict], int, tuple]:
+def _label(
+    cfg: DemoConfig, calls: list[Any], serve_recs: list[Any], candidates: list[str], grade: Any
+) -> tuple[list[dict], int, tuple]:
     """Step 4: feedback on every production row, replayed shadow rows for every candidate. Returns the
     production rows (in served order), the shadow rows written and the served queries' matrices."""
     rows = label_production(cfg.db, calls, lambda i, c: grade(serve_recs[i].prompt, c))
@@ -320,9 +371,21 @@ def _label(cfg: DemoConfig, calls: list[Any], serve_recs: list[Any], candidates:
     n_shadow = int(round(cfg.shadow_fraction * len(calls)))
     shadow_q = [rows[c.call_id]["query_id"] for c in calls[:n_shadow]]
     hw = {c: load_profile().get(c).hardware for c in candidates}
-    runs = [Run(query_id=q, candidate=c, source="shadow", score=float(Y[i, k]), prompt_tokens=int(pt[i]),
-                completion_tokens=int(ct[i, k]), energy_j=float(E[i, k]), energy_method="estimate", gpu=hw[c])
-            for i, q in enumerate(shadow_q) for k, c in enumerate(candidates)]  # fmt: skip
+    runs = [
+        Run(
+            query_id=q,
+            candidate=c,
+            source="shadow",
+            score=float(Y[i, k]),
+            prompt_tokens=int(pt[i]),
+            completion_tokens=int(ct[i, k]),
+            energy_j=float(E[i, k]),
+            energy_method="estimate",
+            gpu=hw[c],
+        )
+        for i, q in enumerate(shadow_q)
+        for k, c in enumerate(candidates)
+    ]
     store = open_store(cfg.db)
     try:
         store.write(runs=runs)
@@ -332,10 +395,9 @@ def _label(cfg: DemoConfig, calls: list[Any], serve_recs: list[Any], candidates:
 
 
 def _run(cfg: DemoConfig, hb: Any) -> dict[str, Any]:
-    from ..router.checkpoint import read_manifest
-    from . import compare
-
-    from ..training.progress import Timings
+    from litellm_energy_router.demo import compare
+    from litellm_energy_router.router.checkpoint import read_manifest
+    from litellm_energy_router.training.progress import Timings
 
     out = hb.out
     hb.set_stage("[0/6] loading libraries")
@@ -363,29 +425,44 @@ def _run(cfg: DemoConfig, hb: Any) -> dict[str, Any]:
     t = tm.mark("train", t)
 
     hb.set_stage("[3/6] serving")
-    out(f"[3/6] serving {len(serve_recs)} held-back queries through litellm.Router (6 replay deployments, "
-        f"energy strategy λ={cfg.lam_value:g} ε={cfg.epsilon:g}, EnergyLogger with the estimate meter), concurrency {cfg.concurrency} ...")  # fmt: skip
+    out(
+        f"[3/6] serving {len(serve_recs)} held-back queries through litellm.Router (6 replay deployments, "
+        f"energy strategy λ={cfg.lam_value:g} ε={cfg.epsilon:g}, EnergyLogger with the estimate meter), concurrency {cfg.concurrency} ..."
+    )
     calls, counts, grade, unknown = _serve(cfg, hb, serve_recs, candidates)
     t_serve = time.time() - t
-    out(f"      {len(calls)} responses in {t_serve:.1f}s ({len(calls) / max(t_serve, 1e-9):.0f} req/s); callback wrote "
-        f"{counts['written']} rows ({counts['spooled']} spooled); replay misses {unknown}")  # fmt: skip
+    out(
+        f"      {len(calls)} responses in {t_serve:.1f}s ({len(calls) / max(t_serve, 1e-9):.0f} req/s); callback wrote "
+        f"{counts['written']} rows ({counts['spooled']} spooled); replay misses {unknown}"
+    )
     t = tm.mark("serve", t)
 
     hb.set_stage("[4/6] labels")
     prod, n_shadow_rows, (pt, _, Y, E) = _label(cfg, calls, serve_recs, candidates, grade)
     with_prop = sum(r["propensity"] is not None for r in prod)
-    out(f"[4/6] feedback: {sum(r['score'] is not None for r in prod)}/{len(prod)} production rows labelled with the recorded "
+    out(
+        f"[4/6] feedback: {sum(r['score'] is not None for r in prod)}/{len(prod)} production rows labelled with the recorded "
         f"correctness of the served answer ({with_prop} with a propensity); {n_shadow_rows} replayed shadow rows "
-        f"({n_shadow_rows // max(len(candidates), 1)} queries x {len(candidates)} candidates, recorded correctness, estimated J)")  # fmt: skip
+        f"({n_shadow_rows // max(len(candidates), 1)} queries x {len(candidates)} candidates, recorded correctness, estimated J)"
+    )
     t = tm.mark("label", t)
 
     hb.set_stage("[5/6] retrain")
-    out("[5/6] retrain on the grown table (import + production + shadow rows"
-        + ("; warm start from the serving checkpoint: the new queries plus as many replayed old ones" if retrain_config(cfg).warm_start else "")
-        + ") ...")  # fmt: skip
+    out(
+        "[5/6] retrain on the grown table (import + production + shadow rows"
+        + (
+            "; warm start from the serving checkpoint: the new queries plus as many replayed old ones"
+            if retrain_config(cfg).warm_start
+            else ""
+        )
+        + ") ..."
+    )
     second = retrain_once(cfg, out)
-    out(f"      retrain: {second.status}" + (f", version {second.version}" if second.version else "")
-        + (f", report {second.report_md}" if second.report_md else ""))  # fmt: skip
+    out(
+        f"      retrain: {second.status}"
+        + (f", version {second.version}" if second.version else "")
+        + (f", report {second.report_md}" if second.report_md else "")
+    )
     t = tm.mark("retrain", t)
 
     hb.set_stage("[6/6] compare")
@@ -398,8 +475,11 @@ def _run(cfg: DemoConfig, hb: Any) -> dict[str, Any]:
     t = tm.mark("compare", t)
     out("[6/6] served traffic vs baselines on the same held-back queries")
     out(f"note: {ENERGY_NOTE}")
-    for line in [*compare.comparison_lines(served, base, sweep, len(prod), cfg.lam_value, cfg.epsilon),
-                 *compare.sweep_lines(sweep, candidates), *head.lines(served, base)]:  # fmt: skip
+    for line in [
+        *compare.comparison_lines(served, base, sweep, len(prod), cfg.lam_value, cfg.epsilon),
+        *compare.sweep_lines(sweep, candidates),
+        *head.lines(served, base),
+    ]:
         out(line)
     wall = time.time() - t_start
     out(f"pareto plot: {pareto.resolve()}")
@@ -407,20 +487,44 @@ def _run(cfg: DemoConfig, hb: Any) -> dict[str, Any]:
     out(tm.line(wall))
     curve = sweep.evaluation.method("router").curve
     summary = {
-        "db": cfg.db, "workdir": str(cfg.workdir), "quick": cfg.quick, "full_training": cfg.full_training,
-        "lambda": cfg.lam_value, "epsilon": cfg.epsilon,
-        "energy_method": "estimate", "energy_note": ENERGY_NOTE, "candidates": candidates,
-        "imported_queries": imp.queries, "held_back_queries": len(held), "served_queries": len(prod),
-        "production_rows_with_propensity": with_prop, "shadow_rows": n_shadow_rows,
-        "served": served.as_dict(), "router_no_exploration": sweep.at_lambda.as_dict(),
-        "baselines": {k: p.as_dict() for k, p in base.items()}, "headline": head.as_dict(),
-        "router_curve": {"version": sweep.version, "lambda": curve.knob.tolist(), "accuracy": curve.accuracy.tolist(),
-                         "energy_j": curve.energy_j.tolist(), "aiq": sweep.evaluation.method("router").aiq,
-                         "aiq_static_hull": sweep.evaluation.method("zero router (static hull)").aiq},
+        "db": cfg.db,
+        "workdir": str(cfg.workdir),
+        "quick": cfg.quick,
+        "full_training": cfg.full_training,
+        "lambda": cfg.lam_value,
+        "epsilon": cfg.epsilon,
+        "energy_method": "estimate",
+        "energy_note": ENERGY_NOTE,
+        "candidates": candidates,
+        "imported_queries": imp.queries,
+        "held_back_queries": len(held),
+        "served_queries": len(prod),
+        "production_rows_with_propensity": with_prop,
+        "shadow_rows": n_shadow_rows,
+        "served": served.as_dict(),
+        "router_no_exploration": sweep.at_lambda.as_dict(),
+        "baselines": {k: p.as_dict() for k, p in base.items()},
+        "headline": head.as_dict(),
+        "router_curve": {
+            "version": sweep.version,
+            "lambda": curve.knob.tolist(),
+            "accuracy": curve.accuracy.tolist(),
+            "energy_j": curve.energy_j.tolist(),
+            "aiq": sweep.evaluation.method("router").aiq,
+            "aiq_static_hull": sweep.evaluation.method("zero router (static hull)").aiq,
+        },
         "first_version": {"status": first.status, "version": first.version, "checkpoint": first.checkpoint},
-        "retrain": {"status": second.status, "version": second.version, "checkpoint": second.checkpoint,
-                    "report": second.report_md, "comparison": second.details.get("comparison")},
-        "pareto_png": pareto.resolve(), "wall_s": round(wall, 1), "steps_s": tm.steps, "cpu_s": tm.cpu,
-    }  # fmt: skip
+        "retrain": {
+            "status": second.status,
+            "version": second.version,
+            "checkpoint": second.checkpoint,
+            "report": second.report_md,
+            "comparison": second.details.get("comparison"),
+        },
+        "pareto_png": pareto.resolve(),
+        "wall_s": round(wall, 1),
+        "steps_s": tm.steps,
+        "cpu_s": tm.cpu,
+    }
     summary_json(cfg.workdir / "summary.json", summary)
     return summary

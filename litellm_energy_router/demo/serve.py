@@ -1,8 +1,8 @@
 """Serve prompts through a real ``litellm.Router`` with the energy strategy and the energy callback.
 
 One deployment per candidate, all pointing at the :class:`~.backend.LocalBackend` replaying RouterBench,
-tagged with ``model_info.energy_router_candidate``; :class:`~litellm_energy_router.strategy.EnergyRoutingStrategy`
-picks the deployment, :class:`~litellm_energy_router.callback.EnergyLogger` writes one production row
+tagged with ``model_info.energy_router_candidate``; :class:`~litellm_energy_router.litellm_glue.strategy.EnergyRoutingStrategy`
+picks the deployment, :class:`~litellm_energy_router.litellm_glue.callback.EnergyLogger` writes one production row
 per request into the table (energy from the settings' per-request meter).
 """
 
@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..settings import Settings
-from .backend import deployment_id, model_list
+from litellm_energy_router.demo.backend import deployment_id, model_list
+from litellm_energy_router.settings import Settings
 
 MODEL_GROUP = "demo-pool"
 
@@ -32,14 +32,23 @@ class ServedCall:
     latency_s: float
 
 
-async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings,
-                 concurrency: int, progress: Callable[[int], None] | None,
-                 metadata: dict[str, Any] | None = None) -> tuple[list[ServedCall], Any]:  # fmt: skip
+async def _serve(
+    prompts: Sequence[str],
+    candidates: Sequence[str],
+    api_base: str,
+    settings: Settings,
+    concurrency: int,
+    progress: Callable[[int], None] | None,
+    metadata: dict[str, Any] | None = None,
+) -> tuple[list[ServedCall], Any]:
     import litellm
 
-    from ..callback import EnergyLogger
-    from ..litellm_compat import register_strategy
-    from ..strategy import EnergyRouterCore, EnergyRoutingStrategy
+    from litellm_energy_router.litellm_glue.callback import EnergyLogger
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import (
+        EnergyRouterCore,
+        EnergyRoutingStrategy,
+    )
 
     logger = EnergyLogger(settings)
     previous = list(litellm.callbacks)
@@ -60,8 +69,16 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
                 resp = await router.acompletion(model=MODEL_GROUP, messages=[{"role": "user", "content": prompt}], **kw)
                 hp = resp._hidden_params
                 dep = str(hp.get("model_id"))
-                served.append(ServedCall(i, str(hp["litellm_call_id"]), dep, by_id.get(dep, dep),
-                                         resp.choices[0].message.content or "", time.perf_counter() - t))  # fmt: skip
+                served.append(
+                    ServedCall(
+                        i,
+                        str(hp["litellm_call_id"]),
+                        dep,
+                        by_id.get(dep, dep),
+                        resp.choices[0].message.content or "",
+                        time.perf_counter() - t,
+                    )
+                )
                 if progress:
                     progress(1)
 
@@ -76,9 +93,16 @@ async def _serve(prompts: Sequence[str], candidates: Sequence[str], api_base: st
         litellm.callbacks = previous
 
 
-def serve(prompts: Sequence[str], candidates: Sequence[str], api_base: str, settings: Settings, *,
-          concurrency: int = 8, progress: Callable[[int], None] | None = None,
-          metadata: dict[str, Any] | None = None) -> tuple[list[ServedCall], dict[str, int]]:  # fmt: skip
+def serve(
+    prompts: Sequence[str],
+    candidates: Sequence[str],
+    api_base: str,
+    settings: Settings,
+    *,
+    concurrency: int = 8,
+    progress: Callable[[int], None] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> tuple[list[ServedCall], dict[str, int]]:
     """Send every prompt through the router; wait until the callback wrote every row to the table. ``metadata``:
     every request's (the fields a proxy would set for the caller's key, e.g. ``user_api_key_alias``: one app).
     Returns the calls (in prompt order) and the writer's counts (submitted, written, spooled)."""

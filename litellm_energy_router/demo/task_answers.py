@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..profiling.tasks import get_task, task_names
-from ..profiling.tasks.choice import LETTERS
+from litellm_energy_router.profiling.tasks import get_task, task_names
+from litellm_energy_router.profiling.tasks.choice import LETTERS
 
 _ANS = re.compile(r"\[The Start of Assistant's Answer\]\n(.*)\n\[The End of Assistant's Answer\]", re.DOTALL)
 
@@ -42,8 +42,9 @@ class TaskAnswers:
     ``<task>.jsonl`` files whose prompts it knows), ``seed``, ``judge_model`` (the model name answered as
     the judge). Usage: prompt tokens = words in the messages, completion tokens = words in the answer."""
 
-    def __init__(self, accuracy: dict[str, dict[str, float]], task_dir: Path, *, seed: int = 0,
-                 judge_model: str = "judge-model") -> None:  # fmt: skip
+    def __init__(
+        self, accuracy: dict[str, dict[str, float]], task_dir: Path, *, seed: int = 0, judge_model: str = "judge-model"
+    ) -> None:
         self.accuracy = accuracy
         self.seed = seed
         self.judge_model = judge_model
@@ -88,12 +89,20 @@ class TaskAnswers:
         elif item.task == "gsm8k":
             g = item.data["gold"] if ok else item.data["gold"] + 1 + style
             x = _fmt_num(g, style)
-            text = [f"Let's compute it step by step.\n#### {x}", f"So the answer is {x}.",
-                    f"Adding everything up gives ${x}", f"Step 1: work it out.\nFinal answer: {x}"][style]  # fmt: skip
+            text = [
+                f"Let's compute it step by step.\n#### {x}",
+                f"So the answer is {x}.",
+                f"Adding everything up gives ${x}",
+                f"Step 1: work it out.\nFinal answer: {x}",
+            ][style]
         elif item.task == "mbpp":
             name = re.match(r"assert\s+(\w+)\(", item.data["tests"][0]).group(1)
             code = item.reference if ok else f"def {name}(*args):\n    return None"
-            text = f"Here is the solution:\n```python\n{code}\n```\nIt passes the tests." if style % 2 else f"```\n{code}\n```"
+            text = (
+                f"Here is the solution:\n```python\n{code}\n```\nIt passes the tests."
+                if style % 2
+                else f"```\n{code}\n```"
+            )
         elif item.task == "mt_bench":
             text = self._open(prompt, ok)
         else:  # pragma: no cover
@@ -124,7 +133,7 @@ def main() -> None:
     import sys
     import threading
 
-    from .backend import LocalBackend
+    from litellm_energy_router.demo.backend import LocalBackend
 
     acc, task_dir = json.loads(sys.argv[1]), Path(sys.argv[2])
     delay_s, per_token_s = (float(sys.argv[i]) if len(sys.argv) > i else 0.0 for i in (3, 4))

@@ -45,7 +45,9 @@ from typing import Literal, Sequence
 _EPS = 1e-9
 
 
-def token_weight(prompt_tokens: float, output_tokens: float, prefill_weight: float, decode_weight: float = 1.0) -> float:
+def token_weight(
+    prompt_tokens: float, output_tokens: float, prefill_weight: float, decode_weight: float = 1.0
+) -> float:
     """Weighted tokens of a request: ``prefill_weight * prompt_tokens + decode_weight * output_tokens``."""
     return prefill_weight * prompt_tokens + decode_weight * output_tokens
 
@@ -203,7 +205,9 @@ class Attributor:
         """A request started at ``t`` (Unix s). Lock-free: safe on a serving hot path."""
         self._started.append((request_id, t))
 
-    def add_progress(self, request_id: str, t: float, prompt_done: float, output_done: float, finished: bool = False) -> None:
+    def add_progress(
+        self, request_id: str, t: float, prompt_done: float, output_done: float, finished: bool = False
+    ) -> None:
         """Live progress: cumulative prompt tokens prefilled and output tokens decoded by ``t``."""
         with self._lock:
             self._drain_started()

@@ -4,15 +4,19 @@ with lazy factories, so listing the meters imports none of them (nor NVML, nor h
 
 from __future__ import annotations
 
-from ..plugins import MeterSpec, hookimpl, lazy
+from litellm_energy_router.plugins import MeterSpec, hookimpl, lazy
 
 
 @hookimpl
 def energy_router_meters() -> dict:
     return {
         "estimate": MeterSpec(lazy("litellm_energy_router.energy.estimate:EstimateMeter"), methods=("estimate",)),
-        "nvml": MeterSpec(lazy("litellm_energy_router.energy.nvml:NvmlMeter"), methods=("nvml_counter", "power_sampling"),
-                          measured=True, options=("gpus",)),
+        "nvml": MeterSpec(
+            lazy("litellm_energy_router.energy.nvml:NvmlMeter"),
+            methods=("nvml_counter", "power_sampling"),
+            measured=True,
+            options=("gpus",),
+        ),
         "agent": MeterSpec(lazy("litellm_energy_router.agent.client:AgentMeter"), methods=("agent",), measured=True),
         "simulated": MeterSpec(lazy("litellm_energy_router.energy.simulated:SimulatedMeter"), methods=("simulated",)),
-    }  # fmt: skip
+    }

@@ -60,31 +60,51 @@ class CarbonSettings(BaseModel):
     sites: dict[str, SiteSettings] = Field(default_factory=dict, description="site name -> PUE and intensity source")
     default_site: str | None = Field(None, description="site of a deployment that names none")
     intensity_csv: Path | None = Field(None, description="hourly intensity CSV: region,hour,g_co2e_per_kwh")
-    provider: str | None = Field(None, description="a plugin's carbon intensity provider (energy_router_carbon_providers)")
-    provider_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the provider's factory")
+    provider: str | None = Field(
+        None, description="a plugin's carbon intensity provider (energy_router_carbon_providers)"
+    )
+    provider_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the provider's factory"
+    )
     reference_g_per_kwh: float = Field(
-        400.0, gt=0, le=5000, allow_inf_nan=False,
+        400.0,
+        gt=0,
+        le=5000,
+        allow_inf_nan=False,
         description="intensity of the reference gram (objective carbon: λ per e_ref_j joules here, PUE 1), gCO2e/kWh",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "CarbonSettings":
         if self.default_site is not None and self.default_site not in self.sites:
-            raise ValueError(f"carbon.default_site {self.default_site!r} is not one of carbon.sites ({', '.join(sorted(self.sites)) or 'none'})")
+            raise ValueError(
+                f"carbon.default_site {self.default_site!r} is not one of carbon.sites ({', '.join(sorted(self.sites)) or 'none'})"
+            )
         for name, s in self.sites.items():
-            if s.intensity_g_per_kwh is None and (s.region is None or (self.intensity_csv is None and self.provider is None)):
-                raise ValueError(f"carbon.sites.{name}: needs intensity_g_per_kwh, or a region with carbon.intensity_csv or carbon.provider")
+            if s.intensity_g_per_kwh is None and (
+                s.region is None or (self.intensity_csv is None and self.provider is None)
+            ):
+                raise ValueError(
+                    f"carbon.sites.{name}: needs intensity_g_per_kwh, or a region with carbon.intensity_csv or carbon.provider"
+                )
         if self.intensity_csv is not None:
             table = load_intensity_csv(self.intensity_csv)
             for name, s in self.sites.items():
-                if s.region is not None and s.intensity_g_per_kwh is None and self.provider is None and s.region not in table:
+                if (
+                    s.region is not None
+                    and s.intensity_g_per_kwh is None
+                    and self.provider is None
+                    and s.region not in table
+                ):
                     raise ValueError(f"carbon.sites.{name}.region {s.region!r}: not in {self.intensity_csv}")
         if self.provider is not None:
-            from ..plugins import carbon_provider_factories
+            from litellm_energy_router.plugins import carbon_provider_factories
 
             known = carbon_provider_factories()
             if self.provider not in known:
-                raise ValueError(f"carbon.provider {self.provider!r} is not registered (known: {', '.join(sorted(known)) or 'none'})")
+                raise ValueError(
+                    f"carbon.provider {self.provider!r} is not registered (known: {', '.join(sorted(known)) or 'none'})"
+                )
         return self
 
 
@@ -160,7 +180,9 @@ def load_intensity_csv(path: str | Path) -> HourlyTable:
                 other = table.timed if kind == "daily" else table.daily
                 if region in other:
                     raise CarbonError(f"{where}: region {region!r} mixes hours of the day and ISO times")
-                (table.daily if kind == "daily" else table.timed).setdefault(region, {})[hour] = _parse_value(row.get("g_co2e_per_kwh"), where)
+                (table.daily if kind == "daily" else table.timed).setdefault(region, {})[hour] = _parse_value(
+                    row.get("g_co2e_per_kwh"), where
+                )
     except OSError as e:
         raise CarbonError(f"{path}: cannot read ({e.strerror or e})") from None
     return table
@@ -170,12 +192,12 @@ class CarbonModel:
     """Sites, PUE and intensity at serving time (thread-safe; never raises on the serving path)."""
 
     def __init__(self, cfg: CarbonSettings | None = None, *, provider: IntensityProvider | None = None) -> None:
-        from ..metrics import CARBON_FALLBACKS
+        from litellm_energy_router.metrics import CARBON_FALLBACKS
 
         self.cfg = cfg or CarbonSettings()
         self.table = load_intensity_csv(self.cfg.intensity_csv) if self.cfg.intensity_csv is not None else None
         if provider is None and self.cfg.provider is not None:
-            from ..plugins import carbon_provider_factories
+            from litellm_energy_router.plugins import carbon_provider_factories
 
             provider = carbon_provider_factories()[self.cfg.provider](**self.cfg.provider_options)
         self.provider = provider

@@ -10,8 +10,16 @@ import threading
 import time
 from pathlib import Path
 
-from .meter import EnergyReading, RequestEnergy, RequestUsage
-from .profile import EnergyProfile, ProfileError, load_profile
+from litellm_energy_router.energy.meter import (
+    EnergyReading,
+    RequestEnergy,
+    RequestUsage,
+)
+from litellm_energy_router.energy.profile import (
+    EnergyProfile,
+    ProfileError,
+    load_profile,
+)
 
 
 class EstimateMeter:
@@ -25,7 +33,9 @@ class EstimateMeter:
     name = "estimate"
     method = "estimate"
 
-    def __init__(self, profile: EnergyProfile | str | Path | None = None, *, aliases: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, profile: EnergyProfile | str | Path | None = None, *, aliases: dict[str, str] | None = None
+    ) -> None:
         self.profile = profile if isinstance(profile, EnergyProfile) else load_profile(profile)
         self.aliases = dict(aliases or {})
         self._lock = threading.Lock()

@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from ..plugins import meter_factories
-from ..table.rows import ENERGY_METHOD_PATTERN, EnergyMethod
+from litellm_energy_router.plugins import meter_factories
+from litellm_energy_router.table.rows import ENERGY_METHOD_PATTERN, EnergyMethod
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,17 @@ def make_meter(name: str, **kwargs: Any) -> EnergyMeter:
     try:
         factory = factories[name]
     except KeyError:
-        raise ValueError(f"energy meter {name!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})") from None
+        raise ValueError(
+            f"energy meter {name!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})"
+        ) from None
     meter = factory(**kwargs)
     method = getattr(meter, "method", None)
     declared = getattr(factory, "methods", ())
-    if not isinstance(method, str) or not re.match(ENERGY_METHOD_PATTERN, method) or (declared and method not in declared):
+    if (
+        not isinstance(method, str)
+        or not re.match(ENERGY_METHOD_PATTERN, method)
+        or (declared and method not in declared)
+    ):
         meter.close()
         want = f"one of {', '.join(declared)}" if declared else "a lower-case word of at most 16 characters"
         raise MeterError(f"energy meter {name!r}: method {method!r} is not {want}")
@@ -92,7 +98,7 @@ def make_meter(name: str, **kwargs: Any) -> EnergyMeter:
 def measured_methods() -> frozenset[str]:
     """The ``energy_method`` values whose joules are measured: those of every registered meter that
     declares ``measured`` (:class:`~litellm_energy_router.plugins.MeterSpec`), plugins' included."""
-    from ..plugins import meter_specs
+    from litellm_energy_router.plugins import meter_specs
 
     return frozenset(m for s in meter_specs().values() if s.measured for m in s.methods)
 
@@ -105,7 +111,7 @@ def is_measured(method: str | None) -> bool:
 def meter_options(name: str, energy: Any) -> dict[str, Any]:
     """The device options (e.g. ``gpus``) of ``energy`` (an ``EnergySettings``) that meter ``name`` asks
     for in its registration, those that are set."""
-    from ..plugins import meter_specs
+    from litellm_energy_router.plugins import meter_specs
 
     spec = meter_specs().get(name)
     opts = spec.options if spec is not None else ()

@@ -19,7 +19,7 @@ import time
 from types import ModuleType
 from typing import Any, Iterable, Literal
 
-from .meter import EnergyReading, MeterError
+from litellm_energy_router.energy.meter import EnergyReading, MeterError
 
 Mode = Literal["auto", "counter", "power"]
 
@@ -50,11 +50,18 @@ class NvmlMeter:
     name = "nvml"
 
     def __init__(
-        self, gpus: Iterable[int] | None = None, *, mode: Mode = "auto", sample_hz: float = 10.0, nvml: ModuleType | None = None
+        self,
+        gpus: Iterable[int] | None = None,
+        *,
+        mode: Mode = "auto",
+        sample_hz: float = 10.0,
+        nvml: ModuleType | None = None,
     ) -> None:
         self.nvml = nvml or _import_pynvml()
         if sample_hz < 10:
-            raise ValueError(f"energy meter 'nvml': sample_hz = {sample_hz} must be >= 10 (power sampled every <= 100 ms)")
+            raise ValueError(
+                f"energy meter 'nvml': sample_hz = {sample_hz} must be >= 10 (power sampled every <= 100 ms)"
+            )
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as e:
@@ -73,8 +80,10 @@ class NvmlMeter:
         has_counter = all(self._counter_supported(h) for h in self.handles.values())
         if mode == "counter" and not has_counter:
             self.nvml.nvmlShutdown()
-            raise MeterError("energy meter 'nvml': mode 'counter' but a GPU lacks nvmlDeviceGetTotalEnergyConsumption "
-                             "(pre-Volta); use mode 'auto' or 'power'")  # fmt: skip
+            raise MeterError(
+                "energy meter 'nvml': mode 'counter' but a GPU lacks nvmlDeviceGetTotalEnergyConsumption "
+                "(pre-Volta); use mode 'auto' or 'power'"
+            )
         self.method = "nvml_counter" if has_counter and mode != "power" else "power_sampling"
         self._sampler: _PowerIntegrator | None = None
         if self.method == "power_sampling":

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import UserError, one_line
+from litellm_energy_router.errors import UserError, one_line
 
 BUNDLED_PROFILE = "energy_profile_mlenergy_h100.yaml"
 
@@ -97,7 +97,9 @@ def _load(path: str) -> EnergyProfile:
 CHAT_OUTPUT_TOKENS = 430.0
 
 
-def chat_output_tokens(candidates: list[str] | tuple[str, ...], profile: EnergyProfile | None = None) -> tuple[dict[str, float], str]:
+def chat_output_tokens(
+    candidates: list[str] | tuple[str, ...], profile: EnergyProfile | None = None
+) -> tuple[dict[str, float], str]:
     """The conservative per-candidate output-length prior (tokens) for traffic nothing else informs: the
     average output length the profile's reference measurement recorded on chat prompts
     (``reference.avg_output_tokens``, ML.ENERGY: ShareGPT), else :data:`CHAT_OUTPUT_TOKENS`. Chat answers
@@ -114,5 +116,7 @@ def chat_output_tokens(candidates: list[str] | tuple[str, ...], profile: EnergyP
         v = (models[c].reference or {}).get("avg_output_tokens") if c in models else None
         ok = isinstance(v, (int, float)) and v > 0
         out[c], measured = (float(v) if ok else CHAT_OUTPUT_TOKENS), measured + ok
-    return out, (f"chat-length prior: {measured} of {len(out)} candidates from the energy profile's measured chat "
-                 f"output length, the rest {CHAT_OUTPUT_TOKENS:.0f} tokens")
+    return out, (
+        f"chat-length prior: {measured} of {len(out)} candidates from the energy profile's measured chat "
+        f"output length, the rest {CHAT_OUTPUT_TOKENS:.0f} tokens"
+    )

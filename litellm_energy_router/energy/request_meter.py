@@ -18,9 +18,16 @@ import threading
 import time
 from typing import Any, Callable
 
-from .attribution import Attributor
-from .estimate import EstimateMeter
-from .meter import EnergyMeter, RequestEnergy, RequestEnergyMeter, RequestUsage, make_meter, meter_options
+from litellm_energy_router.energy.attribution import Attributor
+from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.energy.meter import (
+    EnergyMeter,
+    RequestEnergy,
+    RequestEnergyMeter,
+    RequestUsage,
+    make_meter,
+    meter_options,
+)
 
 log = logging.getLogger("litellm_energy_router.energy")
 
@@ -36,7 +43,12 @@ class AttributedMeter:
     """
 
     def __init__(
-        self, meter: EnergyMeter, attributor: Attributor, *, sample_hz: float = 10.0, clock: Callable[[], float] = time.time
+        self,
+        meter: EnergyMeter,
+        attributor: Attributor,
+        *,
+        sample_hz: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.meter = meter
         self.attributor = attributor
@@ -48,7 +60,9 @@ class AttributedMeter:
         self.sample()
         self._thread = None
         if sample_hz > 0:
-            self._thread = threading.Thread(target=self._run, args=(1.0 / sample_hz,), name=f"{self.name}-sampler", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(1.0 / sample_hz,), name=f"{self.name}-sampler", daemon=True
+            )
             self._thread.start()
 
     def sample(self) -> None:
@@ -70,7 +84,12 @@ class AttributedMeter:
         if not self.attributor.covers(usage.end_s):
             return RequestEnergy.unavailable()  # before this meter started (or clocks disagree)
         self.attributor.add_request(
-            usage.request_id, usage.start_s, usage.end_s, usage.prompt_tokens, usage.completion_tokens, usage.first_token_s
+            usage.request_id,
+            usage.start_s,
+            usage.end_s,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.first_token_s,
         )
         a = self.attributor.energy(usage.request_id, final=final)
         if a is None:
@@ -107,7 +126,9 @@ class FallbackMeter:
         self.fallback.close()
 
 
-def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, **meter_kwargs: Any) -> RequestEnergyMeter:
+def open_request_meter(
+    energy: Any, *, clock: Callable[[], float] = time.time, **meter_kwargs: Any
+) -> RequestEnergyMeter:
     """Build the per-request meter described by ``energy`` (an ``EnergySettings``).
 
     ``energy.options``, then ``meter_kwargs``, go to the meter's factory (e.g. ``power_w`` for
@@ -119,12 +140,15 @@ def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, *
     if energy.meter == "estimate":
         return estimate
     if energy.meter == "agent":
-        from ..agent.client import AgentMeter
+        from litellm_energy_router.agent.client import AgentMeter
 
         primary: RequestEnergyMeter = AgentMeter(
-            energy.agent_url, token=energy.agent_token, timeout_s=energy.agent_timeout_s,
-            ca_bundle=str(energy.agent_ca_bundle) if energy.agent_ca_bundle else None, **meter_kwargs,
-        )  # fmt: skip
+            energy.agent_url,
+            token=energy.agent_token,
+            timeout_s=energy.agent_timeout_s,
+            ca_bundle=str(energy.agent_ca_bundle) if energy.agent_ca_bundle else None,
+            **meter_kwargs,
+        )
     else:
         for k, v in meter_options(energy.meter, energy).items():  # device options the meter asks for (e.g. gpus)
             meter_kwargs.setdefault(k, v)
@@ -132,8 +156,10 @@ def open_request_meter(energy: Any, *, clock: Callable[[], float] = time.time, *
             meter_kwargs.setdefault("clock", clock)
         counter = make_meter(energy.meter, **meter_kwargs)
         attributor = Attributor(
-            prefill_weight=energy.prefill_weight, decode_weight=energy.decode_weight,
-            idle_power_w=energy.idle_power_w, history_s=energy.history_s,
-        )  # fmt: skip
+            prefill_weight=energy.prefill_weight,
+            decode_weight=energy.decode_weight,
+            idle_power_w=energy.idle_power_w,
+            history_s=energy.history_s,
+        )
         primary = AttributedMeter(counter, attributor, sample_hz=energy.sample_hz, clock=clock)
     return FallbackMeter(primary, estimate) if energy.fallback_to_estimate else primary

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable
 
-from .meter import EnergyReading
+from litellm_energy_router.energy.meter import EnergyReading
 
 PowerFn = Callable[[float], float]
 

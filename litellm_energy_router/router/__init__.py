@@ -3,6 +3,11 @@
 Never imports TRL or the training package.
 """
 
-from .decide import decide_lambda, decide_target, lambda_breakpoints, lambda_grid
+from litellm_energy_router.router.decide import (
+    decide_lambda,
+    decide_target,
+    lambda_breakpoints,
+    lambda_grid,
+)
 
 __all__ = ["decide_lambda", "decide_target", "lambda_breakpoints", "lambda_grid"]

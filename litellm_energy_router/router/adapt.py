@@ -1,6 +1,6 @@
 """What the serving router learns between retrains, and how a decision uses it: :class:`Adaptation`.
 
-One per process (:data:`ADAPT`): the router's decision path (:mod:`litellm_energy_router.strategy`) reads it,
+One per process (:data:`ADAPT`): the router's decision path (:mod:`litellm_energy_router.litellm_glue.strategy`) reads it,
 the energy callback's writer thread feeds it (after each row's energy settled, off the event loop).
 
 * **Energy** (:class:`.online.OnlineEnergy`): settled production rows correct Ê per candidate and per context
@@ -39,15 +39,21 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .context import N0_CTX, Context, ContextPrior, request_context
-from .online import OnlineEnergy, explore_weights
+from litellm_energy_router.router.context import (
+    N0_CTX,
+    Context,
+    ContextPrior,
+    request_context,
+)
+from litellm_energy_router.router.online import OnlineEnergy, explore_weights
 
 log = logging.getLogger("litellm_energy_router")
 SUPPORT_LO, SUPPORT_HI = 0.45, 0.70  # cosine: no support at or below LO, full support from HI (docs/training.md)
 
 
-def support_weight(similarity: float | None, task_known: bool = False, lo: float = SUPPORT_LO,
-                   hi: float = SUPPORT_HI) -> float:  # fmt: skip
+def support_weight(
+    similarity: float | None, task_known: bool = False, lo: float = SUPPORT_LO, hi: float = SUPPORT_HI
+) -> float:
     """The scorer's weight against the context prior (module docstring); 1 for a known task or no figure."""
     if task_known or similarity is None:
         return 1.0
@@ -91,23 +97,34 @@ class Adaptation:
             self.energy = None
             if est is not None:
                 prior = est.unknown_task_tokens()
-                self.energy = OnlineEnergy(cands, [est.j_per_output_token[c] for c in cands],
-                                           [est.j_per_prompt_token[c] for c in cands], [prior[c] for c in cands])  # fmt: skip
+                self.energy = OnlineEnergy(
+                    cands,
+                    [est.j_per_output_token[c] for c in cands],
+                    [est.j_per_prompt_token[c] for c in cands],
+                    [prior[c] for c in cands],
+                )
             n0 = context_n0(model)
             if self.prior is None or list(self.prior.candidates) != cands or self.prior.n0 != n0:
                 self.prior, self.last_run_id = ContextPrior(cands, n0=n0), -1
             self.version = model.version
 
     @staticmethod
-    def context(text: str | None, request_kwargs: Mapping[str, Any] | None, messages: Any,
-                model_group: str | None) -> Context:  # fmt: skip
+    def context(
+        text: str | None, request_kwargs: Mapping[str, Any] | None, messages: Any, model_group: str | None
+    ) -> Context:
         """The request's :class:`.context.Context` (authenticated fields only)."""
-        from ..knob import metadata_dicts
+        from litellm_energy_router.knob import metadata_dicts
 
         return request_context(text, metadata_dicts(request_kwargs), model_group, messages)
 
-    def apply(self, scored: Any, ctx: Context | None, E: np.ndarray | None = None, explore: bool = True,
-              own_rows: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:  # fmt: skip
+    def apply(
+        self,
+        scored: Any,
+        ctx: Context | None,
+        E: np.ndarray | None = None,
+        explore: bool = True,
+        own_rows: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:
         """(``P'[K]``, ``Ê'[K]`` J, exploration weights ``[K]`` or None, the decision's ``adapt`` metadata) of one
         scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``);
         ``own_rows``: the context's own labels move P on any request (``router.context_rows``), else only as the
@@ -146,8 +163,15 @@ class Adaptation:
             info["online_rows"] = int(energy.rows)
         return P, E, weights, info
 
-    def observe(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
-                context: str | None, estimate_j: float | None = None) -> None:  # fmt: skip
+    def observe(
+        self,
+        candidate: str,
+        prompt_tokens: float,
+        output_tokens: float,
+        joules: float | None,
+        context: str | None,
+        estimate_j: float | None = None,
+    ) -> None:
         """One settled production row (writer thread): tokens, joules (J) or None, its context string, the
         checkpoint's estimate (J) at decision time."""
         energy = self.energy
@@ -155,8 +179,9 @@ class Adaptation:
             return
         try:
             ctx = Context.parse(context)
-            energy.update(candidate, prompt_tokens, output_tokens, joules, (ctx.key or ctx.cluster) if ctx else None,
-                          estimate_j)  # fmt: skip
+            energy.update(
+                candidate, prompt_tokens, output_tokens, joules, (ctx.key or ctx.cluster) if ctx else None, estimate_j
+            )
         except Exception as e:  # noqa: BLE001 - the writer thread must not lose the row for this
             log.debug("energy-router: online update skipped: %s", e)
 
@@ -179,14 +204,18 @@ class Adaptation:
 
     def refresh_table(self, url: str) -> int:
         """:meth:`refresh_from` the table at ``url`` (runs after the last id read); logs and returns rows used."""
-        from ..table import open_store
+        from litellm_energy_router.table import open_store
 
         store = open_store(url, create=False)
         try:
             n = self.refresh_from(store.iter_runs(since_id=self.last_run_id))
         finally:
             store.close()
-        log.info("energy-router: context prior: %d labelled rows read (%d contexts)", n, self.prior.n_keys if self.prior else 0)
+        log.info(
+            "energy-router: context prior: %d labelled rows read (%d contexts)",
+            n,
+            self.prior.n_keys if self.prior else 0,
+        )
         return n
 
 

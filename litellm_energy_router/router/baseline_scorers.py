@@ -30,26 +30,40 @@ from typing import Sequence
 
 import numpy as np
 
-from .checkpoint import CheckpointError, Manifest
-from .scoring import CheckpointScorer
+from litellm_energy_router.router.checkpoint import CheckpointError, Manifest
+from litellm_energy_router.router.scoring import CheckpointScorer
 
 BASELINE_FILE = "baseline.npz"
 EMBEDDING_KINDS = ("knn", "logreg", "mf")
 # the array formats this module serves (kind -> arrays beyond the prior); the scorer names are the registry's
-NEED = {"task_prior": (), "knn": ("X", "Y", "k", "shrink"), "logreg": ("coef", "intercept", "const"),
-        "mf": ("V", "W", "w", "B"), "stacked": ("bases", "stack_w")}  # fmt: skip
+NEED = {
+    "task_prior": (),
+    "knn": ("X", "Y", "k", "shrink"),
+    "logreg": ("coef", "intercept", "const"),
+    "mf": ("V", "W", "w", "B"),
+    "stacked": ("bases", "stack_w"),
+}
 STACK_CLIP = 1e-3  # P of a base is clipped to [STACK_CLIP, 1 - STACK_CLIP] before its logit
 
 
-def prior_lookup(known: Sequence[str], prior: np.ndarray, prior_any: np.ndarray, tasks: Sequence[str | None]) -> np.ndarray:
+def prior_lookup(
+    known: Sequence[str], prior: np.ndarray, prior_any: np.ndarray, tasks: Sequence[str | None]
+) -> np.ndarray:
     """``P[n, K]``: the row of ``prior`` for each task in ``known``, ``prior_any`` for any other task."""
     ix = {t: i for i, t in enumerate(known)}
     rows = [prior[ix[t]] if t in ix else prior_any for t in ((t or "") for t in tasks)]
     return np.stack(rows) if rows else np.zeros((0, len(prior_any)))
 
 
-def knn_proba(Xq: np.ndarray, Xtr: np.ndarray, Ytr: np.ndarray, k: int, shrink: float, prior: np.ndarray,
-              Wtr: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def knn_proba(
+    Xq: np.ndarray,
+    Xtr: np.ndarray,
+    Ytr: np.ndarray,
+    k: int,
+    shrink: float,
+    prior: np.ndarray,
+    Wtr: np.ndarray | None = None,
+) -> np.ndarray:
     """Mean score of the ``k`` most cosine-similar training rows (unit-norm ``X``), shrunk toward
     ``prior[n, K]`` with ``shrink`` pseudo-neighbours. ``Wtr[n, K]`` (training a partial matrix): pair
     weights, 0 where a candidate is unlabelled (``Ytr`` NaN there): each candidate's weighted vote of the
@@ -70,7 +84,9 @@ def logreg_proba(X: np.ndarray, coef: np.ndarray, intercept: np.ndarray, const: 
     return np.where(np.isfinite(const)[None, :], const[None, :], P)
 
 
-def mf_proba(emb: np.ndarray, onehot: np.ndarray, V: np.ndarray, W: np.ndarray, w: np.ndarray, B: np.ndarray) -> np.ndarray:
+def mf_proba(
+    emb: np.ndarray, onehot: np.ndarray, V: np.ndarray, W: np.ndarray, w: np.ndarray, B: np.ndarray
+) -> np.ndarray:
     """``sigmoid(((emb @ W) * w) @ normalize(V).T + onehot @ B)``: the matrix factorisation's forward."""
     v = V / np.maximum(np.linalg.norm(V, axis=1, keepdims=True), 1e-12)
     z = ((emb @ W) * w) @ v.T + onehot @ B
@@ -89,7 +105,9 @@ def stack_proba(Ps: Sequence[np.ndarray], stack_w: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def kind_proba(kind: str, a: dict[str, np.ndarray], emb: np.ndarray | None, onehot: np.ndarray, prior: np.ndarray) -> np.ndarray:
+def kind_proba(
+    kind: str, a: dict[str, np.ndarray], emb: np.ndarray | None, onehot: np.ndarray, prior: np.ndarray
+) -> np.ndarray:
     """``P[n, K]`` of one exported baseline ``kind`` from its arrays ``a``, the query embeddings ``emb``
     (None for kinds that need none), the task one-hot over the training tasks and the task prior."""
     if kind == "task_prior":
@@ -102,8 +120,16 @@ def kind_proba(kind: str, a: dict[str, np.ndarray], emb: np.ndarray | None, oneh
         return mf_proba(emb, onehot, a["V"], a["W"], a["w"], a["B"])
     if kind == "stacked":
         bases = [str(b) for b in a["bases"]]
-        Ps = [np.clip(kind_proba(b, {k.split("__", 1)[1]: v for k, v in a.items() if k.startswith(b + "__")}, emb, onehot, prior), 0, 1)
-              for b in bases]  # fmt: skip
+        Ps = [
+            np.clip(
+                kind_proba(
+                    b, {k.split("__", 1)[1]: v for k, v in a.items() if k.startswith(b + "__")}, emb, onehot, prior
+                ),
+                0,
+                1,
+            )
+            for b in bases
+        ]
         return stack_proba(Ps, a["stack_w"])
     raise ValueError(f"baseline kind {kind!r}: unknown")
 
@@ -122,8 +148,9 @@ def task_onehot(known: Sequence[str], tasks: Sequence[str | None]) -> np.ndarray
 class BaselineScorer(CheckpointScorer):
     """A checkpoint holding an exported baseline (see the module docstring)."""
 
-    def __init__(self, path: str | Path, manifest: Manifest | None = None,
-                 expect_candidates: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, path: str | Path, manifest: Manifest | None = None, expect_candidates: Sequence[str] | None = None
+    ) -> None:
         super().__init__(path, manifest, expect_candidates)
         entry = self.manifest.baseline or {}
         self.name = str(entry.get("kind", self.manifest.scorer))
@@ -138,17 +165,24 @@ class BaselineScorer(CheckpointScorer):
         self.tasks = [str(t) for t in self.arrays.get("tasks", [])]
         missing = [k for k in ("prior", "prior_any", *NEED[self.name]) if k not in self.arrays]
         if not missing and self.name == "stacked":
-            missing = [f"{b}__{k}" for b in self.arrays["bases"] for k in NEED.get(str(b), ("?",)) if f"{b}__{k}" not in self.arrays]
+            missing = [
+                f"{b}__{k}"
+                for b in self.arrays["bases"]
+                for k in NEED.get(str(b), ("?",))
+                if f"{b}__{k}" not in self.arrays
+            ]
         if missing:
             raise CheckpointError(f"{f}: array {missing[0]!r} missing for a {self.name} baseline")
         if self.arrays["prior_any"].shape != (len(self.manifest.candidates),):
-            raise CheckpointError(f"{f}: prior_any has shape {self.arrays['prior_any'].shape}, not ({len(self.manifest.candidates)},)")
+            raise CheckpointError(
+                f"{f}: prior_any has shape {self.arrays['prior_any'].shape}, not ({len(self.manifest.candidates)},)"
+            )
         self.encoder = str(entry.get("encoder", "all-MiniLM-L6-v2"))
         self.unknown_task = str(entry.get("unknown_task", "model"))  # "prior": a task never seen gets prior_any
         self.inline = not uses_embeddings(self.name, self.arrays)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        from .encoder import get_encoder, query_block
+        from litellm_energy_router.router.encoder import get_encoder, query_block
 
         return get_encoder(self.encoder).embed([query_block(t) for t in texts]).astype(np.float64)
 

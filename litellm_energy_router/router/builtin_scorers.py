@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..plugins import ScorerSpec, hookimpl, lazy
+from litellm_energy_router.plugins import ScorerSpec, hookimpl, lazy
 
 _BASELINE = lazy("litellm_energy_router.router.baseline_scorers:BaselineScorer")
 _FIT = lazy("litellm_energy_router.training.baselines:baseline_trainer")
@@ -26,15 +26,32 @@ def energy_router_scorers() -> dict:
     lm_fit = lazy("litellm_energy_router.training.pipeline:lm_trainer")
     lm_export = lazy("litellm_energy_router.training.pipeline:export_lm")
     return {
-        "student": ScorerSpec(load=lazy("litellm_energy_router.router.scoring:StudentScorer"), fit=partial(lm_fit, "student"),
-                              export=lm_export, rank=5, baseline=False, select_as="router"),
-        "lm": ScorerSpec(load=lazy("litellm_energy_router.router.model:lm_scorer"), fit=partial(lm_fit, "lm"), export=lm_export,
-                         rank=6, baseline=False),
+        "student": ScorerSpec(
+            load=lazy("litellm_energy_router.router.scoring:StudentScorer"),
+            fit=partial(lm_fit, "student"),
+            export=lm_export,
+            rank=5,
+            baseline=False,
+            select_as="router",
+        ),
+        "lm": ScorerSpec(
+            load=lazy("litellm_energy_router.router.model:lm_scorer"),
+            fit=partial(lm_fit, "lm"),
+            export=lm_export,
+            rank=6,
+            baseline=False,
+        ),
         "task_prior": _baseline("task_prior", "TaskPrior", 0),
         "knn": _baseline("knn", "KNN", 2),
         "logreg": _baseline("logreg", "LogReg", 1),
         "mf": _baseline("mf", "MatrixFactorization", 3),
-        "stacked": ScorerSpec(load=_BASELINE, fit=lazy("litellm_energy_router.training.selection:stack_trainer"),
-                              export=lazy("litellm_energy_router.training.selection:export_stack"), default=True, rank=4,
-                              baseline=False, combines=True),
-    }  # fmt: skip
+        "stacked": ScorerSpec(
+            load=_BASELINE,
+            fit=lazy("litellm_energy_router.training.selection:stack_trainer"),
+            export=lazy("litellm_energy_router.training.selection:export_stack"),
+            default=True,
+            rank=4,
+            baseline=False,
+            combines=True,
+        ),
+    }

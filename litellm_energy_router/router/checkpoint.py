@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import UserError, one_line
+from litellm_energy_router.errors import UserError, one_line
 
 FORMAT = "energy-router-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -45,14 +45,22 @@ class EnergyEstimate(BaseModel):
     output_tokens: dict[str, dict[str, float]] = Field(description="task -> candidate -> mean output tokens")
     output_tokens_any: dict[str, float] = Field(description="candidate -> mean output tokens, all tasks")
     output_tokens_prior: dict[str, float] | None = Field(
-        None, description="candidate -> output tokens assumed for a task the table does not hold (a conservative "
-        "chat-length prior, energy/profile.chat_output_tokens); None (older checkpoints): output_tokens_any")
+        None,
+        description="candidate -> output tokens assumed for a task the table does not hold (a conservative "
+        "chat-length prior, energy/profile.chat_output_tokens); None (older checkpoints): output_tokens_any",
+    )
     prior_source: str | None = Field(None, description="where output_tokens_prior comes from (one line)")
     fitted_on: dict[str, dict[str, Any]] | None = Field(
-        None, description="candidate -> runs it was fitted on (per source, measured) and where J/token came from")
+        None, description="candidate -> runs it was fitted on (per source, measured) and where J/token came from"
+    )
 
-    def estimate(self, candidates: Sequence[str], prompt_tokens: Sequence[int], tasks: Sequence[str | None],
-                 offset_tokens: Any = None) -> Any:  # fmt: skip
+    def estimate(
+        self,
+        candidates: Sequence[str],
+        prompt_tokens: Sequence[int],
+        tasks: Sequence[str | None],
+        offset_tokens: Any = None,
+    ) -> Any:
         """Ê[n, K] in joules (numpy array). ``offset_tokens[n, K]``: a per-query correction of the expected
         output tokens (the checkpoint's token model, :mod:`.token_model`); the sum is floored at 0."""
         import numpy as np
@@ -68,7 +76,6 @@ class EnergyEstimate(BaseModel):
             out = np.maximum(out + np.asarray(offset_tokens, dtype=float), 0.0)
         return np.asarray(prompt_tokens, dtype=float)[:, None] * jp[None, :] + out * jo[None, :]
 
-
     def unknown_task_tokens(self) -> dict[str, float]:
         """Candidate → output tokens for a task the table does not hold: the prior (older checkpoints: the mean)."""
         return self.output_tokens_prior if self.output_tokens_prior is not None else self.output_tokens_any
@@ -83,23 +90,37 @@ class Manifest(BaseModel):
     format: str = FORMAT
     version: str = Field(description="checkpoint version label, e.g. a timestamp")
     candidates: list[str]
-    scorer: str | None = Field(None, description="scorer kind serving this checkpoint (router/scoring.py); None: student if shipped, else lm")
+    scorer: str | None = Field(
+        None, description="scorer kind serving this checkpoint (router/scoring.py); None: student if shipped, else lm"
+    )
     label_tokens: dict[str, str] = Field(default_factory=dict, description="LM checkpoints: candidate -> label token")
     backbone: dict[str, Any] = Field(default_factory=dict)
     max_len: int = 0
     max_chars: int = 4096
-    knob: dict[str, Any] = Field(default_factory=dict, description="lambda_min, lambda_max (accuracy per the settings' e_ref_j)")
+    knob: dict[str, Any] = Field(
+        default_factory=dict, description="lambda_min, lambda_max (accuracy per the settings' e_ref_j)"
+    )
     energy: EnergyEstimate
     calibration: dict[str, Any] = Field(default_factory=dict)
-    student: dict[str, Any] | None = Field(None, description="distilled student: file, features, fit, target (router/student.py)")
+    student: dict[str, Any] | None = Field(
+        None, description="distilled student: file, features, fit, target (router/student.py)"
+    )
     probe: dict[str, Any] | None = Field(None, description="probe head: file, encoder, dim (router/probe.py)")
-    baseline: dict[str, Any] | None = Field(None, description="exported baseline: file, kind, params (router/baseline_scorers.py)")
-    tokens: dict[str, Any] | None = Field(None, description="per-query output-token model: file, CV errors (router/token_model.py)")
-    length: dict[str, Any] | None = Field(None, description="cross-task output-length model: file, fit (router/length_model.py)")
+    baseline: dict[str, Any] | None = Field(
+        None, description="exported baseline: file, kind, params (router/baseline_scorers.py)"
+    )
+    tokens: dict[str, Any] | None = Field(
+        None, description="per-query output-token model: file, CV errors (router/token_model.py)"
+    )
+    length: dict[str, Any] | None = Field(
+        None, description="cross-task output-length model: file, fit (router/length_model.py)"
+    )
     watermark: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
-    files: dict[str, str] = Field(default_factory=dict, description="file name -> SHA-256 (hex) of every file beside the manifest")
+    files: dict[str, str] = Field(
+        default_factory=dict, description="file name -> SHA-256 (hex) of every file beside the manifest"
+    )
     created: float = Field(default_factory=time.time)
 
 
@@ -122,7 +143,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         try:
             target = json.loads(p.read_text())["checkpoint"]
         except (ValueError, KeyError, TypeError):
-            raise CheckpointError(f"{p}: not a checkpoint pointer (expected JSON {{\"checkpoint\": \"<dir>\"}})") from None
+            raise CheckpointError(f'{p}: not a checkpoint pointer (expected JSON {{"checkpoint": "<dir>"}})') from None
         t = Path(target)
         return (t if t.is_absolute() else p.parent / t).resolve()
     return p.resolve()
@@ -155,8 +176,11 @@ def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str]
 
 def checkpoint_files(directory: Path) -> list[Path]:
     """The regular files of a checkpoint directory that its manifest hashes (top level, not hidden)."""
-    return sorted(p for p in Path(directory).iterdir() if p.name != MANIFEST and not p.name.startswith(".")
-                  and stat.S_ISREG(p.lstat().st_mode))  # fmt: skip
+    return sorted(
+        p
+        for p in Path(directory).iterdir()
+        if p.name != MANIFEST and not p.name.startswith(".") and stat.S_ISREG(p.lstat().st_mode)
+    )
 
 
 def sha256_file(path: Path) -> str:

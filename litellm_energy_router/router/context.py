@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .length_model import SKETCH, buckets, sketch
+from litellm_energy_router.router.length_model import SKETCH, buckets, sketch
 
 N0_CTX = 10.0  # pseudo-rows of the parent level in a context's prior (a checkpoint may carry its own: Adaptation.bind)
 POOL_ALPHA = 2.0  # pseudo-rows at 0.5 in the pool's prior
@@ -78,8 +78,9 @@ def system_prompt(messages: Any) -> str | None:
     return None
 
 
-def request_context(text: str | None, metadata: Sequence[Mapping[str, Any]] = (), model_group: str | None = None,
-                    messages: Any = None) -> Context:  # fmt: skip
+def request_context(
+    text: str | None, metadata: Sequence[Mapping[str, Any]] = (), model_group: str | None = None, messages: Any = None
+) -> Context:
     """The context of a request: ``metadata`` are its metadata dicts (only the authenticated ``user_api_key_*``
     fields are read, and the tags of the key's own metadata), ``model_group`` the group routed, ``messages``
     its messages (for the system prompt)."""
@@ -131,8 +132,9 @@ class ContextPrior:
         self._keys: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
-    def update(self, context: Context | Sequence[str] | str | None, candidate: str, correct: float,
-               weight: float = 1.0) -> bool:  # fmt: skip
+    def update(
+        self, context: Context | Sequence[str] | str | None, candidate: str, correct: float, weight: float = 1.0
+    ) -> bool:
         """Add one labelled row (``correct`` in [0, 1], ``weight`` ≥ 0, e.g. an inverse propensity) to the pool
         and to every level of ``context``. False for an unknown candidate or a bad number."""
         k = self.ix.get(candidate)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..knob import Knob
+    from litellm_energy_router.knob import Knob
 
 DEFAULT_E_REF_J = 100.0  # J: the energy unit of λ (accuracy given up per 100 J), fixed across checkpoints
 

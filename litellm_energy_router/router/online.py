@@ -63,8 +63,16 @@ class OnlineEnergy:
             expected tokens of a row whose decision did not say).
     """
 
-    def __init__(self, candidates: Sequence[str], j_out: Sequence[float], j_prompt: Sequence[float],
-                 prior_tokens: Sequence[float], *, n0: float = N0, window: float = WINDOW) -> None:  # fmt: skip
+    def __init__(
+        self,
+        candidates: Sequence[str],
+        j_out: Sequence[float],
+        j_prompt: Sequence[float],
+        prior_tokens: Sequence[float],
+        *,
+        n0: float = N0,
+        window: float = WINDOW,
+    ) -> None:
         self.candidates = tuple(candidates)
         self.ix = {c: i for i, c in enumerate(self.candidates)}
         self.j_out, self.j_prompt = np.asarray(j_out, dtype=float), np.asarray(j_prompt, dtype=float)
@@ -75,8 +83,15 @@ class OnlineEnergy:
         self._lock = threading.Lock()
         self.rows = 0
 
-    def update(self, candidate: str, prompt_tokens: float, output_tokens: float, joules: float | None,
-               context: str | None = None, estimate_j: float | None = None) -> bool:  # fmt: skip
+    def update(
+        self,
+        candidate: str,
+        prompt_tokens: float,
+        output_tokens: float,
+        joules: float | None,
+        context: str | None = None,
+        estimate_j: float | None = None,
+    ) -> bool:
         """Account one settled row: tokens, ``joules`` (J; None: the token-based figure), ``context`` (its key,
         :attr:`.context.Context.key` or cluster; None: the candidate level only), ``estimate_j`` (J: the checkpoint's
         estimate at decision time). False (nothing learned) for an unknown candidate or bad numbers."""
@@ -123,7 +138,9 @@ class OnlineEnergy:
         """``[K]`` in (0, 1]: ``n0 / (n + n0)`` of each candidate's row count (its context's, when it has rows)."""
         with self._lock:
             ctx = self._ctx.get(context) if context else None
-            n = np.array([max(self._cand[k].n, ctx[k].n if ctx is not None else 0.0) for k in range(len(self.candidates))])
+            n = np.array(
+                [max(self._cand[k].n, ctx[k].n if ctx is not None else 0.0) for k in range(len(self.candidates))]
+            )
         return self.n0 / (n + self.n0)
 
 
@@ -146,7 +163,11 @@ def _ok(v: object) -> bool:
 def explore_pick(rng: Any, epsilon: float, j_best: int, weights: np.ndarray | None, k: int) -> tuple[int, float]:
     """(the index chosen among ``k`` available candidates, its exact propensity): ``j_best`` with probability
     ``1 - epsilon``, else a draw from ``weights`` (:func:`explore_weights`, renormalised; None: uniform)."""
-    q = np.full(k, 1.0 / k) if weights is None or len(weights) != k else np.asarray(weights, dtype=float) / np.sum(weights)
+    q = (
+        np.full(k, 1.0 / k)
+        if weights is None or len(weights) != k
+        else np.asarray(weights, dtype=float) / np.sum(weights)
+    )
     j = j_best
     if epsilon > 0 and rng.random() < epsilon:
         j = int(min(np.searchsorted(np.cumsum(q), rng.random() * q.sum(), side="right"), k - 1))

@@ -20,15 +20,18 @@ PROBE_FILE = "probe.npz"
 class Probe:
     """``W[T, K, D]``, ``b[T, K]`` for the ``tasks`` (in order) and ``W_any[K, D]``, ``b_any[K]``."""
 
-    def __init__(self, tasks: Sequence[str], W: np.ndarray, b: np.ndarray, W_any: np.ndarray, b_any: np.ndarray,
-                 encoder: str) -> None:  # fmt: skip
+    def __init__(
+        self, tasks: Sequence[str], W: np.ndarray, b: np.ndarray, W_any: np.ndarray, b_any: np.ndarray, encoder: str
+    ) -> None:
         self.tasks = [str(t) for t in tasks]
         self.W, self.b = np.asarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64)
         self.W_any, self.b_any = np.asarray(W_any, dtype=np.float64), np.asarray(b_any, dtype=np.float64)
         self.encoder = encoder
         self._ix = {t: i for i, t in enumerate(self.tasks)}
         if self.W.shape[:2] != (len(self.tasks), self.W_any.shape[0]) or self.W.shape[2] != self.W_any.shape[1]:
-            raise ValueError(f"probe: W {self.W.shape} does not match {len(self.tasks)} tasks and W_any {self.W_any.shape}")
+            raise ValueError(
+                f"probe: W {self.W.shape} does not match {len(self.tasks)} tasks and W_any {self.W_any.shape}"
+            )
 
     @property
     def n_candidates(self) -> int:
@@ -51,8 +54,15 @@ class Probe:
         return out
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, tasks=np.array(self.tasks, dtype=str), W=self.W, b=self.b, W_any=self.W_any,
-                 b_any=self.b_any, encoder=np.array(self.encoder))  # fmt: skip
+        np.savez(
+            path,
+            tasks=np.array(self.tasks, dtype=str),
+            W=self.W,
+            b=self.b,
+            W_any=self.W_any,
+            b_any=self.b_any,
+            encoder=np.array(self.encoder),
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "Probe":

@@ -36,9 +36,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..metrics import CHECKPOINT_LOAD_SECONDS, RELOADS
-from ..tokens import count_prompt_tokens
-from .checkpoint import MANIFEST, resolve
+from litellm_energy_router.metrics import CHECKPOINT_LOAD_SECONDS, RELOADS
+from litellm_energy_router.router.checkpoint import MANIFEST, resolve
+from litellm_energy_router.tokens import count_prompt_tokens
 
 log = logging.getLogger("litellm_energy_router")
 
@@ -88,10 +88,19 @@ def _fingerprint(path: Path | None) -> tuple[str, tuple] | None:
 
 
 class RouterRuntime:
-    def __init__(self, checkpoint: str | os.PathLike[str] | None, *, batch_wait_ms: float = 0.0,
-                 cache_size: int = 4096, max_batch: int = 64, poll_s: float = 1.0,
-                 expect_candidates: Sequence[str] | None = None, threads: int | None = None,
-                 scorer: str = "auto", background: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike[str] | None,
+        *,
+        batch_wait_ms: float = 0.0,
+        cache_size: int = 4096,
+        max_batch: int = 64,
+        poll_s: float = 1.0,
+        expect_candidates: Sequence[str] | None = None,
+        threads: int | None = None,
+        scorer: str = "auto",
+        background: bool | None = None,
+    ) -> None:
         """``background``: load the first checkpoint on a thread (None: when called inside a running
         event loop, so the loop never waits for it)."""
         self.checkpoint = Path(checkpoint) if checkpoint else None
@@ -115,8 +124,12 @@ class RouterRuntime:
             if background if background is not None else _in_event_loop():
                 self._loading = True
                 self._reloading.acquire()
-                threading.Thread(target=self._load_then_release, args=(_fingerprint(self.checkpoint),),
-                                 name="energy-router-load", daemon=True).start()  # fmt: skip
+                threading.Thread(
+                    target=self._load_then_release,
+                    args=(_fingerprint(self.checkpoint),),
+                    name="energy-router-load",
+                    daemon=True,
+                ).start()
             else:
                 self._load(_fingerprint(self.checkpoint))
 
@@ -136,7 +149,7 @@ class RouterRuntime:
 
     # -- loading ----------------------------------------------------------------------------------
     def _load(self, fp: tuple[str, tuple] | None) -> bool:
-        from .scoring import load_scorer
+        from litellm_energy_router.router.scoring import load_scorer
 
         if fp is None:
             self.last_error = f"checkpoint {self.checkpoint} not found"
@@ -146,7 +159,10 @@ class RouterRuntime:
         t0 = time.perf_counter()
         try:
             model = load_scorer(fp[0], self.scorer, expect_candidates=self.expect_candidates)
-            model.score(["warm-up"], [None]), model.energy(["warm-up"], [None])  # tokenizer tables etc. built here, not on a request
+            (
+                model.score(["warm-up"], [None]),
+                model.energy(["warm-up"], [None]),
+            )  # tokenizer tables etc. built here, not on a request
             if self.threads and not model.inline and "torch" in sys.modules:  # a torch scorer: keep its threads off
                 # the proxy's cores (an inline scorer never runs torch, and torch may be half-imported by another loader)
                 sys.modules["torch"].set_num_threads(self.threads)
@@ -163,7 +179,13 @@ class RouterRuntime:
         dt = time.perf_counter() - t0
         RELOADS.labels(result="ok").inc()
         CHECKPOINT_LOAD_SECONDS.observe(dt)
-        log.info("energy-router: serving checkpoint %s (version %s, scorer %s), loaded in %.2f s", fp[0], model.version, model.name, dt)
+        log.info(
+            "energy-router: serving checkpoint %s (version %s, scorer %s), loaded in %.2f s",
+            fp[0],
+            model.version,
+            model.name,
+            dt,
+        )
         return True
 
     def maybe_reload(self, block: bool = False) -> None:

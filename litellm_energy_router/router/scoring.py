@@ -26,8 +26,14 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..tokens import count_prompt_tokens
-from .checkpoint import CheckpointError, Manifest, read_manifest, resolve, verify_files
+from litellm_energy_router.router.checkpoint import (
+    CheckpointError,
+    Manifest,
+    read_manifest,
+    resolve,
+    verify_files,
+)
+from litellm_energy_router.tokens import count_prompt_tokens
 
 
 @runtime_checkable
@@ -51,20 +57,26 @@ class Scorer(Protocol):
         """``P[n, K]`` in [0, 1]."""
         ...
 
-    def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
-               prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip
+    def energy(
+        self,
+        texts: Sequence[str],
+        tasks: Sequence[str | None] | None = None,
+        prompt_tokens: Sequence[int] | None = None,
+    ) -> np.ndarray:
         """``Ê[n, K]`` in joules."""
         ...
 
 
-def scores_from_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
-                       offset: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def scores_from_logits(
+    slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None], offset: np.ndarray | None = None
+) -> np.ndarray:
     """Calibrated P[n, K]: ``sigmoid`` of :func:`calibrated_logits`."""
     return 1.0 / (1.0 + np.exp(-calibrated_logits(slot_logits, calibration, tasks, offset)))
 
 
-def calibrated_logits(slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None],
-                      offset: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def calibrated_logits(
+    slot_logits: np.ndarray, calibration: dict[str, Any], tasks: Sequence[str | None], offset: np.ndarray | None = None
+) -> np.ndarray:
     """``slot_logits[n, K]`` = logit(yes) − logit(no) per slot → the calibrated logit of P[n, K].
 
     Calibration is Platt scaling per candidate with a per-task intercept (``b_task``; ``b_any`` for
@@ -90,15 +102,16 @@ class CheckpointScorer:
     name = "checkpoint"
     inline = False
 
-    def __init__(self, path: str | Path, manifest: Manifest | None = None,
-                 expect_candidates: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, path: str | Path, manifest: Manifest | None = None, expect_candidates: Sequence[str] | None = None
+    ) -> None:
         self.path = resolve(path)
         self.manifest: Manifest = manifest or read_manifest(self.path, expect_candidates)
         self.probe: Any = None  # the probe head, for the scorers that calibrate on top of it (read_probe)
-        from .token_model import TOKENS_FILE, TokenModel
+        from litellm_energy_router.router.token_model import TOKENS_FILE, TokenModel
 
         self.tokens = self.load_part(self.manifest.tokens, TOKENS_FILE, TokenModel.load, "token model")
-        from .length_model import LENGTH_FILE, LengthModel
+        from litellm_energy_router.router.length_model import LENGTH_FILE, LengthModel
 
         self.length = self.load_part(self.manifest.length, LENGTH_FILE, LengthModel.load, "length model")
 
@@ -110,17 +123,25 @@ class CheckpointScorer:
     def version(self) -> str:
         return self.manifest.version
 
-    def energy(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
-               prompt_tokens: Sequence[int] | None = None) -> np.ndarray:  # fmt: skip
+    def energy(
+        self,
+        texts: Sequence[str],
+        tasks: Sequence[str | None] | None = None,
+        prompt_tokens: Sequence[int] | None = None,
+    ) -> np.ndarray:
         """Ê[n, K] in joules from the prompt length (known at routing time) and expected output tokens."""
         return self.energy_detail(texts, tasks, prompt_tokens)[0]
 
-    def energy_detail(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None,
-                      prompt_tokens: Sequence[int] | None = None,
-                      max_tokens: Sequence[int | None] | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:  # fmt: skip
+    def energy_detail(
+        self,
+        texts: Sequence[str],
+        tasks: Sequence[str | None] | None = None,
+        prompt_tokens: Sequence[int] | None = None,
+        max_tokens: Sequence[int | None] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
         """(Ê[n, K] J, expected output tokens [n, K], a note per request for the decision's metadata):
         :func:`.length_model.request_tokens` (a task the table never held gets the length model or the prior)."""
-        from .length_model import request_tokens
+        from litellm_energy_router.router.length_model import request_tokens
 
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
@@ -141,12 +162,14 @@ class CheckpointScorer:
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{self.path}: cannot load the {what} ({str(e).splitlines()[0]})") from None
         if part.n_candidates != len(self.manifest.candidates):
-            raise CheckpointError(f"{self.path}: the {what} has {part.n_candidates} outputs, not {len(self.manifest.candidates)}")
+            raise CheckpointError(
+                f"{self.path}: the {what} has {part.n_candidates} outputs, not {len(self.manifest.candidates)}"
+            )
         return part
 
     def read_probe(self) -> Any:
         """The checkpoint's probe head (None without one); refuses a broken file."""
-        from .probe import PROBE_FILE, Probe
+        from litellm_energy_router.router.probe import PROBE_FILE, Probe
 
         return self.load_part(self.manifest.probe, PROBE_FILE, Probe.load, "probe head")
 
@@ -154,7 +177,7 @@ class CheckpointScorer:
         """The probe head's logits [n, K] (None without a probe); embeds the query blocks (MiniLM)."""
         if self.probe is None:
             return None
-        from .encoder import get_encoder, query_block
+        from litellm_energy_router.router.encoder import get_encoder, query_block
 
         emb = get_encoder(self.probe.encoder).embed([query_block(t) for t in texts])
         return self.probe.logits(emb, tasks)
@@ -167,10 +190,11 @@ class StudentScorer(CheckpointScorer):
 
     name = "student"
 
-    def __init__(self, path: str | Path, manifest: Manifest | None = None,
-                 expect_candidates: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, path: str | Path, manifest: Manifest | None = None, expect_candidates: Sequence[str] | None = None
+    ) -> None:
         super().__init__(path, manifest, expect_candidates)
-        from .student import STUDENT_FILE, Student
+        from litellm_energy_router.router.student import STUDENT_FILE, Student
 
         if not self.manifest.student:
             raise CheckpointError(f"{self.path}: the manifest names no student (use router.scorer: lm)")
@@ -191,7 +215,7 @@ class StudentScorer(CheckpointScorer):
 def scorer_factories() -> dict[str, Callable[[Path, Manifest], Scorer]]:
     """Every registered scorer kind → factory(checkpoint_dir, manifest): the built-ins (:mod:`.builtin_scorers`)
     and any plugin's, through the ``energy_router_scorers`` hook."""
-    from ..plugins import scorer_factories as registered
+    from litellm_energy_router.plugins import scorer_factories as registered
 
     return registered()
 

@@ -16,7 +16,7 @@ indicator per task seen in training (none for an unknown task, as for production
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -45,8 +45,15 @@ def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -
 class Student:
     """Loaded student weights: ``W[dim, K]``, ``W_task[T, K]`` for the training tasks, bias ``b[K]``."""
 
-    def __init__(self, W: np.ndarray, W_task: np.ndarray, b: np.ndarray, tasks: Sequence[str], ngrams: Sequence[int],
-                 tail_chars: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        W: np.ndarray,
+        W_task: np.ndarray,
+        b: np.ndarray,
+        tasks: Sequence[str],
+        ngrams: Sequence[int],
+        tail_chars: int,
+    ) -> None:
         self.W = np.ascontiguousarray(W, dtype=np.float64)
         self.W_task = np.asarray(W_task, dtype=np.float64)
         self.b = np.asarray(b, dtype=np.float64)
@@ -60,11 +67,20 @@ class Student:
     @classmethod
     def load(cls, path: str | Path) -> "Student":
         with np.load(path, allow_pickle=False) as z:
-            return cls(z["W"], z["W_task"], z["b"], [str(t) for t in z["tasks"]], z["ngrams"].tolist(), int(z["tail_chars"]))
+            return cls(
+                z["W"], z["W_task"], z["b"], [str(t) for t in z["tasks"]], z["ngrams"].tolist(), int(z["tail_chars"])
+            )
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, W=self.W.astype(np.float32), W_task=self.W_task, b=self.b, tasks=np.array(list(self.tasks), dtype=str),
-                 ngrams=np.array(self.ngrams), tail_chars=np.array(self.tail_chars))  # fmt: skip
+        np.savez(
+            path,
+            W=self.W.astype(np.float32),
+            W_task=self.W_task,
+            b=self.b,
+            tasks=np.array(list(self.tasks), dtype=str),
+            ngrams=np.array(self.ngrams),
+            tail_chars=np.array(self.tail_chars),
+        )
 
     @property
     def n_candidates(self) -> int:

@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .encoder import query_block
-from .student import ngram_buckets
+from litellm_energy_router.router.encoder import query_block
+from litellm_energy_router.router.student import ngram_buckets
 
 TOKENS_FILE = "tokens.npz"
 
@@ -43,14 +43,21 @@ class TokenModel:
             return cls(z["W"], [str(t) for t in z["tasks"]], z["ngrams"].tolist(), int(z["tail_chars"]))
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, W=self.W, tasks=np.array(list(self.tasks), dtype=str), ngrams=np.array(self.ngrams),
-                 tail_chars=np.array(self.tail_chars))  # fmt: skip
+        np.savez(
+            path,
+            W=self.W,
+            tasks=np.array(list(self.tasks), dtype=str),
+            ngrams=np.array(self.ngrams),
+            tail_chars=np.array(self.tail_chars),
+        )
 
     def rows(self, texts: Sequence[str | None]) -> list[np.ndarray]:
         """Active bucket ids per text's query block (scaled by 1/sqrt(count) in :meth:`offset`)."""
         return [ngram_buckets(query_block(t or ""), self.ngrams, self.dim, self.tail_chars) for t in texts]
 
-    def offset(self, texts: Sequence[str | None], prompt_tokens: Sequence[float], tasks: Sequence[str | None]) -> np.ndarray:
+    def offset(
+        self, texts: Sequence[str | None], prompt_tokens: Sequence[float], tasks: Sequence[str | None]
+    ) -> np.ndarray:
         """Predicted output tokens minus the per-task mean, ``[n, K]`` (0 for a task without a model)."""
         out = np.zeros((len(texts), self.n_candidates))
         lp = np.log1p(np.asarray(prompt_tokens, dtype=np.float64))

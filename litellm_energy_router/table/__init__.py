@@ -3,7 +3,7 @@
 This package knows nothing above it (no profiling, training, router or LiteLLM imports).
 """
 
-from .rows import (
+from litellm_energy_router.table.rows import (
     ENERGY_METHOD_PATTERN,
     SOURCES,
     BadRowError,
@@ -13,9 +13,30 @@ from .rows import (
     make_query,
     text_hash,
 )
-from .store import CandidateStats, SQLStore, TableError, TableStore, WriteResult, check_table_url, open_store
+from litellm_energy_router.table.store import (
+    CandidateStats,
+    SQLStore,
+    TableError,
+    TableStore,
+    WriteResult,
+    check_table_url,
+    open_store,
+)
 
 __all__ = [
-    "ENERGY_METHOD_PATTERN", "SOURCES", "BadRowError", "Candidate", "CandidateStats", "Query", "Run",
-    "SQLStore", "TableError", "TableStore", "WriteResult", "make_query", "check_table_url", "open_store", "text_hash",
+    "ENERGY_METHOD_PATTERN",
+    "SOURCES",
+    "BadRowError",
+    "Candidate",
+    "CandidateStats",
+    "Query",
+    "Run",
+    "SQLStore",
+    "TableError",
+    "TableStore",
+    "WriteResult",
+    "make_query",
+    "check_table_url",
+    "open_store",
+    "text_hash",
 ]

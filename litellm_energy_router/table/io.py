@@ -14,19 +14,44 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from ..errors import one_line
-from .rows import BadRowError, Candidate, Query, Run
-from .store import TableStore
+from litellm_energy_router.errors import one_line
+from litellm_energy_router.table.rows import BadRowError, Candidate, Query, Run
+from litellm_energy_router.table.store import TableStore
 
 CANDIDATE_COLUMNS = ["candidate", "model", "params_b", "active_params_b", "hardware"]
 QUERY_COLUMNS = ["query_id", "task", "text", "text_hash", "reference", "query_source", "query_created"]
 RUN_COLUMNS = [
-    "source", "score", "latency_s", "ttft_s", "prompt_tokens", "completion_tokens", "energy_j", "avg_power_w",
-    "energy_method", "gpu", "propensity", "call_id", "status", "grade_note", "created", "router_version",
-]  # fmt: skip
+    "source",
+    "score",
+    "latency_s",
+    "ttft_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "energy_j",
+    "avg_power_w",
+    "energy_method",
+    "gpu",
+    "propensity",
+    "call_id",
+    "status",
+    "grade_note",
+    "created",
+    "router_version",
+]
 FLAT_COLUMNS = QUERY_COLUMNS + CANDIDATE_COLUMNS + RUN_COLUMNS
 _INT = {"prompt_tokens", "completion_tokens"}
-_FLOAT = {"params_b", "active_params_b", "score", "latency_s", "ttft_s", "energy_j", "avg_power_w", "propensity", "created", "query_created"}
+_FLOAT = {
+    "params_b",
+    "active_params_b",
+    "score",
+    "latency_s",
+    "ttft_s",
+    "energy_j",
+    "avg_power_w",
+    "propensity",
+    "created",
+    "query_created",
+}
 
 
 def _fmt(path: Path) -> str:
@@ -69,7 +94,11 @@ def _read(path: Path) -> tuple[list[dict[str, Any]], int]:
     if _fmt(path) == "csv":
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            missing = [c for c in ("query_id", "task", "text_hash", "candidate", "source") if c not in (reader.fieldnames or [])]
+            missing = [
+                c
+                for c in ("query_id", "task", "text_hash", "candidate", "source")
+                if c not in (reader.fieldnames or [])
+            ]
             if missing:
                 raise BadRowError(f"{path}: missing column {missing[0]!r}")
             rows = [{k: (None if v == "" else v) for k, v in r.items()} for r in reader]
@@ -105,8 +134,14 @@ def import_table(store: TableStore, path: str | Path) -> int:
                 cands[name] = Candidate(name=name, **{k: r.get(k) for k in CANDIDATE_COLUMNS[1:]})
             qid = r["query_id"]
             if qid not in queries:
-                q = {"id": qid, "task": r["task"], "text": r.get("text"), "text_hash": r["text_hash"],
-                     "reference": r.get("reference"), "source": r.get("query_source") or r["source"]}  # fmt: skip
+                q = {
+                    "id": qid,
+                    "task": r["task"],
+                    "text": r.get("text"),
+                    "text_hash": r["text_hash"],
+                    "reference": r.get("reference"),
+                    "source": r.get("query_source") or r["source"],
+                }
                 if r.get("query_created") is not None:
                     q["created"] = r["query_created"]
                 queries[qid] = Query.model_validate(q)

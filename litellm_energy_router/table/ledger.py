@@ -27,14 +27,23 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import BigInteger, Column, Float, Index, String, Table, func, select
 
-from .schema import metadata
+from litellm_energy_router.table.schema import metadata
 
 KEY_COLUMNS = ("day", "key_hash", "team", "user_id", "model_group", "deployment")
 LABEL_COLUMNS = ("key_alias", "team_alias")
 SUM_COLUMNS = (
-    "requests", "prompt_tokens", "completion_tokens", "joules_measured", "requests_measured", "joules_estimated",
-    "requests_estimated", "joules_router_estimate", "joules_reference", "joules_saved", "co2e_g",
-)  # fmt: skip
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "joules_measured",
+    "requests_measured",
+    "joules_estimated",
+    "requests_estimated",
+    "joules_router_estimate",
+    "joules_reference",
+    "joules_saved",
+    "co2e_g",
+)
 _INT_SUMS = {"requests", "prompt_tokens", "completion_tokens", "requests_measured", "requests_estimated"}
 
 ledger = Table(
@@ -53,8 +62,14 @@ ledger = Table(
     Index("ix_er_ledger_team_day", "team", "day"),
 )
 
-BY = {"key": ("key_hash", "key_alias"), "team": ("team", "team_alias"), "model": ("model_group", None),
-      "day": ("day", None), "user": ("user_id", None), "deployment": ("deployment", None)}  # fmt: skip
+BY = {
+    "key": ("key_hash", "key_alias"),
+    "team": ("team", "team_alias"),
+    "model": ("model_group", None),
+    "day": ("day", None),
+    "user": ("user_id", None),
+    "deployment": ("deployment", None),
+}
 
 
 def day_of(t_s: float) -> str:
@@ -67,9 +82,19 @@ def _day(day_index: int) -> str:
     return datetime.fromtimestamp(day_index * 86400, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
-def entry(attrs: Mapping[str, Any], *, t_s: float, request: bool, prompt_tokens: int, completion_tokens: int,
-          joules: float | None, measured: bool, router_estimate_j: float | None, reference_j: float | None,
-          co2e_g: float | None) -> dict[str, Any]:  # fmt: skip
+def entry(
+    attrs: Mapping[str, Any],
+    *,
+    t_s: float,
+    request: bool,
+    prompt_tokens: int,
+    completion_tokens: int,
+    joules: float | None,
+    measured: bool,
+    router_estimate_j: float | None,
+    reference_j: float | None,
+    co2e_g: float | None,
+) -> dict[str, Any]:
     """One run's increments. ``attrs``: the key columns but ``day`` (missing ones are ``''``) and the labels;
     ``request``: count it as a request (``False`` for a failed attempt's successful retry)."""
     d: dict[str, Any] = {k: str(attrs.get(k) or "")[:200] for k in KEY_COLUMNS[1:]}
@@ -79,15 +104,18 @@ def entry(attrs: Mapping[str, Any], *, t_s: float, request: bool, prompt_tokens:
         d[k] = str(attrs[k])[:200] if attrs.get(k) else None
     routed = router_estimate_j is not None and reference_j is not None
     d.update(
-        requests=int(request), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        requests=int(request),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         joules_measured=joules if joules is not None and measured else 0.0,
         requests_measured=int(joules is not None and measured),
         joules_estimated=joules if joules is not None and not measured else 0.0,
         requests_estimated=int(joules is not None and not measured),
-        joules_router_estimate=router_estimate_j if routed else 0.0, joules_reference=reference_j if routed else 0.0,
+        joules_router_estimate=router_estimate_j if routed else 0.0,
+        joules_reference=reference_j if routed else 0.0,
         joules_saved=(reference_j - router_estimate_j) if routed else 0.0,  # type: ignore[operator]
         co2e_g=co2e_g or 0.0,
-    )  # fmt: skip
+    )
     return d
 
 
@@ -120,12 +148,15 @@ def apply(conn: Any, dialect: str, entries: Sequence[Mapping[str, Any]], now: fl
     set_: dict[str, Any] = {c: ledger.c[c] + stmt.excluded[c] for c in SUM_COLUMNS}
     set_.update({c: func.coalesce(stmt.excluded[c], ledger.c[c]) for c in LABEL_COLUMNS})
     set_["updated"] = stmt.excluded["updated"]
-    conn.execute(stmt.on_conflict_do_update(index_elements=list(KEY_COLUMNS), set_=set_), [{**r, "updated": now} for r in rows])
+    conn.execute(
+        stmt.on_conflict_do_update(index_elements=list(KEY_COLUMNS), set_=set_), [{**r, "updated": now} for r in rows]
+    )
     return len(rows)
 
 
-def report(conn: Any, by: str, *, since: str | None = None, until: str | None = None,
-           extra: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def report(
+    conn: Any, by: str, *, since: str | None = None, until: str | None = None, extra: str | None = None
+) -> list[dict[str, Any]]:
     """Ledger sums grouped by ``by`` (``key``, ``team``, ``model``, ``day``, ``user``, ``deployment``), and by
     ``extra`` too when given (e.g. ``team`` for a per-day plot stacked by team); days ``since``..``until``
     inclusive (``YYYY-MM-DD``). Each row: the group value(s), its label (key alias / team alias) and the sums."""

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 from sqlalchemy import and_, select, update
 
-from . import schema
-from .rows import Query, Run
+from litellm_energy_router.table import schema
+from litellm_energy_router.table.rows import Query, Run
 
 
 def query_id_for(call_id: str) -> str:
@@ -131,6 +131,10 @@ def apply_upgrades(conn: Any, runs: Sequence[Run], now: float) -> None:
     keep = {"query_id", "candidate", "source", "score"}
     for run in runs:
         values = {k: v for k, v in run.model_dump().items() if k not in keep}
-        where = and_(t.c.query_id == run.query_id, t.c.candidate == run.candidate, t.c.source == "production",
-                     t.c.status == "failure")  # fmt: skip
+        where = and_(
+            t.c.query_id == run.query_id,
+            t.c.candidate == run.candidate,
+            t.c.source == "production",
+            t.c.status == "failure",
+        )
         conn.execute(update(t).where(where).values(**values, updated=now))

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from ..errors import UserError, one_line
+from litellm_energy_router.errors import UserError, one_line
 
 # how a row's joules were obtained: a meter's ``method`` (``estimate``, ``nvml_counter``, ``power_sampling``,
 # ``agent``, ``simulated`` or a plugin meter's own); whether it is measured is the meter registry's answer
@@ -79,11 +79,17 @@ class Run(_Row):
     router_version: str | None = Field(
         None, max_length=100, description="checkpoint version whose decision served this run (production rows only)"
     )
-    energy_estimate_j: float | None = Field(None, ge=0, description="router's decision-time estimate for this candidate, J")
-    energy_reference_j: float | None = Field(None, ge=0, description="router's estimate for the reference deployment, J")
+    energy_estimate_j: float | None = Field(
+        None, ge=0, description="router's decision-time estimate for this candidate, J"
+    )
+    energy_reference_j: float | None = Field(
+        None, ge=0, description="router's estimate for the reference deployment, J"
+    )
     co2e_g: float | None = Field(None, ge=0, description="grams CO2e of energy_j (x PUE x grid intensity)")
     site: str | None = Field(None, max_length=100, description="site of the deployment that served it")
-    context: str | None = Field(None, max_length=64, description="hashed context keys of a production run (router/context.py)")
+    context: str | None = Field(
+        None, max_length=64, description="hashed context keys of a production run (router/context.py)"
+    )
 
 
 def text_hash(text: str, salt: str = "") -> str:
@@ -131,6 +137,8 @@ def check_references(runs: Sequence[Run], candidates: set[str], queries: set[str
     """Raise :class:`BadRowError` for a run naming an unknown candidate or query."""
     for i, r in enumerate(runs):
         if r.candidate not in candidates:
-            raise BadRowError(f"{_describe('runs', i + offset, r)}: field 'candidate' = {r.candidate!r}: unknown candidate")
+            raise BadRowError(
+                f"{_describe('runs', i + offset, r)}: field 'candidate' = {r.candidate!r}: unknown candidate"
+            )
         if r.query_id not in queries:
             raise BadRowError(f"{_describe('runs', i + offset, r)}: field 'query_id' = {r.query_id!r}: unknown query")

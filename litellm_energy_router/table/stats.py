@@ -24,8 +24,9 @@ def _median_p95(values: list[float]) -> tuple[float | None, float | None]:
     return _quantile(xs, 0.5), _quantile(xs, 0.95)
 
 
-def group_quantiles(conn: Any, keys: Sequence[Any], runs: Any, queries: Any,
-                    sources: Sequence[str] | None) -> dict[tuple, tuple[float | None, ...]]:  # fmt: skip
+def group_quantiles(
+    conn: Any, keys: Sequence[Any], runs: Any, queries: Any, sources: Sequence[str] | None
+) -> dict[tuple, tuple[float | None, ...]]:
     """Per value of ``keys``: (median J, p95 J, median latency s, p95 latency s) over the runs that have
     each value (``None`` when none has)."""
     stmt = select(*keys, runs.c.energy_j, runs.c.latency_s).join(queries, queries.c.id == runs.c.query_id)

@@ -15,15 +15,22 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from sqlalchemy import Engine, create_engine, event, func, or_, select, text
-from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from ..redact import redact_url
-from . import ledger as ledger_table
-from . import production, schema
-from .rows import BadRowError, Candidate, Query, Run, check_references, validate_rows
-from .stats import group_quantiles
-from ..errors import UserError
+from litellm_energy_router.errors import UserError
+from litellm_energy_router.redact import redact_url
+from litellm_energy_router.table import ledger as ledger_table
+from litellm_energy_router.table import production, schema
+from litellm_energy_router.table.rows import (
+    BadRowError,
+    Candidate,
+    Query,
+    Run,
+    check_references,
+    validate_rows,
+)
+from litellm_energy_router.table.stats import group_quantiles
 
 _RUN_FIELDS = [c.name for c in schema.runs.columns if c.name not in ("id", "updated")]
 _QUERY_FIELDS = [c.name for c in schema.queries.columns]
@@ -83,15 +90,19 @@ class TableStore(Protocol):
 
     def candidates(self) -> list[Candidate]: ...
 
-    def iter_runs(self, *, since_id: int | None = None, sources: Sequence[str] | None = None) -> Iterator[dict[str, Any]]: ...
+    def iter_runs(
+        self, *, since_id: int | None = None, sources: Sequence[str] | None = None
+    ) -> Iterator[dict[str, Any]]: ...
 
-    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None,
-              by_version: bool = False) -> list[CandidateStats]: ...
+    def stats(
+        self, *, by_task: bool = False, sources: Sequence[str] | None = None, by_version: bool = False
+    ) -> list[CandidateStats]: ...
 
     def count_runs(self) -> int: ...
 
-    def count_labelled(self, *, since_id: int | None = None, since_updated: float | None = None,
-                       sources: Sequence[str] | None = None) -> int: ...
+    def count_labelled(
+        self, *, since_id: int | None = None, since_updated: float | None = None, sources: Sequence[str] | None = None
+    ) -> int: ...
 
     def runs_for_call(self, call_id: str) -> list[Run]: ...
 
@@ -113,8 +124,10 @@ class SQLStore:
         self.dialect = parsed.get_backend_name()
         if self.dialect == "sqlite":
             if not create and (parsed.database or ":memory:") != ":memory:" and not Path(parsed.database).exists():
-                raise TableError(f"table {self._safe_url()}: no such database file {parsed.database!r} (this command "
-                                 "reads an existing table and creates none)")  # fmt: skip
+                raise TableError(
+                    f"table {self._safe_url()}: no such database file {parsed.database!r} (this command "
+                    "reads an existing table and creates none)"
+                )
             self.engine = _sqlite_engine(url)
         else:
             self.engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
@@ -151,12 +164,16 @@ class SQLStore:
             first = str(e.orig or e).strip().splitlines()[0]
             raise TableError(f"table {self._safe_url()}: {first}") from None
         if not found:
-            raise TableError(f"table {self._safe_url()}: holds no energy-router table (this command reads an "
-                             "existing table and creates none)")  # fmt: skip
+            raise TableError(
+                f"table {self._safe_url()}: holds no energy-router table (this command reads an "
+                "existing table and creates none)"
+            )
 
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
-            return int(conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).scalar_one())
+            return int(
+                conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).scalar_one()
+            )
 
     def _safe_url(self) -> str:
         return redact_url(self.url)
@@ -229,7 +246,8 @@ class SQLStore:
             return self._write_keep_first(c_payload, _pairs(q_rows, r_rows), now, ledger)
         q_payload = sorted((q.model_dump() for q in q_rows), key=lambda d: d["id"])
         r_payload = sorted(
-            ({**r.model_dump(), "updated": now} for r in r_rows), key=lambda d: (d["query_id"], d["candidate"], d["source"])
+            ({**r.model_dump(), "updated": now} for r in r_rows),
+            key=lambda d: (d["query_id"], d["candidate"], d["source"]),
         )
 
         def do(conn: Any) -> WriteResult:
@@ -241,7 +259,9 @@ class SQLStore:
                 wanted = {r.query_id for r in r_rows} - new_q
                 known_q = set(new_q)
                 for chunk in _chunks(sorted(wanted), 500):
-                    known_q.update(i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk))))
+                    known_q.update(
+                        i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk)))
+                    )
                 check_references(r_rows, known_c, known_q)
             if q_payload:
                 conn.execute(self._upsert(schema.queries, ["id"], True), q_payload)
@@ -251,8 +271,13 @@ class SQLStore:
 
         return self._transaction(do)
 
-    def _write_keep_first(self, c_payload: list[dict[str, Any]], pairs: list[tuple[Query, Run]],
-                          now: float, ledger: Sequence[dict[str, Any] | None] | None = None) -> WriteResult:  # fmt: skip
+    def _write_keep_first(
+        self,
+        c_payload: list[dict[str, Any]],
+        pairs: list[tuple[Query, Run]],
+        now: float,
+        ledger: Sequence[dict[str, Any] | None] | None = None,
+    ) -> WriteResult:
         def do(conn: Any) -> WriteResult:
             if c_payload:
                 conn.execute(self._upsert(schema.candidates, ["name"], True), c_payload)
@@ -263,13 +288,17 @@ class SQLStore:
                 conn.execute(text("SET LOCAL enable_seqscan = off"))
             plan = production.plan_rows(pairs, production.stored_calls(conn, [q.id for q, _ in pairs]))
             known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
-            check_references(plan.runs + plan.upgrades, known_c, {q.id for q, _ in pairs} | {q.id for q in plan.queries})
+            check_references(
+                plan.runs + plan.upgrades, known_c, {q.id for q, _ in pairs} | {q.id for q in plan.queries}
+            )
             if plan.queries:
                 q_payload = sorted((q.model_dump() for q in plan.queries), key=lambda d: d["id"])
                 conn.execute(self._upsert(schema.queries, ["id"], False), q_payload)
             if plan.runs:
-                r_payload = sorted(({**r.model_dump(), "updated": now} for r in plan.runs),
-                                   key=lambda d: (d["query_id"], d["candidate"], d["source"]))  # fmt: skip
+                r_payload = sorted(
+                    ({**r.model_dump(), "updated": now} for r in plan.runs),
+                    key=lambda d: (d["query_id"], d["candidate"], d["source"]),
+                )
                 conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), False), r_payload)
             production.apply_upgrades(conn, plan.upgrades, now)
             if ledger:
@@ -289,8 +318,9 @@ class SQLStore:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(schema.runs)).scalar_one())
 
-    def count_labelled(self, *, since_id: int | None = None, since_updated: float | None = None,
-                       sources: Sequence[str] | None = None) -> int:
+    def count_labelled(
+        self, *, since_id: int | None = None, since_updated: float | None = None, sources: Sequence[str] | None = None
+    ) -> int:
         """Runs with a score and energy that are new since a training watermark: a run id above
         ``since_id``, or (when ``since_updated`` is given) updated after that Unix time, e.g. labelled
         later by feedback."""
@@ -323,10 +353,20 @@ class SQLStore:
         memory does not grow with the table (a consumer that keeps every row is what would)."""
         r, q, c = schema.runs, schema.queries, schema.candidates
         cols = [
-            r.c.id, *[r.c[n] for n in _RUN_FIELDS], r.c.updated,
-            q.c.task, q.c.text, q.c.text_hash, q.c.reference, q.c.source.label("query_source"), q.c.created.label("query_created"),
-            c.c.model, c.c.params_b, c.c.active_params_b, c.c.hardware,
-        ]  # fmt: skip
+            r.c.id,
+            *[r.c[n] for n in _RUN_FIELDS],
+            r.c.updated,
+            q.c.task,
+            q.c.text,
+            q.c.text_hash,
+            q.c.reference,
+            q.c.source.label("query_source"),
+            q.c.created.label("query_created"),
+            c.c.model,
+            c.c.params_b,
+            c.c.active_params_b,
+            c.c.hardware,
+        ]
         base = select(*cols).join(q, q.c.id == r.c.query_id).join(c, c.c.name == r.c.candidate)
         if sources:
             base = base.where(r.c.source.in_(list(sources)))
@@ -334,7 +374,8 @@ class SQLStore:
         if self.dialect == "postgresql":  # one server-side cursor: ``batch`` rows in client memory at a time
             with self.engine.connect() as conn:
                 res = conn.execution_options(stream_results=True, yield_per=batch).execute(
-                    base.where(r.c.id > last).order_by(r.c.id))
+                    base.where(r.c.id > last).order_by(r.c.id)
+                )
                 for part in res.mappings().partitions():
                     yield from (dict(m) for m in part)
             return
@@ -347,8 +388,9 @@ class SQLStore:
                 return
             last = chunk[-1]["id"]
 
-    def stats(self, *, by_task: bool = False, sources: Sequence[str] | None = None,
-              by_version: bool = False) -> list[CandidateStats]:  # fmt: skip
+    def stats(
+        self, *, by_task: bool = False, sources: Sequence[str] | None = None, by_version: bool = False
+    ) -> list[CandidateStats]:
         """Per candidate (and task if ``by_task``, serving router version if ``by_version``): rows,
         accuracy, mean / median / p95 J and latency (s)."""
         r, q = schema.runs, schema.queries
@@ -377,8 +419,9 @@ class SQLStore:
                 out.append(CandidateStats(cand, task, int(n), int(n_lab), f(acc), f(e), f(lat), version, *quant))
         return out
 
-    def ledger(self, by: str, *, since: str | None = None, until: str | None = None,
-               extra: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    def ledger(
+        self, by: str, *, since: str | None = None, until: str | None = None, extra: str | None = None
+    ) -> list[dict[str, Any]]:
         """Energy and carbon ledger sums grouped by ``by`` (:func:`.ledger.report`)."""
         with self.engine.connect() as conn:
             return ledger_table.report(conn, by, since=since, until=until, extra=extra)
@@ -418,8 +461,9 @@ def _pairs(queries: list[Query], runs: list[Run]) -> list[tuple[Query, Run]]:
         raise BadRowError(f"keep_first: {len(queries)} queries for {len(runs)} runs (one query per run)")
     for i, (q, r) in enumerate(zip(queries, runs)):
         if r.query_id != q.id or r.source != "production" or q.source != "production":
-            raise BadRowError(f"keep_first: runs row {i} (query_id={r.query_id!r}) is not the production run of "
-                              f"queries row {i}")  # fmt: skip
+            raise BadRowError(
+                f"keep_first: runs row {i} (query_id={r.query_id!r}) is not the production run of queries row {i}"
+            )
     return list(zip(queries, runs))
 
 
@@ -466,15 +510,19 @@ def check_table_url(url: str) -> URL:
     try:
         parsed = make_url(url)
     except Exception:
-        raise TableError(f"table url {redact_url(url)!r}: not a valid SQLAlchemy URL (e.g. sqlite:///file.db or "
-                         "postgresql+psycopg://host/db)") from None  # fmt: skip
+        raise TableError(
+            f"table url {redact_url(url)!r}: not a valid SQLAlchemy URL (e.g. sqlite:///file.db or "
+            "postgresql+psycopg://host/db)"
+        ) from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise TableError(f"table url {redact_url(url)!r}: unsupported backend {backend!r} (use sqlite or postgresql)")
     if backend == "sqlite" and (parsed.host or parsed.username or parsed.port):
-        raise TableError(f"table url {redact_url(url)!r}: a SQLite URL has three slashes before a relative path "
-                         f"(sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}) and four before "
-                         "an absolute one")  # fmt: skip
+        raise TableError(
+            f"table url {redact_url(url)!r}: a SQLite URL has three slashes before a relative path "
+            f"(sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}) and four before "
+            "an absolute one"
+        )
     return parsed
 
 

@@ -18,5 +18,13 @@ from .base import (
 )
 
 __all__ = [
-    "Grade", "GradeContext", "HFSource", "Task", "TaskError", "TaskItem", "get_task", "sample_items", "task_names",
+    "Grade",
+    "GradeContext",
+    "HFSource",
+    "Task",
+    "TaskError",
+    "TaskItem",
+    "get_task",
+    "sample_items",
+    "task_names",
 ]

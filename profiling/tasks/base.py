@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
-from litellm_energy_router.plugins import task_factories
 from litellm_energy_router.errors import UserError
+from litellm_energy_router.plugins import task_factories
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..judge import Judge
@@ -132,9 +132,13 @@ class Task(ABC):
                 item = self.from_record(rec, i)
             except (KeyError, TypeError, ValueError, IndexError) as e:
                 what = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-                raise TaskError(f"{where}{f' line {line}' if line else f' row {i}'}: task {self.name}: {what}") from None
+                raise TaskError(
+                    f"{where}{f' line {line}' if line else f' row {i}'}: task {self.name}: {what}"
+                ) from None
             if item.id in seen:
-                raise TaskError(f"{where}{f' line {line}' if line else ''}: task {self.name}: duplicate item id {item.id!r}")
+                raise TaskError(
+                    f"{where}{f' line {line}' if line else ''}: task {self.name}: duplicate item id {item.id!r}"
+                )
             seen.add(item.id)
             items.append(item)
         return items
@@ -153,7 +157,9 @@ class Task(ABC):
             ds = datasets.load_dataset(src.path, src.name, split=src.split)
         except Exception as e:  # noqa: BLE001  (network, missing config, ...)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TaskError(f"task {self.name}: cannot load dataset {src.path!r} ({src.name}, {src.split}): {first}") from None
+            raise TaskError(
+                f"task {self.name}: cannot load dataset {src.path!r} ({src.name}, {src.split}): {first}"
+            ) from None
         return [(0, dict(r)) for r in ds]
 
 
@@ -203,8 +209,10 @@ def get_task(name: str) -> Task:
         raise TaskError(f"task {name!r} is not registered (known: {', '.join(sorted(factories)) or 'none'})") from None
     task = factory()
     if not isinstance(task, Task) or task.name != name:
-        raise TaskError(f"task {name!r}: the factory returned {type(task).__name__} named {getattr(task, 'name', None)!r}, "
-                        f"expected a Task named {name!r}")  # fmt: skip
+        raise TaskError(
+            f"task {name!r}: the factory returned {type(task).__name__} named {getattr(task, 'name', None)!r}, "
+            f"expected a Task named {name!r}"
+        )
     return task
 
 

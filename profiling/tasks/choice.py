@@ -42,8 +42,11 @@ def extract_choice(text: str, choices: Sequence[str]) -> int | None:
 
     # a lower-case letter after the keyword only when nothing word-like follows it:
     # "the answer is a fox" must not read as (A), "answer: b" does read as (B)
-    kw = [m.group(1) for m in _KEYWORD.finditer(text)
-          if m.group(1).isupper() or re.match(r"\s*(?:[\)\].:*\"']|$)", text[m.end():])]  # fmt: skip
+    kw = [
+        m.group(1)
+        for m in _KEYWORD.finditer(text)
+        if m.group(1).isupper() or re.match(r"\s*(?:[\)\].:*\"']|$)", text[m.end() :])
+    ]
     if (r := pick(kw)) is not None:
         return r
     if (m := _LEADING.match(text)) and m.group(1) in valid:
@@ -126,7 +129,12 @@ class HellaSwag(MultipleChoiceTask):
 
     def parse(self, r: Mapping[str, Any], index: int) -> tuple[str, str, list[str], int]:
         topic = f"{r['activity_label']}: " if r.get("activity_label") else ""
-        return r.get("ind", index), f"Complete the description.\n\n{topic}{r['ctx']}", list(r["endings"]), int(r["label"])
+        return (
+            r.get("ind", index),
+            f"Complete the description.\n\n{topic}{r['ctx']}",
+            list(r["endings"]),
+            int(r["label"]),
+        )
 
 
 class WinoGrande(MultipleChoiceTask):
@@ -138,4 +146,9 @@ class WinoGrande(MultipleChoiceTask):
     instruction = "Which option correctly fills the blank (_)? Answer with the letter of the correct option."
 
     def parse(self, r: Mapping[str, Any], index: int) -> tuple[str, str, list[str], int]:
-        return r.get("id", index), f"Fill in the blank.\n\n{r['sentence']}", [r["option1"], r["option2"]], int(r["answer"]) - 1
+        return (
+            r.get("id", index),
+            f"Fill in the blank.\n\n{r['sentence']}",
+            [r["option1"], r["option2"]],
+            int(r["answer"]) - 1,
+        )

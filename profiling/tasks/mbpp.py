@@ -15,8 +15,11 @@ def extract_code(text: str) -> str:
     """The program in an answer: the first fenced block (```python preferred) that defines a
     function, else the first fenced block, else the ``[BEGIN] ... [DONE]`` span, else the text."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
-    for want in (lambda lang, b: lang in ("python", "py", "python3") and "def " in b, lambda lang, b: "def " in b,
-                 lambda lang, b: True):  # fmt: skip
+    for want in (
+        lambda lang, b: lang in ("python", "py", "python3") and "def " in b,
+        lambda lang, b: "def " in b,
+        lambda lang, b: True,
+    ):
         for lang, body in blocks:
             if want(lang, body):
                 return body.strip("\n")
@@ -43,8 +46,13 @@ class MBPP(Task):
             "Answer with the complete Python code in one ```python code block."
         )
         setup = str(record.get("test_setup_code") or "")
-        return TaskItem(self.name, str(record.get("task_id", index)), prompt, str(record.get("code") or "") or None,
-                        {"tests": tests, "setup": setup})  # fmt: skip
+        return TaskItem(
+            self.name,
+            str(record.get("task_id", index)),
+            prompt,
+            str(record.get("code") or "") or None,
+            {"tests": tests, "setup": setup},
+        )
 
     async def grade(self, item: TaskItem, answer: str, ctx: GradeContext) -> Grade:
         if ctx.sandbox is None:

@@ -30,8 +30,13 @@ class MTBench(Task):
         ref = (str(refs[0]) if refs else None) if isinstance(refs, (list, tuple)) else str(refs)
         category = str(record.get("category") or "")
         use_ref = ref if category in REFERENCE_CATEGORIES else None
-        return TaskItem(self.name, str(record.get("prompt_id", index)), str(question), ref,
-                        {"category": category, "judge_reference": use_ref})  # fmt: skip
+        return TaskItem(
+            self.name,
+            str(record.get("prompt_id", index)),
+            str(question),
+            ref,
+            {"category": category, "judge_reference": use_ref},
+        )
 
     async def grade(self, item: TaskItem, answer: str, ctx: GradeContext) -> Grade:
         if ctx.judge is None:

@@ -25,9 +25,9 @@ import httpx
 import pytest
 from aiohttp import web
 
-from litellm_energy_router.energy import MeterError, RequestUsage
-from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, serve
 from litellm_energy_router.agent.client import AgentMeter
+from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, serve
+from litellm_energy_router.energy import MeterError, RequestUsage
 from litellm_energy_router.energy.simulated import SimulatedMeter
 from litellm_energy_router.settings import ConfigError, load_settings
 from litellm_energy_router.threaded_app import ThreadedApp
@@ -76,9 +76,11 @@ def settled_reference(url: str) -> tuple[float, float]:
     """A finished request "ref" reported by progress, settled: (its energy J, a time inside its span)."""
     time.sleep(0.6)  # history before ref's start
     now = time.time()
-    ev = [{"request_id": "ref", "t": now - 0.5, "prompt_tokens": 0, "output_tokens": 0},
-          {"request_id": "ref", "t": now - 0.3, "prompt_tokens": 40, "output_tokens": 2},
-          {"request_id": "ref", "t": now - 0.1, "prompt_tokens": 40, "output_tokens": 12, "finished": True}]  # fmt: skip
+    ev = [
+        {"request_id": "ref", "t": now - 0.5, "prompt_tokens": 0, "output_tokens": 0},
+        {"request_id": "ref", "t": now - 0.3, "prompt_tokens": 40, "output_tokens": 2},
+        {"request_id": "ref", "t": now - 0.1, "prompt_tokens": 40, "output_tokens": 12, "finished": True},
+    ]
     assert httpx.post(f"{url}/v1/progress", json={"events": ev}, headers=AUTH).json() == {"accepted": 3}
     d = poll(lambda: (r := httpx.get(f"{url}/v1/energy/ref", headers=AUTH).json())["settled"] and r)
     assert d and d["energy_j"] > 0
@@ -112,10 +114,23 @@ def test_bad_token_counts_get_400_and_leave_attribution_alone(agent_url, field, 
 
 @pytest.mark.parametrize(
     "field,value",
-    [("t", "NaN"), ("t", "Infinity"), ("t", "0"), ("t", "1e12"), ("t", "-1"), ("t", '"now"'), ("t", "null"),
-     ("request_id", '""'), ("request_id", json.dumps("x" * 300)), ("request_id", "7"), ("request_id", '"a\\nb"'),
-     ("request_id", '["a"]'), ("finished", '"yes"'), ("finished", "2")],
-)  # fmt: skip
+    [
+        ("t", "NaN"),
+        ("t", "Infinity"),
+        ("t", "0"),
+        ("t", "1e12"),
+        ("t", "-1"),
+        ("t", '"now"'),
+        ("t", "null"),
+        ("request_id", '""'),
+        ("request_id", json.dumps("x" * 300)),
+        ("request_id", "7"),
+        ("request_id", '"a\\nb"'),
+        ("request_id", '["a"]'),
+        ("finished", '"yes"'),
+        ("finished", "2"),
+    ],
+)
 def test_bad_timestamps_ids_and_flags_get_400_naming_the_field(agent_url, field, value):
     ev = {"request_id": '"evil"', "t": repr(time.time()), "prompt_tokens": "1", "output_tokens": "1", field: value}
     body = '{"events": [{' + ", ".join(f'"{k}": {v}' for k, v in ev.items()) + "}]}"
@@ -153,7 +168,9 @@ def test_oversized_bodies_and_batches_are_refused(agent_url):
     assert httpx.get(f"{agent_url}/v1/energy/m0", headers=AUTH).status_code == 404
 
 
-@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"events": ' + b"[" * 50_000, b"\xff\xfe{}", b"[]", b'{"events": {}}'])
+@pytest.mark.parametrize(
+    "body", [b"[" * 100_000, b'{"events": ' + b"[" * 50_000, b"\xff\xfe{}", b"[]", b'{"events": {}}']
+)
 def test_malformed_bodies_get_400_not_500(agent_url, body):
     r = httpx.post(f"{agent_url}/v1/progress", content=body, headers=JSON)
     assert r.status_code == 400
@@ -163,13 +180,29 @@ def test_malformed_bodies_get_400_not_500(agent_url, body):
 # -- GET /v1/energy/{id} with timings ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "field,value",
-    [("prompt_tokens", "1" + "0" * 30), ("completion_tokens", "99999999999"), ("prompt_tokens", "-1"),
-     ("completion_tokens", "2.5"), ("start", "0"), ("end", "1e12"), ("start", "nan"), ("first_token", "inf"),
-     ("first_token", "1e12"), ("final", "maybe"), ("end", "")],
-)  # fmt: skip
+    [
+        ("prompt_tokens", "1" + "0" * 30),
+        ("completion_tokens", "99999999999"),
+        ("prompt_tokens", "-1"),
+        ("completion_tokens", "2.5"),
+        ("start", "0"),
+        ("end", "1e12"),
+        ("start", "nan"),
+        ("first_token", "inf"),
+        ("first_token", "1e12"),
+        ("final", "maybe"),
+        ("end", ""),
+    ],
+)
 def test_bad_timing_queries_get_400_naming_the_field(agent_url, field, value):
     now = time.time()
-    q = {"start": repr(now - 1.0), "end": repr(now - 0.5), "prompt_tokens": "10", "completion_tokens": "5", field: value}
+    q = {
+        "start": repr(now - 1.0),
+        "end": repr(now - 0.5),
+        "prompt_tokens": "10",
+        "completion_tokens": "5",
+        field: value,
+    }
     r = httpx.get(f"{agent_url}/v1/energy/evil", params=q, headers=AUTH)
     assert r.status_code == 400
     assert field in one_line_error(r)
@@ -223,8 +256,10 @@ def test_stale_requests_expire_and_stop_blocking_settlement():
         time.sleep(0.3)
         now = time.time()
         stuck = {"request_id": "stuck", "t": now - 0.2, "prompt_tokens": 10, "output_tokens": 1}  # its engine died
-        done = [{"request_id": "done", "t": now - 0.1, "prompt_tokens": 0, "output_tokens": 0},
-                {"request_id": "done", "t": now, "prompt_tokens": 20, "output_tokens": 4, "finished": True}]  # fmt: skip
+        done = [
+            {"request_id": "done", "t": now - 0.1, "prompt_tokens": 0, "output_tokens": 0},
+            {"request_id": "done", "t": now, "prompt_tokens": 20, "output_tokens": 4, "finished": True},
+        ]
         assert httpx.post(f"{url}/v1/progress", json={"events": [stuck, *done]}, headers=AUTH).status_code == 200
         assert poll(lambda: metric(url, 'energy_router_agent_requests_dropped_total{reason="stale"}') == 1, timeout=10)
         assert metric(url, "energy_router_agent_requests_in_flight") == 0
@@ -240,8 +275,13 @@ def test_non_loopback_bind_without_a_real_token_is_refused(token):
         env["ENERGY_ROUTER_AGENT_TOKEN"] = token
     with pytest.raises(BindError, match="refusing to bind '0.0.0.0' without a bearer token"):
         EnergyAgent(SimulatedMeter(), AgentConfig(host="0.0.0.0", token=token))
-    p = subprocess.Popen([EXE, "agent", "--host", "0.0.0.0", "--port", "0", "--meter", "simulated"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    p = subprocess.Popen(
+        [EXE, "agent", "--host", "0.0.0.0", "--port", "0", "--meter", "simulated"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         out, err = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -252,16 +292,30 @@ def test_non_loopback_bind_without_a_real_token_is_refused(token):
     assert "refusing to bind '0.0.0.0' without a bearer token" in err and len(err.strip().splitlines()) == 1
 
 
-BAD_AUTH = [None, "Bearer wrong", f"Bearer  {TOKEN}", f"Bearer {TOKEN}x", f"Basic {TOKEN}", TOKEN, "Bearer",
-            "Bearer " + "A" * 6000, b"Bearer \xff\xfe", f"Bearer {TOKEN[:-1]}\u00e9".encode()]  # fmt: skip
+BAD_AUTH = [
+    None,
+    "Bearer wrong",
+    f"Bearer  {TOKEN}",
+    f"Bearer {TOKEN}x",
+    f"Basic {TOKEN}",
+    TOKEN,
+    "Bearer",
+    "Bearer " + "A" * 6000,
+    b"Bearer \xff\xfe",
+    f"Bearer {TOKEN[:-1]}\u00e9".encode(),
+]
 
 
 @pytest.mark.parametrize("auth", BAD_AUTH, ids=[repr(a)[:24] for a in BAD_AUTH])
 def test_missing_or_wrong_tokens_get_401_everywhere(agent_url, auth):
     h = {} if auth is None else {"Authorization": auth}
     ev = {"request_id": "sneaky", "t": time.time(), "prompt_tokens": 1, "output_tokens": 1}
-    for method, path, kw in [("GET", "/v1/energy", {}), ("GET", "/metrics", {}), ("GET", "/v1/energy/ref", {}),
-                             ("POST", "/v1/progress", {"json": {"events": [ev]}})]:  # fmt: skip
+    for method, path, kw in [
+        ("GET", "/v1/energy", {}),
+        ("GET", "/metrics", {}),
+        ("GET", "/v1/energy/ref", {}),
+        ("POST", "/v1/progress", {"json": {"events": [ev]}}),
+    ]:
         r = httpx.request(method, f"{agent_url}{path}", headers=h, **kw)
         assert r.status_code == 401, (path, r.status_code, r.text[:200])
         assert r.headers.get("WWW-Authenticate", "").startswith("Bearer")
@@ -283,20 +337,27 @@ def make_cert(d: Path, name: str = "agent") -> tuple[Path, Path]:
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"energy-router {name} test")])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                    x509.DNSName("localhost")]), critical=False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     c, k = d / f"{name}.crt", d / f"{name}.key"
     c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))  # fmt: skip
+    k.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return c, k
 
 
@@ -364,16 +425,24 @@ def test_tls_client_verifies_and_plain_http_to_the_tls_port_fails(tmp_path):
 
 def test_tls_misconfiguration_is_refused_in_one_line(tmp_path):
     cert, key = make_cert(tmp_path)
-    cases = [({"tls_cert": str(cert)}, "tls_key"), ({"tls_key": str(key)}, "tls_cert"),
-             ({"tls_cert": str(tmp_path / "nope.crt"), "tls_key": str(key)}, "nope.crt"),
-             ({"tls_cert": str(key), "tls_key": str(cert)}, "agent.key")]  # fmt: skip
+    cases = [
+        ({"tls_cert": str(cert)}, "tls_key"),
+        ({"tls_key": str(key)}, "tls_cert"),
+        ({"tls_cert": str(tmp_path / "nope.crt"), "tls_key": str(key)}, "nope.crt"),
+        ({"tls_cert": str(key), "tls_key": str(cert)}, "agent.key"),
+    ]
     for kw, named in cases:
         with pytest.raises(BindError) as ei:
             EnergyAgent(SimulatedMeter(), AgentConfig(token=TOKEN, **kw))
         assert named in str(ei.value) and "\n" not in str(ei.value)
     env = {k: v for k, v in os.environ.items() if "AGENT_TOKEN" not in k}
-    r = subprocess.run([EXE, "agent", "--port", "0", "--meter", "simulated", "--tls-cert", str(cert)],
-                       capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    r = subprocess.run(
+        [EXE, "agent", "--port", "0", "--meter", "simulated", "--tls-cert", str(cert)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 2 and "tls_key" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     with pytest.raises(MeterError, match="agent_ca_bundle"):  # a CA bundle for a plain-HTTP URL: TLS was intended
         AgentMeter("http://gpu-node:9400", token=TOKEN, ca_bundle=str(cert))
@@ -384,10 +453,17 @@ def test_tls_misconfiguration_is_refused_in_one_line(tmp_path):
 def test_cli_agent_over_tls_with_settings(tmp_path):
     cert, key = make_cert(tmp_path)
     cfg = tmp_path / "er.yaml"
-    cfg.write_text(f"energy_router:\n energy:\n  agent_tls_cert: {cert}\n  agent_tls_key: {key}\n  agent_ca_bundle: {cert}\n")
+    cfg.write_text(
+        f"energy_router:\n energy:\n  agent_tls_cert: {cert}\n  agent_tls_key: {key}\n  agent_ca_bundle: {cert}\n"
+    )
     env = {**{k: v for k, v in os.environ.items() if "AGENT_TOKEN" not in k}, "ENERGY_ROUTER_AGENT_TOKEN": TOKEN}
-    p = subprocess.Popen([EXE, "agent", "--port", "0", "--meter", "simulated", "--config", str(cfg)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    p = subprocess.Popen(
+        [EXE, "agent", "--port", "0", "--meter", "simulated", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = p.stdout.readline()
         assert "energy agent listening on https://127.0.0.1:" in line, p.stderr.read() if p.poll() is not None else line
@@ -402,9 +478,13 @@ def test_cli_agent_over_tls_with_settings(tmp_path):
 
 
 def test_agent_settings_are_validated(tmp_path):
-    bad = [("agent_tls_cert: /x.crt", "agent_tls_key"), ("agent_max_requests: 0", "agent_max_requests"),
-           ("agent_stale_s: -1", "agent_stale_s"), ("agent_max_body_bytes: 10", "agent_max_body_bytes"),
-           ("agent_max_clock_skew_s: .nan", "agent_max_clock_skew_s")]  # fmt: skip
+    bad = [
+        ("agent_tls_cert: /x.crt", "agent_tls_key"),
+        ("agent_max_requests: 0", "agent_max_requests"),
+        ("agent_stale_s: -1", "agent_stale_s"),
+        ("agent_max_body_bytes: 10", "agent_max_body_bytes"),
+        ("agent_max_clock_skew_s: .nan", "agent_max_clock_skew_s"),
+    ]
     for text, named in bad:
         f = tmp_path / "c.yaml"
         f.write_text(f"energy_router:\n energy:\n  {text}\n")
@@ -424,12 +504,16 @@ def test_non_finite_vllm_counters_do_not_poison_the_window():
         return a
 
     with ThreadedApp(metrics_app) as v:
-        agent = EnergyAgent(SimulatedMeter(power_w=300.0), AgentConfig(token=TOKEN, sample_hz=20, vllm_metrics_url=f"{v.url}/metrics"))
+        agent = EnergyAgent(
+            SimulatedMeter(power_w=300.0), AgentConfig(token=TOKEN, sample_hz=20, vllm_metrics_url=f"{v.url}/metrics")
+        )
         with ThreadedApp(agent.app) as srv:
             time.sleep(0.3)
             now = time.time()
-            ev = [{"request_id": "r", "t": now - 0.2, "prompt_tokens": 0, "output_tokens": 0},
-                  {"request_id": "r", "t": now, "prompt_tokens": 10, "output_tokens": 5, "finished": True}]  # fmt: skip
+            ev = [
+                {"request_id": "r", "t": now - 0.2, "prompt_tokens": 0, "output_tokens": 0},
+                {"request_id": "r", "t": now, "prompt_tokens": 10, "output_tokens": 5, "finished": True},
+            ]
             httpx.post(f"{srv.url}/v1/progress", json={"events": ev}, headers=AUTH)
             time.sleep(0.3)
             e = httpx.get(f"{srv.url}/v1/energy/r", params={"final": "1"}, headers=AUTH).json()["energy_j"]

@@ -28,7 +28,9 @@ def test_manifest_hashes_every_file_and_a_changed_file_is_refused(planted_ckpt, 
     d = tmp_path / "ck"
     shutil.copytree(planted_ckpt, d)
     m = json.loads((d / "manifest.json").read_text())
-    assert {"student.npz", "model.safetensors", "probe.npz"} <= set(m["files"]) and all(len(h) == 64 for h in m["files"].values())
+    assert {"student.npz", "model.safetensors", "probe.npz"} <= set(m["files"]) and all(
+        len(h) == 64 for h in m["files"].values()
+    )
     _tamper_student(d)
     with pytest.raises(CheckpointError, match=r"student.npz: SHA-256 does not match"):
         load_scorer(d)

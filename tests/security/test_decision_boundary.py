@@ -11,17 +11,16 @@ import time
 
 import litellm
 import pytest
-
-from litellm_energy_router.callback import EnergyLogger, PendingRow, TableWriter
-from litellm_energy_router.energy.estimate import EstimateMeter
-from litellm_energy_router.feedback import apply_feedback
-from litellm_energy_router.litellm_compat import register_strategy
-from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
-from litellm_energy_router.strategy import EnergyRoutingStrategy
-from litellm_energy_router.table import open_store, text_hash
+from router_fixtures import CANDS, drain_litellm_logging, small_big_pool
 
 from litellm_energy_router.demo.backend import LocalBackend
-from router_fixtures import CANDS, drain_litellm_logging, small_big_pool
+from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.feedback import apply_feedback
+from litellm_energy_router.litellm_glue.callback import EnergyLogger, PendingRow, TableWriter
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
+from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
+from litellm_energy_router.table import open_store, text_hash
 
 SMALL, BIG = "mistralai/mistral-7b-chat", "meta/llama-2-70b-chat"
 FORGED = {"candidate": BIG, "deployment_id": None, "propensity": 0.001, "router_version": "forged"}
@@ -31,25 +30,35 @@ pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_li
 
 
 def _settings(url, tmp_path, **extra):
-    return Settings.model_validate({
-        "table": {"url": url}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
-        "candidates": [{"name": SMALL, "deployment_id": "dep-small"}, {"name": BIG, "deployment_id": "dep-big"}],
-        **extra,
-    })  # fmt: skip
+    return Settings.model_validate(
+        {
+            "table": {"url": url},
+            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
+            "candidates": [{"name": SMALL, "deployment_id": "dep-small"}, {"name": BIG, "deployment_id": "dep-big"}],
+            **extra,
+        }
+    )
 
 
 def _deployment(group, model, api_base, dep_id):
-    return {"model_name": group, "litellm_params": {"model": model, "api_base": api_base, "api_key": "x"},
-            "model_info": {"id": dep_id}}  # fmt: skip
+    return {
+        "model_name": group,
+        "litellm_params": {"model": model, "api_base": api_base, "api_key": "x"},
+        "model_info": {"id": dep_id},
+    }
 
 
 def routed_pool(planted_ckpt, sqlite_url, tmp_path, backend):
     """A real Router: group ``pool`` (the planted candidates, our strategy registered) and group ``other``
     (one deployment the strategy passes through), with an EnergyLogger registered. Returns (router, logger)."""
-    s = Settings.model_validate({
-        "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000}, "candidates": [{"name": c} for c in CANDS],
-        "table": {"url": sqlite_url}, "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
-    })  # fmt: skip
+    s = Settings.model_validate(
+        {
+            "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000},
+            "candidates": [{"name": c} for c in CANDS],
+            "table": {"url": sqlite_url},
+            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.05},
+        }
+    )
     logger = EnergyLogger(s)
     litellm.callbacks = [logger]
     deps = [_deployment("pool", f"openai/{c}", backend.base(c), f"dep-{c}") for c in CANDS]
@@ -77,6 +86,7 @@ def _served(logger, n):
 def _chat(router, logger, model, text, **kw):
     """One request; returns its call id once the logger has its row (LiteLLM logs in a task after the
     response: it runs on this loop, not on the next test's)."""
+
     async def go():
         n = logger.writer.submitted
         r = await router.acompletion(model=model, messages=[{"role": "user", "content": text}], **kw)
@@ -151,23 +161,43 @@ def test_a_second_request_with_the_same_call_id_cannot_take_over_the_row(sqlite_
         rows = list(store.iter_runs())
         victim = [r for r in rows if r["call_id"] == "victim-1"]
         assert [_snapshot(r) for r in victim] == [before]
-        assert before["score"] == 1.0 and before["text_hash"] == text_hash("what is the victim asking", logger.writer.salt)
+        assert before["score"] == 1.0 and before["text_hash"] == text_hash(
+            "what is the victim asking", logger.writer.salt
+        )
         others = [r for r in rows if r["call_id"] != "victim-1"]
         assert len(others) == 2 and all(r["score"] is None and r["query_id"] != before["query_id"] for r in others)
-        assert {r["text_hash"] for r in others} == {text_hash("an attacker's other question", logger.writer.salt), before["text_hash"]}
+        assert {r["text_hash"] for r in others} == {
+            text_hash("an attacker's other question", logger.writer.salt),
+            before["text_hash"],
+        }
         store.close()
 
 
 def _row(call_id="call-1", **over):
-    base = dict(call_id=call_id, candidate=SMALL, status="success", text="q1", start_s=100.0, end_s=101.0,
-                first_token_s=None, prompt_tokens=10, completion_tokens=5, propensity=0.5, deployment_id="dep-small",
-                backend_id=None)  # fmt: skip
+    base = dict(
+        call_id=call_id,
+        candidate=SMALL,
+        status="success",
+        text="q1",
+        start_s=100.0,
+        end_s=101.0,
+        first_token_s=None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        propensity=0.5,
+        deployment_id="dep-small",
+        backend_id=None,
+    )
     return PendingRow(**{**base, **over})
 
 
 def _writer(url, tmp_path):
-    return TableWriter(url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05),
-                       privacy=PrivacySettings())  # fmt: skip
+    return TableWriter(
+        url,
+        EstimateMeter(),
+        writer=WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05),
+        privacy=PrivacySettings(),
+    )
 
 
 def test_feedback_applied_twice_is_idempotent(any_url, tmp_path):
@@ -181,7 +211,9 @@ def test_feedback_applied_twice_is_idempotent(any_url, tmp_path):
     assert apply_feedback(store, "call-1", 0.5) == 0  # the same label again: nothing written
     (again,) = store.iter_runs()
     assert again == first
-    assert store.count_labelled(since_id=first["id"], since_updated=first["updated"]) == 0  # retraining sees nothing new
+    assert (
+        store.count_labelled(since_id=first["id"], since_updated=first["updated"]) == 0
+    )  # retraining sees nothing new
     store.close()
 
 
@@ -235,4 +267,6 @@ def test_two_proxies_racing_on_the_same_call_ids_keep_one_row_each(any_url, tmp_
     owned = [r for r in rows if r["call_id"].startswith("race-")]
     assert sorted(r["call_id"] for r in owned) == sorted(f"race-{i}" for i in range(40))
     hashes = {text_hash(t, salts[n]) for n, t in texts.items()}
-    assert all(r["text_hash"] in hashes for r in rows) and all(r["call_id"].startswith("dup-") for r in rows if r not in owned)
+    assert all(r["text_hash"] in hashes for r in rows) and all(
+        r["call_id"].startswith("dup-") for r in rows if r not in owned
+    )

@@ -17,24 +17,29 @@ from pathlib import Path
 import litellm
 import pytest
 import yaml
-
-from litellm_energy_router.litellm_compat import (PROXY_CALLBACKS_MODULE, proxy_imports_installed_callbacks,
-                                                  register_strategy)
-from litellm_energy_router.knob import KnobError, resolve_knob
-from litellm_energy_router.router.checkpoint import point_to
-from litellm_energy_router.settings import Settings
-from litellm_energy_router.strategy import EnergyRouterFilter, EnergyRoutingStrategy
-from litellm_energy_router.table import open_store
-
-from litellm_energy_router.demo.backend import LocalBackend
 from proxy_process import ProxyProcess
 from router_fixtures import CANDS, drain_litellm_logging, train_planted
 
+from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.knob import KnobError, resolve_knob
+from litellm_energy_router.litellm_glue.litellm_compat import (
+    PROXY_CALLBACKS_MODULE,
+    proxy_imports_installed_callbacks,
+    register_strategy,
+)
+from litellm_energy_router.litellm_glue.strategy import EnergyRouterFilter, EnergyRoutingStrategy
+from litellm_energy_router.router.checkpoint import point_to
+from litellm_energy_router.settings import Settings
+from litellm_energy_router.table import open_store
+
 PROOF = "Give a proof about chess number 4242"
-POLICY = {"lambda": 0.05, "per_key": {
-    "free-tier": {"lambda": 7.0, "policy": {"allow_override": False}},
-    "eco-team": {"policy": {"lambda_range": [0, 10], "max_energy_j_range": [1, 500]}},
-}}  # fmt: skip
+POLICY = {
+    "lambda": 0.05,
+    "per_key": {
+        "free-tier": {"lambda": 7.0, "policy": {"allow_override": False}},
+        "eco-team": {"policy": {"lambda_range": [0, 10], "max_energy_j_range": [1, 500]}},
+    },
+}
 BAD = [float("nan"), float("inf"), -1.0, 1e12, "0.3", True, [1]]
 FIELDS = ["lambda", "target_accuracy", "max_energy_j"]
 # Real LiteLLM (Router / proxy): also run at the oldest supported LiteLLM (make test-litellm-oldest).
@@ -49,15 +54,26 @@ def backend():
 
 
 def _settings(ckpt, knob):
-    return Settings.model_validate({"router": {"checkpoint": str(ckpt), "timeout_ms": 5000},
-                                    "candidates": [{"name": c} for c in CANDS], "knob": knob})  # fmt: skip
+    return Settings.model_validate(
+        {
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 5000},
+            "candidates": [{"name": c} for c in CANDS],
+            "knob": knob,
+        }
+    )
 
 
 def _pool(backend):
-    return litellm.Router(model_list=[
-        {"model_name": "pool", "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-         "model_info": {"id": f"dep-{c}"}} for c in CANDS
-    ])  # fmt: skip
+    return litellm.Router(
+        model_list=[
+            {
+                "model_name": "pool",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"dep-{c}"},
+            }
+            for c in CANDS
+        ]
+    )
 
 
 @pytest.fixture
@@ -142,14 +158,24 @@ def test_sdk_allowed_values_within_bounds_still_route(keyed_router, backend):
 def test_a_keys_own_defaults_do_not_lift_its_teams_policy():
     """A key alias with knob defaults but no policy of its own stays under its team's policy; a key's own
     policy is the more specific one and wins."""
-    knob = Settings.model_validate({"knob": {"per_key": {
-        "alice": {"lambda": 0.5}, "restricted-team": {"policy": {"allow_override": False}},
-        "bob": {"policy": {"lambda_range": [0, 2]}},
-    }}}).knob  # fmt: skip
+    knob = Settings.model_validate(
+        {
+            "knob": {
+                "per_key": {
+                    "alice": {"lambda": 0.5},
+                    "restricted-team": {"policy": {"allow_override": False}},
+                    "bob": {"policy": {"lambda_range": [0, 2]}},
+                }
+            }
+        }
+    ).knob
     team = {"user_api_key_team_alias": "restricted-team", "energy_router": {"lambda": 1}}
     with pytest.raises(KnobError, match="restricted-team"):
         resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **team}})
-    assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **{**team, "energy_router": {}}}}).lambda_ == 0.5
+    assert (
+        resolve_knob(knob, {"metadata": {"user_api_key_alias": "alice", **{**team, "energy_router": {}}}}).lambda_
+        == 0.5
+    )
     assert resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **team}}).lambda_ == 1.0
     with pytest.raises(KnobError, match=r"out of range \[0, 2\] \(key 'bob'\)"):
         resolve_knob(knob, {"metadata": {"user_api_key_alias": "bob", **{**team, "energy_router": {"lambda": 3}}}})
@@ -189,8 +215,12 @@ def _write_configs(d, pointer):
         ]
     (d / "proxy.yaml").write_text(yaml.safe_dump(cfg))
     shutil.copy(Path(__file__).with_name("proxy_keys.py"), d / "proxy_keys.py")
-    er = {"router": {"checkpoint": str(pointer), "timeout_ms": 5000}, "knob": POLICY,
-          "table": {"url": f"sqlite:///{d / 'production.db'}"}, "writer": {"spool_dir": str(d / "spool")}}  # fmt: skip
+    er = {
+        "router": {"checkpoint": str(pointer), "timeout_ms": 5000},
+        "knob": POLICY,
+        "table": {"url": f"sqlite:///{d / 'production.db'}"},
+        "writer": {"spool_dir": str(d / "spool")},
+    }
     (d / "energy-router.yaml").write_text(yaml.safe_dump({"energy_router": er}))
 
 
@@ -201,9 +231,15 @@ def proxy(tmp_path_factory, backend):
     point_to(d / "current.json", train_planted(store, d / "v1", names=NAMES))
     store.close()
     _write_configs(d, d / "current.json")
-    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-0123456789", "VLLM_API_KEY": "none",
-           "SMALL_API_BASE": backend.base("small"), "MEDIUM_API_BASE": backend.base("medium"),
-           "LARGE_API_BASE": backend.base("large"), "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml")}  # fmt: skip
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": "sk-master-0123456789",
+        "VLLM_API_KEY": "none",
+        "SMALL_API_BASE": backend.base("small"),
+        "MEDIUM_API_BASE": backend.base("medium"),
+        "LARGE_API_BASE": backend.base("large"),
+        "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml"),
+    }
     server = ProxyProcess(d / "proxy.yaml", env, d, ready_timeout_s=180)
     port = server.port
     PROXY_LOG["path"] = server.log_path
@@ -218,9 +254,14 @@ def proxy(tmp_path_factory, backend):
 def _post(port, key, knob, text=PROOF):
     """(status, JSON body, served deployment id). ``knob`` is raw JSON text (so NaN can be sent)."""
     body = '{"model": "chat", "messages": [{"role": "user", "content": %s}], "metadata": {"energy_router": %s}}' % (
-        json.dumps(text), knob)
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body.encode(),
-                                 headers={"Authorization": f"Bearer {KEYS[key]}", "Content-Type": "application/json"})  # fmt: skip
+        json.dumps(text),
+        knob,
+    )
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {KEYS[key]}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read()), r.headers.get("x-litellm-model-id")
@@ -242,10 +283,19 @@ def test_proxy_key_without_override_permission_gets_400_naming_lambda(proxy, bac
     assert status == 200 and dep == "vllm-mistral-7b"  # its per-key default still applies
 
 
-@pytest.mark.parametrize("field, raw", [
-    ("lambda", "NaN"), ("lambda", "-1"), ("lambda", "1e12"), ("target_accuracy", "Infinity"),
-    ("target_accuracy", "1.5"), ("max_energy_j", "-5"), ("max_energy_j", '"lots"'), ("max_energy_j", "1e300"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, raw",
+    [
+        ("lambda", "NaN"),
+        ("lambda", "-1"),
+        ("lambda", "1e12"),
+        ("target_accuracy", "Infinity"),
+        ("target_accuracy", "1.5"),
+        ("max_energy_j", "-5"),
+        ("max_energy_j", '"lots"'),
+        ("max_energy_j", "1e300"),
+    ],
+)
 def test_proxy_invalid_values_get_400_naming_the_field(proxy, field, raw):
     status, body, _ = _post(proxy, "open", '{"%s": %s}' % (field, raw))
     assert status == 400 and _names_field(body, field), body
@@ -268,7 +318,9 @@ def test_proxy_logs_a_refusal_as_one_warning_line_of_ours_not_litellms_error(pro
     time.sleep(0.5)
     lines = PROXY_LOG["path"].read_text(errors="replace").splitlines()
     about = [ln for ln in lines if "metadata.energy_router" in ln]
-    ours = [ln for ln in about if "refused a request knob with HTTP 400: metadata.energy_router.lamda" in ln]  # a WARNING
+    ours = [
+        ln for ln in about if "refused a request knob with HTTP 400: metadata.energy_router.lamda" in ln
+    ]  # a WARNING
     assert len(ours) == 1, about  # two refusals of this field within a minute: one line
     assert not [ln for ln in about if "ERROR" in ln or "_handle_llm_api_exception" in ln], about
     assert not any("KnobError" in ln for ln in lines)  # no traceback

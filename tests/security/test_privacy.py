@@ -12,12 +12,12 @@ import stat
 
 import pytest
 from sqlalchemy.engine import make_url
+from tcp_proxy import TCPProxy
 
-from litellm_energy_router.callback import PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter
+from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
 from litellm_energy_router.settings import ConfigError, PrivacySettings, WriterSettings, load_settings
 from litellm_energy_router.table import TableError, open_store
-from tcp_proxy import TCPProxy
 
 SECRET = "my card number is 4111-1111-1111-1111"
 CAND = "mistralai/mistral-7b-chat"
@@ -25,9 +25,20 @@ CAND = "mistralai/mistral-7b-chat"
 
 def _row(i: int, text: str = SECRET, *, end: float | None = None) -> PendingRow:
     start = 1000.0 + i
-    return PendingRow(call_id=f"call-{i}", candidate=CAND, status="success", text=f"{text} #{i}", start_s=start,
-                      end_s=start + 1.0 if end is None else end, first_token_s=None, prompt_tokens=10,
-                      completion_tokens=5, propensity=None, deployment_id="d", backend_id=None)  # fmt: skip
+    return PendingRow(
+        call_id=f"call-{i}",
+        candidate=CAND,
+        status="success",
+        text=f"{text} #{i}",
+        start_s=start,
+        end_s=start + 1.0 if end is None else end,
+        first_token_s=None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        propensity=None,
+        deployment_id="d",
+        backend_id=None,
+    )
 
 
 def _down_url(tmp_path) -> str:

@@ -6,10 +6,10 @@ records; a request the router did not decide records none."""
 from __future__ import annotations
 
 import pytest
+from test_decision_boundary import FORGED, PROOF, _chat, _rows, _served, routed_pool
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
-from test_decision_boundary import FORGED, PROOF, _chat, _rows, _served, routed_pool
 
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
 

@@ -9,22 +9,20 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 import sysconfig
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
-
+from litellm_energy_router.profiling import sandbox_seccomp
 from litellm_energy_router.profiling.config import parse_tournament_config
 from litellm_energy_router.profiling.runner import Tournament, build_jobs
-from litellm_energy_router.profiling import sandbox_seccomp
 from litellm_energy_router.profiling.sandbox import Sandbox, SandboxConfig, SandboxError
-from litellm_energy_router.table import open_store
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.demo.task_answers import TaskAnswers
+from litellm_energy_router.table import open_store
 
 TASKS = Path(__file__).parents[1] / "data" / "tasks"
 GOOD = "def sum_squares(nums):\n    return sum(n * n for n in nums)\n"
@@ -74,11 +72,14 @@ def backend():
 
 
 def _mbpp_config(backend: LocalBackend, **sandbox):
-    return parse_tournament_config({
-        "candidates": [backend.deployment("small", energy_profile_key="mistralai/mistral-7b-chat")],
-        "tasks": [{"name": "mbpp", "source": str(TASKS / "mbpp.jsonl")}],
-        "generation": {"num_retries": 0}, "sandbox": {"timeout_s": 10, **sandbox},
-    })  # fmt: skip
+    return parse_tournament_config(
+        {
+            "candidates": [backend.deployment("small", energy_profile_key="mistralai/mistral-7b-chat")],
+            "tasks": [{"name": "mbpp", "source": str(TASKS / "mbpp.jsonl")}],
+            "generation": {"num_retries": 0},
+            "sandbox": {"timeout_s": 10, **sandbox},
+        }
+    )
 
 
 def _tournament(cfg, store):
@@ -165,13 +166,24 @@ def _write_outside(path: Path, how: str) -> str:
 
 @pytest.mark.parametrize(
     "where,how",
-    [("tmp", "sqlite"), ("tmp", "mkfifo"), ("tmp", "open"), ("site-packages", "open"), ("site-packages", "sqlite"),
-     ("dev-shm", "open"), ("home", "open")],
-)  # fmt: skip
+    [
+        ("tmp", "sqlite"),
+        ("tmp", "mkfifo"),
+        ("tmp", "open"),
+        ("site-packages", "open"),
+        ("site-packages", "sqlite"),
+        ("dev-shm", "open"),
+        ("home", "open"),
+    ],
+)
 def test_isolated_code_cannot_create_files_outside_its_work_dir(isolated, where, how):
     name = f"er_attack_{uuid.uuid4().hex[:8]}"
-    base = {"tmp": Path(tempfile.gettempdir()), "site-packages": Path(sysconfig.get_paths()["purelib"]),
-            "dev-shm": Path("/dev/shm"), "home": Path.home()}[where]  # fmt: skip
+    base = {
+        "tmp": Path(tempfile.gettempdir()),
+        "site-packages": Path(sysconfig.get_paths()["purelib"]),
+        "dev-shm": Path("/dev/shm"),
+        "home": Path.home(),
+    }[where]
     target = base / (name + (".pth" if where == "site-packages" else ".db"))
     try:
         r = _run(isolated, _write_outside(target, how))
@@ -236,19 +248,21 @@ def test_isolated_code_cannot_read_the_hosts_files(isolated, tmp_path):
     assert os.path.exists("/etc/passwd") and os.path.exists("/proc/1")
     # Beside its work directory it may see only the path down to this Python's read-only bind (a venv
     # under /tmp, e.g. a CI clone in /tmp/<repo>/.venv): each such directory holds the next step alone.
-    look = ("import os, sys\nseen = [p for p in ('/etc/passwd', '/proc/1') if os.path.exists(p)]\n"
-            "here = os.path.basename(os.getcwd())\nup = os.path.dirname(os.getcwd())\n"
-            "py = [os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]\n"
-            "bad = []\nfor n in os.listdir(up):\n"
-            "    d = os.path.join(up, n)\n"
-            "    if n == here:\n        continue\n"
-            "    steps = [p for p in py if p.startswith(d + os.sep)]\n"
-            "    while steps and d not in steps:\n"
-            "        nxt = {p[len(d) + 1:].split(os.sep)[0] for p in steps}\n"
-            "        if set(os.listdir(d)) != nxt:\n            bad.append(d)\n            break\n"
-            "        d = os.path.join(d, next(iter(nxt))) if len(nxt) == 1 else d\n"
-            "        if len(nxt) != 1:\n            break\n"
-            "    if not steps:\n        bad.append(d)\n")  # fmt: skip
+    look = (
+        "import os, sys\nseen = [p for p in ('/etc/passwd', '/proc/1') if os.path.exists(p)]\n"
+        "here = os.path.basename(os.getcwd())\nup = os.path.dirname(os.getcwd())\n"
+        "py = [os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]\n"
+        "bad = []\nfor n in os.listdir(up):\n"
+        "    d = os.path.join(up, n)\n"
+        "    if n == here:\n        continue\n"
+        "    steps = [p for p in py if p.startswith(d + os.sep)]\n"
+        "    while steps and d not in steps:\n"
+        "        nxt = {p[len(d) + 1:].split(os.sep)[0] for p in steps}\n"
+        "        if set(os.listdir(d)) != nxt:\n            bad.append(d)\n            break\n"
+        "        d = os.path.join(d, next(iter(nxt))) if len(nxt) == 1 else d\n"
+        "        if len(nxt) != 1:\n            break\n"
+        "    if not steps:\n        bad.append(d)\n"
+    )
     r = _run(isolated, look, "assert not seen, seen\nassert not bad, bad")
     assert r.passed, r  # the root it sees holds the system and Python, not the host's files or processes
 

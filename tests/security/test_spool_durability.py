@@ -22,9 +22,9 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import create_engine, text
 
-from litellm_energy_router.callback import PendingRow, TableWriter
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.feedback import apply_feedback
+from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.table import Run, make_query, open_store
 
@@ -32,18 +32,47 @@ CAND = "mistralai/mistral-7b-chat"
 
 
 def _row(i: int) -> PendingRow:
-    return PendingRow(call_id=f"call-{i}", candidate=CAND, status="success", text=f"question {i}",
-                      start_s=1000.0 + i, end_s=1001.0 + i, first_token_s=None, prompt_tokens=10,
-                      completion_tokens=5, propensity=None, deployment_id="d", backend_id=None)  # fmt: skip
+    return PendingRow(
+        call_id=f"call-{i}",
+        candidate=CAND,
+        status="success",
+        text=f"question {i}",
+        start_s=1000.0 + i,
+        end_s=1001.0 + i,
+        first_token_s=None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        propensity=None,
+        deployment_id="d",
+        backend_id=None,
+    )
 
 
 def _records(lo: int, hi: int) -> list[dict]:
     """Spool records in the documented format (``{"k": "row", "q": query, "r": run, "c": candidate}``)."""
     q = make_query("x", "production", "question", store_text=False, source="production", created=1000.0).model_dump()
-    r = Run(query_id="x", candidate=CAND, source="production", latency_s=1.0, prompt_tokens=10, completion_tokens=5,
-            energy_j=12.5, energy_method="estimate", call_id="x", status="success", created=1001.0).model_dump()  # fmt: skip
-    return [{"k": "row", "q": {**q, "id": f"prod-call-{i}"}, "r": {**r, "query_id": f"prod-call-{i}", "call_id": f"call-{i}"},
-             "c": {"name": CAND}} for i in range(lo, hi)]  # fmt: skip
+    r = Run(
+        query_id="x",
+        candidate=CAND,
+        source="production",
+        latency_s=1.0,
+        prompt_tokens=10,
+        completion_tokens=5,
+        energy_j=12.5,
+        energy_method="estimate",
+        call_id="x",
+        status="success",
+        created=1001.0,
+    ).model_dump()
+    return [
+        {
+            "k": "row",
+            "q": {**q, "id": f"prod-call-{i}"},
+            "r": {**r, "query_id": f"prod-call-{i}", "call_id": f"call-{i}"},
+            "c": {"name": CAND},
+        }
+        for i in range(lo, hi)
+    ]
 
 
 def _metric(name: str) -> float:
@@ -169,8 +198,13 @@ def test_spool_write_failure_is_counted_logged_and_loses_nothing(tmp_path, caplo
     has room again every row reaches the table exactly once."""
     caplog.set_level(logging.WARNING)
     url = f"sqlite:///{tmp_path / 'later' / 't.db'}"
-    cfg = WriterSettings(spool_dir=tmp_path / "spool", batch_size=50, flush_interval_s=0.05, retry_max_s=0.2,
-                         queue_size=10 if path == "full queue" else 10_000)  # fmt: skip
+    cfg = WriterSettings(
+        spool_dir=tmp_path / "spool",
+        batch_size=50,
+        flush_interval_s=0.05,
+        retry_max_s=0.2,
+        queue_size=10 if path == "full queue" else 10_000,
+    )
     before = _metric("energy_router_spool_write_errors_total")
     w = TableWriter(url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), start=path == "batches")
     with _disk_full_after(64 * 1024):
@@ -223,7 +257,7 @@ def test_offset_file_and_directory_are_fsynced(tmp_path):
     rename, the spool directory after the rename and after a spool file is created."""
     script = textwrap.dedent(f"""
         import pathlib
-        from litellm_energy_router.callback import PendingRow, TableWriter
+        from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
         from litellm_energy_router.energy.estimate import EstimateMeter
         from litellm_energy_router.settings import PrivacySettings, WriterSettings
         d = pathlib.Path({str(tmp_path)!r})
@@ -237,14 +271,25 @@ def test_offset_file_and_directory_are_fsynced(tmp_path):
         w.close()
     """)
     trace = tmp_path / "trace.txt"
-    cmd = ["strace", "-f", "-y", "-qq", "-o", str(trace), "-e", "trace=openat,fsync,fdatasync,rename,renameat,renameat2",
-           sys.executable, "-c", script]  # fmt: skip
+    cmd = [
+        "strace",
+        "-f",
+        "-y",
+        "-qq",
+        "-o",
+        str(trace),
+        "-e",
+        "trace=openat,fsync,fdatasync,rename,renameat,renameat2",
+        sys.executable,
+        "-c",
+        script,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     spool = str(tmp_path / "spool")
     calls = [ln.split(None, 1)[1] for ln in trace.read_text().splitlines() if spool in ln and "resumed" not in ln]
     dir_sync = [i for i, c in enumerate(calls) if c.startswith(("fsync(", "fdatasync(")) and f"<{spool}>" in c]
-    created = [i for i, c in enumerate(calls) if c.startswith("openat(") and "O_CREAT" in c and ".jsonl\"" in c]
+    created = [i for i, c in enumerate(calls) if c.startswith("openat(") and "O_CREAT" in c and '.jsonl"' in c]
     renames = [i for i, c in enumerate(calls) if c.startswith("rename") and ".offset" in c]
     assert created and renames
     assert any(j > created[0] for j in dir_sync), "directory not fsynced after a spool file was created"

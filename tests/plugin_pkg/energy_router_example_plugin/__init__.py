@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from litellm_energy_router.profiling.tasks import Grade, GradeContext, HFSource, Task, TaskItem
 
 from litellm_energy_router.energy.meter import EnergyReading
 from litellm_energy_router.plugins import MeterSpec, ScorerSpec, hookimpl
-from litellm_energy_router.profiling.tasks import Grade, GradeContext, HFSource, Task, TaskItem
 
 
 class ConstantPowerMeter:
@@ -85,8 +85,10 @@ class FakeRocmMeter(ConstantPowerMeter):
 
 @hookimpl
 def energy_router_meters() -> dict:
-    return {"constant-power": ConstantPowerMeter,
-            "fake-rocm": MeterSpec(FakeRocmMeter, methods=("rocm_smi",), measured=True, options=("gpus",))}
+    return {
+        "constant-power": ConstantPowerMeter,
+        "fake-rocm": MeterSpec(FakeRocmMeter, methods=("rocm_smi",), measured=True, options=("gpus",)),
+    }
 
 
 @hookimpl
@@ -155,4 +157,7 @@ def keyword_prior_scorer(path: Path, manifest: Any) -> Any:
 
 @hookimpl
 def energy_router_scorers() -> dict:
-    return {"slow-student": slow_student, "keyword-prior": ScorerSpec(load=keyword_prior_scorer, fit=KeywordPrior, rank=1)}
+    return {
+        "slow-student": slow_student,
+        "keyword-prior": ScorerSpec(load=keyword_prior_scorer, fit=KeywordPrior, rank=1),
+    }

@@ -19,16 +19,19 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from .decision import Decision
-from .energy.carbon import CarbonModel
+from litellm_energy_router.energy.carbon import CarbonModel
+from litellm_energy_router.litellm_glue.decision import Decision
 
 HEADER_PREFIX = "x-energy-router-"
 SLO_KEY = "energy_router"  # key of the figures in the standard logging payload's metadata
 _HEADER_FIELDS = {
-    "joules_estimate": "joules-estimate", "co2e_grams_estimate": "co2e-grams-estimate",
-    "joules_saved_estimate": "joules-saved-estimate", "joules_reference_estimate": "joules-reference-estimate",
-    "reference": "reference", "site": "site",
-}  # fmt: skip
+    "joules_estimate": "joules-estimate",
+    "co2e_grams_estimate": "co2e-grams-estimate",
+    "joules_saved_estimate": "joules-saved-estimate",
+    "joules_reference_estimate": "joules-reference-estimate",
+    "reference": "reference",
+    "site": "site",
+}
 
 
 class Accounting:
@@ -44,8 +47,9 @@ class Accounting:
             return self.reference
         return max(energy_j, key=lambda c: energy_j[c]) if energy_j else None
 
-    def estimate(self, decision: Decision | None, deployment: Mapping[str, Any] | None,
-                 t_s: float | None = None) -> dict[str, Any] | None:  # fmt: skip
+    def estimate(
+        self, decision: Decision | None, deployment: Mapping[str, Any] | None, t_s: float | None = None
+    ) -> dict[str, Any] | None:
         """The figures of a routed request (see the module docstring), or ``None`` when not routed."""
         if decision is None or decision.fallback is not None or not decision.candidate:
             return None
@@ -56,14 +60,18 @@ class Accounting:
         site = self.carbon.site_of((deployment or {}).get("model_info"))
         t = time.time() if t_s is None else t_s
         return {
-            "joules_estimate": j, "reference": ref, "joules_reference_estimate": ref_j,
+            "joules_estimate": j,
+            "reference": ref,
+            "joules_reference_estimate": ref_j,
             "joules_saved_estimate": round(ref_j - j, 3) if j is not None and ref_j is not None else None,
-            "site": site, "co2e_grams_estimate": _round(self.carbon.grams(j, site, t)),
-        }  # fmt: skip
+            "site": site,
+            "co2e_grams_estimate": _round(self.carbon.grams(j, site, t)),
+        }
 
 
-def carbon_factors(carbon: CarbonModel, candidates: list[str], by_cand: Mapping[str, list[Mapping[str, Any]]],
-                   t_s: float) -> tuple[list[float], dict[str, Mapping[str, Any]]]:  # fmt: skip
+def carbon_factors(
+    carbon: CarbonModel, candidates: list[str], by_cand: Mapping[str, list[Mapping[str, Any]]], t_s: float
+) -> tuple[list[float], dict[str, Mapping[str, Any]]]:
     """(carbon factor per candidate, its cleanest deployment) for the objective ``carbon``: the lowest
     :meth:`~.energy.carbon.CarbonModel.factor` among each candidate's deployments now; a candidate none of
     whose sites has a known intensity weighs 1.0 (the reference intensity) and keeps LiteLLM's spread."""

@@ -16,10 +16,10 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from .pending_row import PendingRow
-from .spool import Spool
+from litellm_energy_router.litellm_glue.callback.pending_row import PendingRow
+from litellm_energy_router.litellm_glue.callback.spool import Spool
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 
 class Overflow:
@@ -33,8 +33,15 @@ class Overflow:
         bound: most rows held in memory.
     """
 
-    def __init__(self, spool: Spool, to_record: Callable[[PendingRow], dict[str, Any]], spooled: Callable[[int], None],
-                 lost: Callable[[int, str], None], *, bound: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spool: Spool,
+        to_record: Callable[[PendingRow], dict[str, Any]],
+        spooled: Callable[[int], None],
+        lost: Callable[[int, str], None],
+        *,
+        bound: int,
+    ) -> None:
         self.spool, self.to_record, self.spooled, self.lost, self.bound = spool, to_record, spooled, lost, bound
         self._rows: deque[PendingRow] = deque()
         self._held: list[dict[str, Any]] = []  # records whose append failed; retried

@@ -32,7 +32,11 @@ def _content_text(content: Any) -> str:
         for p in content:
             if isinstance(p, str):
                 parts.append(p)
-            elif isinstance(p, Mapping) and p.get("type") in ("text", "input_text", None) and isinstance(p.get("text"), str):
+            elif (
+                isinstance(p, Mapping)
+                and p.get("type") in ("text", "input_text", None)
+                and isinstance(p.get("text"), str)
+            ):
                 parts.append(p["text"])
         return "\n".join(parts)
     return ""
@@ -55,14 +59,25 @@ def _tail(text: str, n: int) -> str:
     return text[-n:] if len(text) > n else text
 
 
-def query_text(messages: Sequence[Any] | None = None, prompt: Any = None, input: Any = None,
-               route_prompts: bool = False, max_chars: int = MAX_CHARS) -> str | None:  # fmt: skip
+def query_text(
+    messages: Sequence[Any] | None = None,
+    prompt: Any = None,
+    input: Any = None,
+    route_prompts: bool = False,
+    max_chars: int = MAX_CHARS,
+) -> str | None:
     """The text to route on, or ``None`` when the request should pass through unrouted."""
     try:
         if messages:
             msgs = list(messages)
-            idx = next((i for i in range(len(msgs) - 1, -1, -1)
-                        if isinstance(msgs[i], Mapping) and msgs[i].get("role") == "user"), None)  # fmt: skip
+            idx = next(
+                (
+                    i
+                    for i in range(len(msgs) - 1, -1, -1)
+                    if isinstance(msgs[i], Mapping) and msgs[i].get("role") == "user"
+                ),
+                None,
+            )
             if idx is None:  # system-only / assistant-only: route on the last message with text
                 texts = [_message_text(m) for m in msgs]
                 return _tail(next((t for t in reversed(texts) if t.strip()), ""), max_chars)

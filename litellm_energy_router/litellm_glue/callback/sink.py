@@ -16,13 +16,20 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ..metrics import (CALL_IDS_REASSIGNED, REJECTED_ROWS, ROWS_LOST, ROWS_WRITTEN, SPOOL_BACKLOG_ROWS, SPOOLED_ROWS,
-                       RateLimitedWarning)  # fmt: skip
-from ..redact import redact, redact_url
-from ..table import BadRowError, TableError
-from .spool import Chunk, Spool
+from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
+from litellm_energy_router.metrics import (
+    CALL_IDS_REASSIGNED,
+    REJECTED_ROWS,
+    ROWS_LOST,
+    ROWS_WRITTEN,
+    SPOOL_BACKLOG_ROWS,
+    SPOOLED_ROWS,
+    RateLimitedWarning,
+)
+from litellm_energy_router.redact import redact, redact_url
+from litellm_energy_router.table import BadRowError, TableError
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 _TRANSIENT = (TableError, DBAPIError, OSError, TimeoutError)
 
@@ -54,7 +61,9 @@ class Tally:
         ROWS_LOST.inc(n)
         with self.cv:
             self.lost += n
-        self._lost_log("lost", "energy-router: %d rows lost: %s (%d so far; energy_router_rows_lost_total)", n, why, self.lost)
+        self._lost_log(
+            "lost", "energy-router: %d rows lost: %s (%d so far; energy_router_rows_lost_total)", n, why, self.lost
+        )
         self.account(n)
 
 
@@ -63,8 +72,17 @@ class TableSink:
     ``retry_max_s`` (longest backoff, s), ``store_factory`` (opens the table; tests inject failures),
     ``prepare_chunk`` (completes a spooled chunk's records before replay: energy of spilled rows)."""
 
-    def __init__(self, url: str, spool: Spool, tally: Tally, *, batch_size: int, retry_max_s: float,
-                 store_factory: Callable[[str], Any], prepare_chunk: Callable[[Chunk], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        spool: Spool,
+        tally: Tally,
+        *,
+        batch_size: int,
+        retry_max_s: float,
+        store_factory: Callable[[str], Any],
+        prepare_chunk: Callable[[Chunk], None],
+    ) -> None:
         self.url, self.spool, self.tally = url, spool, tally
         self.batch_size, self.retry_max_s = batch_size, retry_max_s
         self.store_factory, self.prepare_chunk = store_factory, prepare_chunk
@@ -84,8 +102,12 @@ class TableSink:
     def _mark_down(self, err: BaseException) -> None:
         if not self._outage_logged:
             first = (str(err).splitlines() or [type(err).__name__])[0][:300]
-            log.warning("energy-router: table %s unreachable (%s); spooling to %s", redact_url(self.url), redact(first),
-                        self.spool.dir)  # fmt: skip
+            log.warning(
+                "energy-router: table %s unreachable (%s); spooling to %s",
+                redact_url(self.url),
+                redact(first),
+                self.spool.dir,
+            )
             self._outage_logged = True
         self.close()
         self._down_until = time.monotonic() + self._backoff
@@ -153,9 +175,13 @@ class TableSink:
             if r["c"]["name"] not in known:
                 cands[r["c"]["name"]] = r["c"]
         try:
-            res = store.write(queries=[r["q"] for r in records], runs=[r["r"] for r in records],
-                              candidates=list(cands.values()), keep_first=True,
-                              ledger=[r.get("l") for r in records])  # fmt: skip
+            res = store.write(
+                queries=[r["q"] for r in records],
+                runs=[r["r"] for r in records],
+                candidates=list(cands.values()),
+                keep_first=True,
+                ledger=[r.get("l") for r in records],
+            )
         except (BadRowError, IntegrityError) as e:
             self._known = None
             if len(records) == 1:
@@ -178,8 +204,14 @@ class TableSink:
             return
         CALL_IDS_REASSIGNED.labels(reason="taken").inc(len(pairs))
         given, fresh = pairs[0]
-        self._warn("taken", "energy-router: call id %r already has another request's row; this one is stored as %r "
-                   "(%d such rows in this batch)", given[:80], fresh, len(pairs))  # fmt: skip
+        self._warn(
+            "taken",
+            "energy-router: call id %r already has another request's row; this one is stored as %r "
+            "(%d such rows in this batch)",
+            given[:80],
+            fresh,
+            len(pairs),
+        )
 
     # -- spool replay -------------------------------------------------------------------------------
     def maybe_replay(self, closing: bool) -> None:

@@ -38,7 +38,7 @@ class Decision:
         fallback: why the router did not decide (``None`` when it did): e.g. "timeout", "error".
         latency_ms: decision time, milliseconds.
         figures: decision-time energy and carbon estimates of the served request
-            (:meth:`litellm_energy_router.figures.Estimate.as_metadata`), or None.
+            (:meth:`litellm_energy_router.litellm_glue.figures.Estimate.as_metadata`), or None.
         energy_note: how the output tokens behind ``energy_j`` were estimated: ``output_tokens_source``
             (task_mean, length_model, prior or length_model+prior: the router was unsure of the length),
             ``output_tokens`` per candidate as [80 % low, expected, 80 % high], ``support``, ``max_tokens``; with a

@@ -47,7 +47,7 @@ def open_private(path: str | Path, flags: int) -> int:
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_atomic(path: Path, data: bytes) -> None:

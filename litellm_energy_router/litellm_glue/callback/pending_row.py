@@ -6,7 +6,7 @@ carries ``litellm_call_id``, ``id`` (the backend's response id), ``model_id`` (t
 ``model_info.id``), ``model`` (e.g. ``openai/small``), ``prompt_tokens``, ``completion_tokens``,
 ``startTime``/``endTime``/``completionStartTime`` (Unix s), ``messages`` and ``status``. The router's
 decision is passed in by the callback, which takes it from this process's record
-(:func:`~litellm_energy_router.decision.take_decision`), never from the request metadata.
+(:func:`~litellm_energy_router.litellm_glue.decision.take_decision`), never from the request metadata.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
-from ..decision import Decision
-from ..deployments import CANDIDATE_KEY, CandidateMap
-from ..energy.carbon import SITE_KEY
-from ..router.request_text import query_text as routed_text
+from litellm_energy_router.energy.carbon import SITE_KEY
+from litellm_energy_router.litellm_glue.decision import Decision
+from litellm_energy_router.litellm_glue.deployments import CANDIDATE_KEY, CandidateMap
+from litellm_energy_router.litellm_glue.request_text import query_text as routed_text
 
 
 @dataclass(slots=True)
@@ -66,13 +66,17 @@ class PendingRow:
 
 def query_text(kwargs: Mapping[str, Any], slo: Mapping[str, Any]) -> str:
     """The query as stored in the table: the same text the router routes on
-    (:func:`litellm_energy_router.router.request_text.query_text`: the last user turn with a little
+    (:func:`litellm_energy_router.litellm_glue.request_text.query_text`: the last user turn with a little
     context; a text-completion prompt or embedding input when there are no messages)."""
     messages = slo.get("messages") or kwargs.get("messages")
     if isinstance(messages, str):
         return messages
-    text = routed_text(messages if isinstance(messages, (list, tuple)) else None, prompt=kwargs.get("prompt"),
-                       input=kwargs.get("input"), route_prompts=True)  # fmt: skip
+    text = routed_text(
+        messages if isinstance(messages, (list, tuple)) else None,
+        prompt=kwargs.get("prompt"),
+        input=kwargs.get("input"),
+        route_prompts=True,
+    )
     return text or ""
 
 
@@ -95,9 +99,13 @@ def _int(v: Any) -> int:
 
 
 def extract_row(
-    kwargs: Mapping[str, Any], start_time: Any, end_time: Any, status: str, cmap: CandidateMap,
+    kwargs: Mapping[str, Any],
+    start_time: Any,
+    end_time: Any,
+    status: str,
+    cmap: CandidateMap,
     decision: Decision | None = None,
-) -> PendingRow | None:  # fmt: skip
+) -> PendingRow | None:
     """Build the pending row of one LiteLLM event; ``None`` when no deployment served it (nothing to
     attribute: e.g. "no deployments available"). ``decision``: what this process's router decided for
     the request, if anything."""
@@ -113,8 +121,9 @@ def extract_row(
     tagged = info.get(CANDIDATE_KEY)
     model = slo.get("model") or md.get("deployment") or kwargs.get("model")
     chosen = decision.candidate if decision else None
-    candidate = cmap.resolve(model_id, model, chosen, decision.deployment_id if decision else None,
-                             str(tagged) if tagged else None)  # fmt: skip
+    candidate = cmap.resolve(
+        model_id, model, chosen, decision.deployment_id if decision else None, str(tagged) if tagged else None
+    )
     if not candidate or (not model_id and status == "failure" and not decision):
         return None
     start = _ts(slo.get("startTime")) or _ts(start_time) or time.time()
@@ -129,16 +138,26 @@ def extract_row(
     figures = (decision.figures or {}) if version is not None and decision is not None else {}
     group = slo.get("model_group") or md.get("model_group")
     return PendingRow(
-        call_id=str(call_id), candidate=str(candidate), status="success" if status == "success" else "failure",
-        text=query_text(kwargs, slo), start_s=start, end_s=max(end, start), first_token_s=first,
-        prompt_tokens=_int(slo.get("prompt_tokens")), completion_tokens=_int(slo.get("completion_tokens")),
-        propensity=propensity, deployment_id=str(model_id) if model_id else None,
-        backend_id=str(slo["id"]) if slo.get("id") else None, router_version=version,
-        **attribution(slo), model_group=str(group)[:200] if group else None,
+        call_id=str(call_id),
+        candidate=str(candidate),
+        status="success" if status == "success" else "failure",
+        text=query_text(kwargs, slo),
+        start_s=start,
+        end_s=max(end, start),
+        first_token_s=first,
+        prompt_tokens=_int(slo.get("prompt_tokens")),
+        completion_tokens=_int(slo.get("completion_tokens")),
+        propensity=propensity,
+        deployment_id=str(model_id) if model_id else None,
+        backend_id=str(slo["id"]) if slo.get("id") else None,
+        router_version=version,
+        **attribution(slo),
+        model_group=str(group)[:200] if group else None,
         site=str(info[SITE_KEY])[:100] if info.get(SITE_KEY) else None,
-        estimate_j=_num(figures.get("joules_estimate")), reference_j=_num(figures.get("joules_reference_estimate")),
+        estimate_j=_num(figures.get("joules_estimate")),
+        reference_j=_num(figures.get("joules_reference_estimate")),
         **_adapt_fields(decision, candidate),
-    )  # fmt: skip
+    )
 
 
 def _adapt_fields(decision: Decision | None, candidate: str) -> dict[str, Any]:
@@ -147,7 +166,10 @@ def _adapt_fields(decision: Decision | None, candidate: str) -> dict[str, Any]:
     if decision is None or decision.fallback is not None or not decision.adapt:
         return {}
     ctx = decision.adapt.get("context")
-    return {"context": str(ctx)[:64] if ctx else None, "checkpoint_j": _num((decision.adapt.get("checkpoint_j") or {}).get(candidate))}
+    return {
+        "context": str(ctx)[:64] if ctx else None,
+        "checkpoint_j": _num((decision.adapt.get("checkpoint_j") or {}).get(candidate)),
+    }
 
 
 def _num(v: Any) -> float | None:
@@ -156,9 +178,12 @@ def _num(v: Any) -> float | None:
 
 # PendingRow field -> standard logging payload metadata key (set by the proxy from the authenticated key)
 ATTRIBUTION = {
-    "key_hash": "user_api_key_hash", "key_alias": "user_api_key_alias", "team": "user_api_key_team_id",
-    "team_alias": "user_api_key_team_alias", "user_id": "user_api_key_user_id",
-}  # fmt: skip
+    "key_hash": "user_api_key_hash",
+    "key_alias": "user_api_key_alias",
+    "team": "user_api_key_team_id",
+    "team_alias": "user_api_key_team_alias",
+    "user_id": "user_api_key_user_id",
+}
 
 
 def attribution(slo: Mapping[str, Any]) -> dict[str, str | None]:

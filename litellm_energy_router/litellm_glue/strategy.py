@@ -8,7 +8,7 @@ One core (:class:`EnergyRouterCore`) serves both entry points:
 * :class:`EnergyRouterFilter` — proxy (and SDK): a ``CustomLogger`` whose ``async_filter_deployments``
   narrows LiteLLM's already-healthy deployments of a model group to the chosen one, by
   ``model_info.id``. Enable it in a proxy ``config.yaml`` with
-  ``litellm_settings.callbacks: ["litellm_energy_router.proxy_router.energy_router"]``.
+  ``litellm_settings.callbacks: ["litellm_energy_router.litellm_glue.proxy_router.energy_router"]``.
 
 Candidates map to deployments by, in order: ``model_info.energy_router_candidate``; then
 ``settings.router.match_by``: ``id`` (candidate ``deployment_id`` or name = ``model_info.id``) or
@@ -45,21 +45,45 @@ import numpy as np
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
-from . import litellm_compat
-from .budgets import BudgetBook, BudgetExceeded
-from .decision import DECISION_BOOK, DECISION_KEY, Decision, DecisionBook
-from .deployments import CandidateMap, deployment_keys
-from .figures import Accounting, carbon_factors, headers
-from .knob import Knob, KnobError, metadata_dicts, resolve_knob
-from .metrics import DECISION_SECONDS, DECISIONS, FALLBACKS, RateLimitedWarning
-from .router.adapt import ADAPT, start_refresh
-from .router.context import Context
-from .router.decide import decide
-from .router.length_model import bounded_energy, bounded_note, context_bounded_energy, request_max_tokens
-from .router.online import explore_pick
-from .router.request_text import query_text
-from .router.runtime import NoCheckpoint, RouterLoading, RouterRuntime, Scored
-from .settings import Settings, load_settings
+from litellm_energy_router import litellm_compat
+from litellm_energy_router.budgets import BudgetBook, BudgetExceeded
+from litellm_energy_router.knob import Knob, KnobError, metadata_dicts, resolve_knob
+from litellm_energy_router.litellm_glue.decision import (
+    DECISION_BOOK,
+    DECISION_KEY,
+    Decision,
+    DecisionBook,
+)
+from litellm_energy_router.litellm_glue.deployments import CandidateMap, deployment_keys
+from litellm_energy_router.litellm_glue.figures import (
+    Accounting,
+    carbon_factors,
+    headers,
+)
+from litellm_energy_router.litellm_glue.request_text import query_text
+from litellm_energy_router.metrics import (
+    DECISION_SECONDS,
+    DECISIONS,
+    FALLBACKS,
+    RateLimitedWarning,
+)
+from litellm_energy_router.router.adapt import ADAPT, start_refresh
+from litellm_energy_router.router.context import Context
+from litellm_energy_router.router.decide import decide
+from litellm_energy_router.router.length_model import (
+    bounded_energy,
+    bounded_note,
+    context_bounded_energy,
+    request_max_tokens,
+)
+from litellm_energy_router.router.online import explore_pick
+from litellm_energy_router.router.runtime import (
+    NoCheckpoint,
+    RouterLoading,
+    RouterRuntime,
+    Scored,
+)
+from litellm_energy_router.settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
 HEADERS_BOOK = DecisionBook()  # proxy decisions whose figures the response-headers hook has not sent yet
@@ -69,12 +93,17 @@ CALLER_ERRORS = (KnobError, BudgetExceeded)  # refused, never failed open
 class EnergyRouterCore:
     """Shared decision path of the strategy, the proxy filter and ``energy-router route``."""
 
-    def __init__(self, settings: Settings | None = None, runtime: RouterRuntime | None = None,
-                 budgets: BudgetBook | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, settings: Settings | None = None, runtime: RouterRuntime | None = None, budgets: BudgetBook | None = None
+    ) -> None:
         self.settings = settings or load_settings()
         rs = self.settings.router
         self.runtime = runtime or RouterRuntime(
-            rs.checkpoint, batch_wait_ms=rs.batch_wait_ms, cache_size=rs.cache_size, threads=rs.threads, scorer=rs.scorer
+            rs.checkpoint,
+            batch_wait_ms=rs.batch_wait_ms,
+            cache_size=rs.cache_size,
+            threads=rs.threads,
+            scorer=rs.scorer,
         )  # inside the proxy's event loop this loads on a thread: requests fail open ("loading") until ready
         self._cmap = CandidateMap(self.settings.candidates)
         self._context = {c.name: c.context_tokens for c in self.settings.candidates if c.context_tokens}
@@ -112,16 +141,21 @@ class EnergyRouterCore:
         return self._cmap.lookup(dep_id, model, tag, known, by=(by,))
 
     # -- decision ---------------------------------------------------------------------------------
-    def _fallback(self, deployments: Sequence[Mapping[str, Any]], reason: str, detail: str = "") -> tuple[Any, Decision]:
+    def _fallback(
+        self, deployments: Sequence[Mapping[str, Any]], reason: str, detail: str = ""
+    ) -> tuple[Any, Decision]:
         FALLBACKS.labels(reason=reason).inc()
         self._warn(reason, "energy-router: falling back (%s) %s", reason, detail)
         fb = self.settings.router.fallback
         chosen = None
         if fb:
             chosen = next((d for d in deployments if fb in (_dep_id(d), self.candidate_of(d))), None)
-        return chosen, Decision(candidate=self.candidate_of(chosen) if chosen else None,
-                                deployment_id=_dep_id(chosen), fallback=reason,
-                                router_version=self.runtime.version)  # fmt: skip
+        return chosen, Decision(
+            candidate=self.candidate_of(chosen) if chosen else None,
+            deployment_id=_dep_id(chosen),
+            fallback=reason,
+            router_version=self.runtime.version,
+        )
 
     def pool(self, deployments: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
         """The request's deployments by the candidate they serve (those serving none left out); mapped
@@ -134,21 +168,34 @@ class EnergyRouterCore:
                 by_cand.setdefault(c, []).append(d)
         return by_cand
 
-    def context_lengths(self, candidates: Sequence[str], by_cand: Mapping[str, Sequence[Mapping[str, Any]]]) -> np.ndarray | None:
+    def context_lengths(
+        self, candidates: Sequence[str], by_cand: Mapping[str, Sequence[Mapping[str, Any]]]
+    ) -> np.ndarray | None:
         """Context length (tokens, prompt + output; inf: none known) per candidate, or None when no candidate has
         one: the largest ``model_info.max_input_tokens`` of its deployments in the pool, else its
         ``candidates[].context_tokens`` setting."""
         out, known = np.full(len(candidates), np.inf), False
         for k, c in enumerate(candidates):
-            vals = [v for d in by_cand.get(c, ()) if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0]
+            vals = [
+                v
+                for d in by_cand.get(c, ())
+                if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0
+            ]
             n = max(vals) if vals else self._context.get(c)
             if n:
                 out[k], known = float(n), True
         return out if known else None
 
-    def decide(self, scored: Scored, deployments: Sequence[Mapping[str, Any]], knob: Knob, t0: float,
-               by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
-               request_kwargs: Mapping[str, Any] | None = None, ctx: Context | None = None) -> tuple[Any, Decision]:  # fmt: skip
+    def decide(
+        self,
+        scored: Scored,
+        deployments: Sequence[Mapping[str, Any]],
+        knob: Knob,
+        t0: float,
+        by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
+        request_kwargs: Mapping[str, Any] | None = None,
+        ctx: Context | None = None,
+    ) -> tuple[Any, Decision]:
         """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
         (``by_cand``: :meth:`pool`, when the caller mapped it already), on P and Ê adapted to the request's
         context ``ctx`` (:mod:`.router.adapt`), Ê bounded by its ``max_tokens``, then ε-exploration
@@ -156,40 +203,60 @@ class EnergyRouterCore:
         by_cand = self.pool(deployments) if by_cand is None else by_cand
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
-            return self._fallback(deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}")
+            return self._fallback(
+                deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}"
+            )
         self.adapt.bind(self.runtime.model)
         max_tokens = request_max_tokens(request_kwargs)
         ctx_len = self.context_lengths(scored.candidates, by_cand)
-        E_all = context_bounded_energy(bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens), scored.tokens,
-                                       scored.prompt_tokens, scored.j_prompt, scored.j_out, max_tokens, ctx_len)  # fmt: skip
-        P_all, E_all, explore, adapt = self.adapt.apply(scored, ctx, E_all, self.settings.router.epsilon > 0,
-                                                          self.settings.router.context_rows)  # fmt: skip
+        E_all = context_bounded_energy(
+            bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens),
+            scored.tokens,
+            scored.prompt_tokens,
+            scored.j_prompt,
+            scored.j_out,
+            max_tokens,
+            ctx_len,
+        )
+        P_all, E_all, explore, adapt = self.adapt.apply(
+            scored, ctx, E_all, self.settings.router.epsilon > 0, self.settings.router.context_rows
+        )
         P, E = P_all[avail][None, :], E_all[avail][None, :]
         factors, cleanest = None, {}
         if knob.objective == "carbon" and self.accounting.carbon.enabled:
             names = [scored.candidates[j] for j in avail]
             factors, cleanest = carbon_factors(self.accounting.carbon, names, by_cand, time.time())
         j_best = int(decide(P, E, knob, factors)[0])
-        j, propensity = explore_pick(self._rng, self.settings.router.epsilon, j_best,
-                                     explore[avail] if explore is not None else None, len(avail))  # fmt: skip
+        j, propensity = explore_pick(
+            self._rng, self.settings.router.epsilon, j_best, explore[avail] if explore is not None else None, len(avail)
+        )
         cand = scored.candidates[avail[j]]
         dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])
         dt = time.perf_counter() - t0
         DECISIONS.labels(candidate=cand).inc()
         DECISION_SECONDS.observe(dt)
         return dep, Decision(
-            candidate=cand, deployment_id=_dep_id(dep),
+            candidate=cand,
+            deployment_id=_dep_id(dep),
             scores={scored.candidates[i]: round(float(P_all[i]), 5) for i in range(len(scored.candidates))},
             energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
             energy_note=bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len),
-            lambda_=None if knob.target_accuracy is not None else knob.lambda_, target_accuracy=knob.target_accuracy,
+            lambda_=None if knob.target_accuracy is not None else knob.lambda_,
+            target_accuracy=knob.target_accuracy,
             max_energy_j=knob.max_energy_j,
             propensity=round(propensity, 6),
-            router_version=scored.version, latency_ms=round(dt * 1000, 3), adapt=adapt,
-        )  # fmt: skip
+            router_version=scored.version,
+            latency_ms=round(dt * 1000, 3),
+            adapt=adapt,
+        )
 
-    def _plan(self, deployments: Sequence[Mapping[str, Any]], messages: Any, input: Any,
-              request_kwargs: Mapping[str, Any] | None) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None] | None:  # fmt: skip
+    def _plan(
+        self,
+        deployments: Sequence[Mapping[str, Any]],
+        messages: Any,
+        input: Any,
+        request_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None] | None:
         """(text, knob, deployments by candidate, context) to route on, or ``None`` to pass the request through
         unrouted (a model group that is not the router's pool, or no text). The knob is checked first: an
         invalid one is refused whichever model group the request is for."""
@@ -204,8 +271,9 @@ class EnergyRouterCore:
         ctx = self.adapt.context(text, request_kwargs, messages, group) if self.settings.router.online else None
         return text, knob, by_cand, ctx
 
-    def _account(self, request_kwargs: Mapping[str, Any] | None, dep: Any,
-                 decision: Decision | None) -> tuple[Any, Decision | None]:  # fmt: skip
+    def _account(
+        self, request_kwargs: Mapping[str, Any] | None, dep: Any, decision: Decision | None
+    ) -> tuple[Any, Decision | None]:
         """Attach the decision-time energy and carbon figures (:mod:`.figures`) and charge them to the request's
         budgets' local spend; never fails the request."""
         if decision is not None and dep is not None:
@@ -222,8 +290,13 @@ class EnergyRouterCore:
             return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
         return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
 
-    async def choose(self, deployments: Sequence[Mapping[str, Any]], messages: Any = None, input: Any = None,
-                     request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision | None]:  # fmt: skip
+    async def choose(
+        self,
+        deployments: Sequence[Mapping[str, Any]],
+        messages: Any = None,
+        input: Any = None,
+        request_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[Any, Decision | None]:
         """(deployment or None for LiteLLM's own choice, decision or None when not routed)."""
         t0 = time.perf_counter()
         try:
@@ -242,8 +315,13 @@ class EnergyRouterCore:
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
             return self._failed(deployments, e)
 
-    def choose_sync(self, deployments: Sequence[Mapping[str, Any]], messages: Any = None, input: Any = None,
-                    request_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Decision | None]:  # fmt: skip
+    def choose_sync(
+        self,
+        deployments: Sequence[Mapping[str, Any]],
+        messages: Any = None,
+        input: Any = None,
+        request_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[Any, Decision | None]:
         """Sync twin of :meth:`choose` (LiteLLM's sync calls); the timeout is checked after scoring."""
         t0 = time.perf_counter()
         try:
@@ -329,10 +407,14 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
             raise ValueError(f"energy-router: no deployments for model group {model!r}")
         return None, deps
 
-    async def async_get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
-                                             input: str | list[object] | None = None,
-                                             specific_deployment: bool | None = False,
-                                             request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
+    async def async_get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[object] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, object] | None = None,
+    ) -> Any:
         pinned, deps = self._pool(model, specific_deployment)
         if pinned is not None:
             attach(request_kwargs, None)  # type: ignore[arg-type]
@@ -341,9 +423,14 @@ class EnergyRoutingStrategy(CustomRoutingStrategyBase):
         attach(request_kwargs, decision)  # type: ignore[arg-type]
         return dep if dep is not None else random.choice(deps)
 
-    def get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
-                                 input: str | list[object] | None = None, specific_deployment: bool | None = False,
-                                 request_kwargs: dict[str, object] | None = None) -> Any:  # fmt: skip
+    def get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[object] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, object] | None = None,
+    ) -> Any:
         pinned, deps = self._pool(model, specific_deployment)
         if pinned is not None:
             attach(request_kwargs, None)  # type: ignore[arg-type]
@@ -377,8 +464,14 @@ class EnergyRouterFilter(CustomLogger):
         except Exception as e:  # noqa: BLE001 - never keep the proxy from starting
             log.error("energy-router: not started (%s); requests fail open until it can start", str(e).splitlines()[0])
 
-    async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
-                                       request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list[dict]:  # fmt: skip
+    async def async_filter_deployments(
+        self,
+        model: str,
+        healthy_deployments: list,
+        messages: Any,
+        request_kwargs: dict | None = None,
+        parent_otel_span: Any = None,
+    ) -> list[dict]:
         if not healthy_deployments:
             return healthy_deployments
         try:
@@ -411,14 +504,23 @@ class EnergyRouterFilter(CustomLogger):
             else:
                 resolve_knob(settings.knob, data)
         except KnobError as e:  # counted in energy_router_knob_refusals_total{field}; logged once a minute per field
-            self._refused(e.field, "energy-router: refused a request knob with HTTP 400: %s (more refusals of this field "
-                          "in the next minute: energy_router_knob_refusals_total only)", str(e).removeprefix("energy-router: "))
+            self._refused(
+                e.field,
+                "energy-router: refused a request knob with HTTP 400: %s (more refusals of this field "
+                "in the next minute: energy_router_knob_refusals_total only)",
+                str(e).removeprefix("energy-router: "),
+            )
             raise
         return None
 
-    async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any, response: Any,
-                                                    request_headers: dict | None = None,
-                                                    litellm_call_info: dict | None = None) -> dict[str, str] | None:  # fmt: skip
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict,
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict | None = None,
+        litellm_call_info: dict | None = None,
+    ) -> dict[str, str] | None:
         """Proxy (LiteLLM >= 1.81, where this hook exists; streaming too): the request's decision-time
         figures as ``x-energy-router-*`` response headers (:func:`~.figures.headers`); ``None`` when the
         router did not route it. Only this process's own record of the decision is read."""
@@ -429,5 +531,11 @@ class EnergyRouterFilter(CustomLogger):
             return None
 
 
-__all__ = ["EnergyRouterCore", "EnergyRoutingStrategy", "EnergyRouterFilter", "KnobError", "attach",
-           "strip_caller_decision"]
+__all__ = [
+    "EnergyRouterCore",
+    "EnergyRoutingStrategy",
+    "EnergyRouterFilter",
+    "KnobError",
+    "attach",
+    "strip_caller_decision",
+]

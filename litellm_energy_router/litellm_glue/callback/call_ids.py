@@ -22,10 +22,10 @@ import threading
 from collections import OrderedDict
 from typing import Any, Mapping
 
-from ..metrics import RateLimitedWarning
-from ..table.production import stored_call_id
+from litellm_energy_router.metrics import RateLimitedWarning
+from litellm_energy_router.table.production import stored_call_id
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 HEADER = "x-litellm-call-id"
 
 
@@ -39,8 +39,10 @@ class CallIdTaken(ValueError):
     def __init__(self, call_id: str) -> None:
         self.param = HEADER
         shown = "".join(ch if ch.isprintable() else "?" for ch in call_id[:64])
-        self.message = (f"energy-router: call id {shown!r} already names another request; send a new {HEADER} "
-                        "(or none: the proxy assigns one)")  # fmt: skip
+        self.message = (
+            f"energy-router: call id {shown!r} already names another request; send a new {HEADER} "
+            "(or none: the proxy assigns one)"
+        )
         super().__init__(self.message)
 
 
@@ -75,7 +77,7 @@ class CallIdGuard:
 
     def _in_table(self, cid: str) -> bool:
         if self._store is None:
-            from ..table import open_store
+            from litellm_energy_router.table import open_store
 
             self._store = open_store(self.table_url, create=False)
         return any(r.source == "production" for r in self._store.runs_for_call(stored_call_id(cid)))
@@ -90,7 +92,11 @@ class CallIdGuard:
         try:
             taken = await asyncio.to_thread(self._in_table, cid)
         except Exception as e:  # noqa: BLE001 - an unreadable table must not fail the request (keep-first still holds)
-            self._warn("table", "energy-router: call id check skipped (table not readable: %s)", str(e).splitlines()[0] if str(e) else e)
+            self._warn(
+                "table",
+                "energy-router: call id check skipped (table not readable: %s)",
+                str(e).splitlines()[0] if str(e) else e,
+            )
             return
         if taken:
             raise CallIdTaken(cid)

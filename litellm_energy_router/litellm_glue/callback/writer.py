@@ -27,21 +27,26 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..energy.meter import RequestEnergy, RequestEnergyMeter
-from ..metrics import WRITER_QUEUE_DEPTH
-from ..router.adapt import ADAPT
-from ..shadow_queue import ShadowQueue
-from ..table import open_store
-from .accounting import RowAccounting
-from .overflow import Overflow
-from .pending_row import CandidateMap, PendingRow
-from .private_files import load_or_create_salt
-from .record import RecordBuilder
-from .settle import EnergySettler
-from .sink import TableSink, Tally
-from .spool import Chunk, Spool
+from litellm_energy_router.energy.meter import RequestEnergy, RequestEnergyMeter
+from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
+from litellm_energy_router.litellm_glue.callback.overflow import Overflow
+from litellm_energy_router.litellm_glue.callback.pending_row import (
+    CandidateMap,
+    PendingRow,
+)
+from litellm_energy_router.litellm_glue.callback.private_files import (
+    load_or_create_salt,
+)
+from litellm_energy_router.litellm_glue.callback.record import RecordBuilder
+from litellm_energy_router.litellm_glue.callback.settle import EnergySettler
+from litellm_energy_router.litellm_glue.callback.sink import TableSink, Tally
+from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
+from litellm_energy_router.metrics import WRITER_QUEUE_DEPTH
+from litellm_energy_router.router.adapt import ADAPT
+from litellm_energy_router.shadow_queue import ShadowQueue
+from litellm_energy_router.table import open_store
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 
 class TableWriter:
@@ -76,17 +81,35 @@ class TableWriter:
         self.url = url
         self.cfg = writer
         self.salt = privacy.salt or load_or_create_salt(privacy.salt_file or Path(writer.spool_dir) / "salt")
-        self.spool = Spool(writer.spool_dir, max_bytes=int(writer.spool_max_mb * 2**20), keep_text=privacy.store_text,
-                           salt=self.salt, retry_max_s=writer.retry_max_s)  # fmt: skip
+        self.spool = Spool(
+            writer.spool_dir,
+            max_bytes=int(writer.spool_max_mb * 2**20),
+            keep_text=privacy.store_text,
+            salt=self.salt,
+            retry_max_s=writer.retry_max_s,
+        )
         self.settler = EnergySettler(meter, settle_timeout_s, max_waiting=writer.queue_size)
-        self.builder = RecordBuilder(writer.task, privacy, self.salt, cmap or CandidateMap(), self.spool, shadow,
-                                     accounting or RowAccounting())
+        self.builder = RecordBuilder(
+            writer.task, privacy, self.salt, cmap or CandidateMap(), self.spool, shadow, accounting or RowAccounting()
+        )
         self.tally = Tally(self.spool)
-        self.sink = TableSink(url, self.spool, self.tally, batch_size=writer.batch_size, retry_max_s=writer.retry_max_s,
-                              store_factory=store_factory, prepare_chunk=self._complete_chunk)  # fmt: skip
+        self.sink = TableSink(
+            url,
+            self.spool,
+            self.tally,
+            batch_size=writer.batch_size,
+            retry_max_s=writer.retry_max_s,
+            store_factory=store_factory,
+            prepare_chunk=self._complete_chunk,
+        )
         self._q: queue.Queue[PendingRow] = queue.Queue(maxsize=writer.queue_size)
-        self._overflow = Overflow(self.spool, self.builder.pending_record, self.tally.spooled_rows, self.tally.lose,
-                                  bound=max(4 * writer.queue_size, 10_000))  # fmt: skip
+        self._overflow = Overflow(
+            self.spool,
+            self.builder.pending_record,
+            self.tally.spooled_rows,
+            self.tally.lose,
+            bound=max(4 * writer.queue_size, 10_000),
+        )
         self._pending: list[PendingRow] = []
         self._ready: list[dict[str, Any]] = []
         self.max_in_memory = 0
@@ -199,8 +222,9 @@ class TableWriter:
         settled, self._pending = self.settler.settle(self._pending, final=final)
         for row, e in settled:
             if row.status == "success":  # the serving router's online energy state (router/adapt.py)
-                ADAPT.observe(row.candidate, row.prompt_tokens, row.completion_tokens, e.energy_j, row.context,
-                              row.checkpoint_j)  # fmt: skip
+                ADAPT.observe(
+                    row.candidate, row.prompt_tokens, row.completion_tokens, e.energy_j, row.context, row.checkpoint_j
+                )
             rec = self.builder.record(row, e)
             if rec is not None:
                 self._ready.append(rec)

@@ -9,10 +9,14 @@ from __future__ import annotations
 import logging
 import time
 
-from ..energy.meter import RequestEnergy, RequestEnergyMeter, RequestUsage
-from .pending_row import PendingRow
+from litellm_energy_router.energy.meter import (
+    RequestEnergy,
+    RequestEnergyMeter,
+    RequestUsage,
+)
+from litellm_energy_router.litellm_glue.callback.pending_row import PendingRow
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 
 class EnergySettler:
@@ -28,18 +32,27 @@ class EnergySettler:
         """The row's energy (J); ``None`` while not settled and not ``final``. A meter that fails gives
         :meth:`RequestEnergy.unavailable` on the final call: a meter bug never loses the row."""
         usage = RequestUsage(
-            request_id=row.call_id, candidate=row.candidate, start_s=row.start_s, end_s=row.end_s,
-            first_token_s=row.first_token_s, prompt_tokens=row.prompt_tokens,
-            completion_tokens=row.completion_tokens, backend_id=row.backend_id,
-        )  # fmt: skip
+            request_id=row.call_id,
+            candidate=row.candidate,
+            start_s=row.start_s,
+            end_s=row.end_s,
+            first_token_s=row.first_token_s,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+            backend_id=row.backend_id,
+        )
         try:
             return self.meter.energy_for_request(usage, final=final)
         except Exception as e:  # noqa: BLE001 - a meter bug must not lose the row
             log.warning("energy-router: meter %s failed for %s: %s", getattr(self.meter, "name", "?"), row.call_id, e)
             return RequestEnergy.unavailable() if final else None
 
-    def settle(self, pending: list[PendingRow], *, final: bool,
-               ) -> tuple[list[tuple[PendingRow, RequestEnergy]], list[PendingRow]]:  # fmt: skip
+    def settle(
+        self,
+        pending: list[PendingRow],
+        *,
+        final: bool,
+    ) -> tuple[list[tuple[PendingRow, RequestEnergy]], list[PendingRow]]:
         """Split ``pending`` (oldest first) into (settled rows with their energy, rows still waiting)."""
         now = time.time()
         overflow = len(pending) - self.max_waiting

@@ -41,11 +41,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..metrics import SPOOL_DROPPED_ROWS, SPOOL_WRITE_ERRORS, RateLimitedWarning
-from ..table import text_hash
-from .private_files import append_durably, fsync_dir, open_private, private_dir, write_all, write_atomic
+from litellm_energy_router.litellm_glue.callback.private_files import (
+    append_durably,
+    fsync_dir,
+    open_private,
+    private_dir,
+    write_all,
+    write_atomic,
+)
+from litellm_energy_router.metrics import (
+    SPOOL_DROPPED_ROWS,
+    SPOOL_WRITE_ERRORS,
+    RateLimitedWarning,
+)
+from litellm_energy_router.table import text_hash
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 BLOCK = 1 << 20
 MIN_SEGMENT, MAX_SEGMENT = 64 << 10, 64 << 20
@@ -93,8 +104,15 @@ class Spool:
         retry_max_s: longest backoff after a failed append, seconds.
     """
 
-    def __init__(self, directory: str | Path, *, max_bytes: int = 1 << 30, keep_text: bool = False, salt: str = "",
-                 retry_max_s: float = 5.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        max_bytes: int = 1 << 30,
+        keep_text: bool = False,
+        salt: str = "",
+        retry_max_s: float = 5.0,
+    ) -> None:
         self.dir = private_dir(directory)
         self.max_bytes = int(max_bytes)
         self.segment_bytes = min(max(self.max_bytes // 8, MIN_SEGMENT), MAX_SEGMENT)
@@ -163,8 +181,14 @@ class Spool:
         self.write_errors += 1
         self.retry_at = time.monotonic() + self._retry_delay
         self._retry_delay = min(self._retry_delay * 2, self.retry_max_s)
-        self._error("spool-write", "energy-router: spool %s not writable: %s (%s; %d failed writes so far)",
-                    self.dir, err, what, self.write_errors)  # fmt: skip
+        self._error(
+            "spool-write",
+            "energy-router: spool %s not writable: %s (%s; %d failed writes so far)",
+            self.dir,
+            err,
+            what,
+            self.write_errors,
+        )
 
     def _make_room(self, n: int) -> None:
         """Drop whole segments, oldest first, until ``n`` more bytes fit under the cap."""
@@ -180,8 +204,14 @@ class Spool:
             if lost:
                 self.dropped += lost
                 SPOOL_DROPPED_ROWS.inc(lost)
-                self._warn("spool-cap", "energy-router: spool %s over writer.spool_max_mb (%.0f MiB): dropped %d oldest "
-                           "rows (%d so far)", self.dir, self.max_bytes / 2**20, lost, self.dropped)  # fmt: skip
+                self._warn(
+                    "spool-cap",
+                    "energy-router: spool %s over writer.spool_max_mb (%.0f MiB): dropped %d oldest rows (%d so far)",
+                    self.dir,
+                    self.max_bytes / 2**20,
+                    lost,
+                    self.dropped,
+                )
 
     def reject(self, entries: list[Any], reason: str, *, key: str = "row") -> None:
         """Keep entries (rows as dicts, or lines) in ``rejected.jsonl`` with the reason."""
@@ -196,10 +226,11 @@ class Spool:
 
     def _reject_lines(self, lines: list[bytes], name: str) -> None:
         shown: list[Any] = [
-            ln.decode("utf-8", "replace") if self.keep_text
+            ln.decode("utf-8", "replace")
+            if self.keep_text
             else {"bytes": len(ln), "sha256": text_hash(ln.decode("utf-8", "replace"), self.salt)}
             for ln in lines
-        ]  # fmt: skip
+        ]
         self.reject(shown, f"unparsable line in {name}", key="line")
 
     # -- replay -----------------------------------------------------------------------------------

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..energy.carbon import SITE_KEY, CarbonModel
-from ..energy.meter import RequestEnergy
-from ..metrics import observe_accounting
-from ..table import ledger
-from .pending_row import PendingRow
+from litellm_energy_router.energy.carbon import SITE_KEY, CarbonModel
+from litellm_energy_router.energy.meter import RequestEnergy
+from litellm_energy_router.litellm_glue.callback.pending_row import PendingRow
+from litellm_energy_router.metrics import observe_accounting
+from litellm_energy_router.table import ledger
+
 
 class RowAccounting:
     """Turns a row and its settled energy into run columns and ledger increments.
@@ -40,10 +41,25 @@ class RowAccounting:
         cols = {"energy_estimate_j": est, "energy_reference_j": ref, "co2e_g": co2e, "site": site}
         if not self.keep_ledger:
             return cols, None
-        attrs = {"key_hash": row.key_hash, "team": row.team, "user_id": row.user_id, "model_group": row.model_group,
-                 "deployment": row.deployment_id, "key_alias": row.key_alias, "team_alias": row.team_alias}  # fmt: skip
+        attrs = {
+            "key_hash": row.key_hash,
+            "team": row.team,
+            "user_id": row.user_id,
+            "model_group": row.model_group,
+            "deployment": row.deployment_id,
+            "key_alias": row.key_alias,
+            "team_alias": row.team_alias,
+        }
         entry = ledger.entry(
-            attrs, t_s=row.end_s, request=True, prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
-            joules=e.energy_j, measured=measured, router_estimate_j=est, reference_j=ref, co2e_g=co2e,
-        )  # fmt: skip
+            attrs,
+            t_s=row.end_s,
+            request=True,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+            joules=e.energy_j,
+            measured=measured,
+            router_estimate_j=est,
+            reference_j=ref,
+            co2e_g=co2e,
+        )
         return cols, entry

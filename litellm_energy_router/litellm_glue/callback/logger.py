@@ -1,14 +1,14 @@
 """``EnergyLogger``: the LiteLLM callback that feeds production traffic into the tournament table.
 
 Register it with the SDK (``litellm.callbacks = [EnergyLogger()]``) or the proxy
-(``litellm_settings.callbacks: ["litellm_energy_router.callback.proxy_logger.energy_logger"]``).
+(``litellm_settings.callbacks: ["litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger"]``).
 
 LiteLLM (1.110) calls ``async_log_success_event`` / ``async_log_failure_event`` on the event loop for
 async calls and ``log_success_event`` / ``log_failure_event`` on its logging thread for sync calls,
 with keyword arguments ``kwargs, response_obj, start_time, end_time``; ``log_pre_api_call`` runs on the
 calling thread before each backend call. Every hook here only extracts fields and hands a row to the
 non-blocking :class:`~.writer.TableWriter`; none of them raises into LiteLLM. The router's decision
-(candidate, propensity) comes from this process's record of it (:mod:`~litellm_energy_router.decision`),
+(candidate, propensity) comes from this process's record of it (:mod:`~litellm_energy_router.litellm_glue.decision`),
 never from the request metadata a caller controls.
 """
 
@@ -22,20 +22,29 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ..decision import decision_from_kwargs, take_decision
-from ..energy.carbon import CarbonModel
-from ..figures import add_to_logging_payload
-from ..energy.meter import RequestEnergyMeter
-from ..energy.request_meter import open_request_meter
-from ..metrics import CALLBACK_ERRORS, RateLimitedWarning
-from ..settings import Settings, load_settings
-from ..shadow_queue import ShadowQueue
-from .accounting import RowAccounting
-from .call_ids import CallIdGuard, CallIdTaken
-from .pending_row import CandidateMap, extract_row
-from .writer import TableWriter
+from litellm_energy_router.energy.carbon import CarbonModel
+from litellm_energy_router.energy.meter import RequestEnergyMeter
+from litellm_energy_router.energy.request_meter import open_request_meter
+from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
+from litellm_energy_router.litellm_glue.callback.call_ids import (
+    CallIdGuard,
+    CallIdTaken,
+)
+from litellm_energy_router.litellm_glue.callback.pending_row import (
+    CandidateMap,
+    extract_row,
+)
+from litellm_energy_router.litellm_glue.callback.writer import TableWriter
+from litellm_energy_router.litellm_glue.decision import (
+    decision_from_kwargs,
+    take_decision,
+)
+from litellm_energy_router.litellm_glue.figures import add_to_logging_payload
+from litellm_energy_router.metrics import CALLBACK_ERRORS, RateLimitedWarning
+from litellm_energy_router.settings import Settings, load_settings
+from litellm_energy_router.shadow_queue import ShadowQueue
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 
 class EnergyLogger(CustomLogger):
@@ -48,9 +57,13 @@ class EnergyLogger(CustomLogger):
     """
 
     def __init__(
-        self, settings: Settings | None = None, *, meter: RequestEnergyMeter | None = None, table_url: str | None = None,
+        self,
+        settings: Settings | None = None,
+        *,
+        meter: RequestEnergyMeter | None = None,
+        table_url: str | None = None,
         **writer_kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.settings = settings or load_settings()
         s = self.settings
@@ -61,13 +74,22 @@ class EnergyLogger(CustomLogger):
         if s.shadow.fraction > 0:
             shadow = ShadowQueue(s.shadow.queue_path, s.shadow.fraction)
             if not s.privacy.store_text:
-                log.warning("energy-router: shadow.fraction=%s writes query text to %s although privacy.store_text is false",
-                            s.shadow.fraction, s.shadow.queue_path)  # fmt: skip
+                log.warning(
+                    "energy-router: shadow.fraction=%s writes query text to %s although privacy.store_text is false",
+                    s.shadow.fraction,
+                    s.shadow.queue_path,
+                )
         writer_kwargs.setdefault("accounting", RowAccounting(CarbonModel(s.carbon), keep_ledger=s.accounting.ledger))
         self.writer = TableWriter(
-            table_url or s.table.url, self.meter, writer=s.writer, privacy=s.privacy, cmap=self.cmap, shadow=shadow,
-            settle_timeout_s=s.energy.settle_timeout_s, **writer_kwargs,
-        )  # fmt: skip
+            table_url or s.table.url,
+            self.meter,
+            writer=s.writer,
+            privacy=s.privacy,
+            cmap=self.cmap,
+            shadow=shadow,
+            settle_timeout_s=s.energy.settle_timeout_s,
+            **writer_kwargs,
+        )
         self.call_ids = CallIdGuard(table_url or s.table.url)
         self._refused = RateLimitedWarning(log, 60.0)
         self._closed = False
@@ -81,8 +103,11 @@ class EnergyLogger(CustomLogger):
         try:
             await self.call_ids.check(data)
         except CallIdTaken as e:
-            self._refused("call_id", "energy-router: refused a reused call id with HTTP 409: %s (more in the next minute: "
-                          "not logged)", str(e).removeprefix("energy-router: "))  # fmt: skip
+            self._refused(
+                "call_id",
+                "energy-router: refused a reused call id with HTTP 409: %s (more in the next minute: not logged)",
+                str(e).removeprefix("energy-router: "),
+            )
             raise
         return None
 

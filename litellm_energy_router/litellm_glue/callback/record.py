@@ -12,17 +12,24 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from ..energy.meter import RequestEnergy
-from ..errors import one_line
-from ..metrics import CALL_IDS_REASSIGNED, REJECTED_ROWS, observe_row
-from ..shadow_queue import ShadowQueue
-from ..table import Query, Run, text_hash
-from ..table.production import query_id_for, stored_call_id
-from .accounting import RowAccounting
-from .pending_row import CandidateMap, PendingRow
-from .spool import Chunk, Spool
+from litellm_energy_router.energy.meter import RequestEnergy
+from litellm_energy_router.errors import one_line
+from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
+from litellm_energy_router.litellm_glue.callback.pending_row import (
+    CandidateMap,
+    PendingRow,
+)
+from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
+from litellm_energy_router.metrics import (
+    CALL_IDS_REASSIGNED,
+    REJECTED_ROWS,
+    observe_row,
+)
+from litellm_energy_router.shadow_queue import ShadowQueue
+from litellm_energy_router.table import Query, Run, text_hash
+from litellm_energy_router.table.production import query_id_for, stored_call_id
 
-log = logging.getLogger("litellm_energy_router.callback")
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 
 class RecordBuilder:
@@ -30,9 +37,24 @@ class RecordBuilder:
     hash's salt), ``cmap`` (candidate metadata), ``spool`` (where rejected rows are kept), ``shadow``
     (shadow-sampling queue, or ``None``), ``accounting`` (carbon and ledger figures of each row)."""
 
-    def __init__(self, task: str, privacy: Any, salt: str, cmap: CandidateMap, spool: Spool,
-                 shadow: ShadowQueue | None = None, accounting: RowAccounting | None = None) -> None:  # fmt: skip
-        self.task, self.privacy, self.salt, self.cmap, self.spool, self.shadow = task, privacy, salt, cmap, spool, shadow
+    def __init__(
+        self,
+        task: str,
+        privacy: Any,
+        salt: str,
+        cmap: CandidateMap,
+        spool: Spool,
+        shadow: ShadowQueue | None = None,
+        accounting: RowAccounting | None = None,
+    ) -> None:
+        self.task, self.privacy, self.salt, self.cmap, self.spool, self.shadow = (
+            task,
+            privacy,
+            salt,
+            cmap,
+            spool,
+            shadow,
+        )
         self.accounting = accounting or RowAccounting()
 
     def record(self, row: PendingRow, e: RequestEnergy, *, h: str | None = None) -> dict[str, Any] | None:
@@ -45,19 +67,34 @@ class RecordBuilder:
         figures, ledger = self.accounting.settle(row, e)  # accounting: run columns + ledger increments
         try:
             q = Query(
-                id=query_id_for(call_id), task=self.task, text=row.text if self.privacy.store_text else None,
-                text_hash=h if row.text is None else text_hash(row.text, self.salt), source="production",
+                id=query_id_for(call_id),
+                task=self.task,
+                text=row.text if self.privacy.store_text else None,
+                text_hash=h if row.text is None else text_hash(row.text, self.salt),
+                source="production",
                 created=row.start_s,
-            )  # fmt: skip
+            )
             run = Run(
-                query_id=q.id, candidate=row.candidate, source="production", score=None,
+                query_id=q.id,
+                candidate=row.candidate,
+                source="production",
+                score=None,
                 latency_s=row.end_s - row.start_s,
                 ttft_s=(row.first_token_s - row.start_s) if row.first_token_s is not None else None,
-                prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
-                energy_j=e.energy_j, avg_power_w=e.avg_power_w if e.energy_j is not None else None,
-                energy_method=e.method, gpu=e.gpu, propensity=row.propensity, call_id=call_id,
-                status=row.status, created=row.end_s, router_version=row.router_version, context=row.context, **figures,
-            )  # fmt: skip
+                prompt_tokens=row.prompt_tokens,
+                completion_tokens=row.completion_tokens,
+                energy_j=e.energy_j,
+                avg_power_w=e.avg_power_w if e.energy_j is not None else None,
+                energy_method=e.method,
+                gpu=e.gpu,
+                propensity=row.propensity,
+                call_id=call_id,
+                status=row.status,
+                created=row.end_s,
+                router_version=row.router_version,
+                context=row.context,
+                **figures,
+            )
         except ValidationError as err:
             msg = one_line(err, f"row for call {row.call_id!r}")
             log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)

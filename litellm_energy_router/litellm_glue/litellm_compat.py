@@ -18,8 +18,8 @@ from typing import Any
 # (``proxy_imports_installed_callbacks()`` is False): save as ``energy_router_callbacks.py`` beside the
 # config and list ``energy_router_callbacks.energy_router`` / ``energy_router_callbacks.energy_logger``.
 PROXY_CALLBACKS_MODULE = """\
-from litellm_energy_router.callback.proxy_logger import energy_logger
-from litellm_energy_router.proxy_router import energy_router
+from litellm_energy_router.litellm_glue.callback.proxy_logger import energy_logger
+from litellm_energy_router.litellm_glue.proxy_router import energy_router
 """
 
 
@@ -65,7 +65,7 @@ def cooling_ids(router: Any, ids: list[str]) -> set[str]:
 
 def proxy_imports_installed_callbacks() -> bool:
     """Whether the proxy resolves a ``litellm_settings.callbacks`` entry such as
-    ``litellm_energy_router.proxy_router.energy_router`` by importing the installed package. Older proxies
+    ``litellm_energy_router.litellm_glue.proxy_router.energy_router`` by importing the installed package. Older proxies
     only load ``<module path>.py`` files relative to config.yaml (see ``PROXY_CALLBACKS_MODULE``)."""
     from litellm.proxy.types_utils.utils import get_instance_fn
 
@@ -78,8 +78,13 @@ def proxy_imports_installed_callbacks() -> bool:
 
 
 __all__ = [
-    "PROXY_CALLBACKS_MODULE", "cooldowns", "cooling_ids", "deployment_dict", "deployments",
-    "proxy_imports_installed_callbacks", "register_strategy",
+    "PROXY_CALLBACKS_MODULE",
+    "cooldowns",
+    "cooling_ids",
+    "deployment_dict",
+    "deployments",
+    "proxy_imports_installed_callbacks",
+    "register_strategy",
 ]
 
 

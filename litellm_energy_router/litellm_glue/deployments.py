@@ -41,8 +41,14 @@ class CandidateMap:
             if c.model:
                 self.by_model.setdefault(c.model, c.name)
 
-    def lookup(self, model_id: str | None, model: str | None, tagged: str | None = None,
-               known: Iterable[str] = (), by: Iterable[str] = ("id", "name")) -> str | None:  # fmt: skip
+    def lookup(
+        self,
+        model_id: str | None,
+        model: str | None,
+        tagged: str | None = None,
+        known: Iterable[str] = (),
+        by: Iterable[str] = ("id", "name"),
+    ) -> str | None:
         """The candidate of a deployment from its keys, or None. ``known``: more candidate names (the
         checkpoint's); ``by``: which of the id and name rules apply (the tag always does)."""
         if tagged:
@@ -63,8 +69,14 @@ class CandidateMap:
                 return tail
         return None
 
-    def resolve(self, model_id: str | None, model: str | None, chosen: str | None, chosen_id: str | None,
-                tagged: str | None = None) -> str | None:  # fmt: skip
+    def resolve(
+        self,
+        model_id: str | None,
+        model: str | None,
+        chosen: str | None,
+        chosen_id: str | None,
+        tagged: str | None = None,
+    ) -> str | None:
         """The served deployment's candidate (callback): :meth:`lookup`; when the served model is not a
         configured candidate, the router's choice if it names this deployment; else the raw model string."""
         found = self.lookup(model_id, model, tagged)
