@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from litellm_energy_router import litellm_compat as compat
+from litellm_energy_router.litellm_glue import litellm_compat as compat
 
 DEPS = [{"model_name": "pool", "model_info": {"id": f"dep-{c}"}} for c in ("a", "b")]
 

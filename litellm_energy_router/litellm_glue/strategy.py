@@ -45,9 +45,9 @@ import numpy as np
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
-from litellm_energy_router import litellm_compat
 from litellm_energy_router.budgets import BudgetBook, BudgetExceeded
 from litellm_energy_router.knob import Knob, KnobError, metadata_dicts, resolve_knob
+from litellm_energy_router.litellm_glue import litellm_compat
 from litellm_energy_router.litellm_glue.decision import (
     DECISION_BOOK,
     DECISION_KEY,
