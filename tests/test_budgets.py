@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from litellm import Router
-from router_fixtures import CANDS
+from router_fixtures import CANDS, drain_litellm_logging
 
 from litellm_energy_router.budgets import Budget, BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
 from litellm_energy_router.demo.backend import LocalBackend
@@ -238,18 +238,28 @@ def test_hard_cap_through_a_real_router(planted_ckpt, sqlite_url, action):
         }
     )
     proof = [{"role": "user", "content": "Give a proof about chess number 77"}]  # only `large` solves it
+
+    def call(key):  # LiteLLM's logging of the call runs on this loop, not on a later test's
+        async def go():
+            try:
+                return await router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": key})
+            finally:
+                await drain_litellm_logging()
+
+        return asyncio.run(go())
+
     with LocalBackend() as backend:
         router, strategy = _router(backend, s)
-        other = asyncio.run(router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": "svc-b"}))
+        other = call("svc-b")
         assert other._hidden_params["model_id"] == "dep-large"  # no budget: the router's own choice
         if action == "refuse":
             with pytest.raises(Exception) as e:
-                asyncio.run(router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": "svc-a"}))
+                call("svc-a")
             assert getattr(e.value, "status_code", None) == 429
             assert "energy-router: budget keys.svc-a exhausted: 50 of 40 J this day" in str(e.value)
             assert backend.count("large") == 1 and backend.count("small") == 0  # nothing reached a backend
         else:
-            r = asyncio.run(router.acompletion(model="pool", messages=proof, metadata={"user_api_key_alias": "svc-a"}))
+            r = call("svc-a")
             assert r._hidden_params["model_id"] == "dep-small"  # the cheapest candidate
         strategy.core.budgets.close()
         strategy.core.runtime.close()

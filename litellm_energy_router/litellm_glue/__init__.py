@@ -1,6 +1,7 @@
 """The LiteLLM integration: what runs inside a LiteLLM proxy or SDK ``Router``.
 
-Routing half (before the call): :mod:`.strategy` (the routing strategy and its core), :mod:`.proxy_router`
+Routing half (before the call): :mod:`.core` (the routing core: knob, score, decide, fail open), :mod:`.strategy`
+(the SDK strategy and the proxy filter around it), :mod:`.proxy_router`
 (the proxy's pre-call filter, ``litellm_energy_router.litellm_glue.proxy_router.energy_router``),
 :mod:`.decision` (what a decision records and carries to the logging half), :mod:`.deployments` (deployment
 -> candidate), :mod:`.request_text` (the text routed on), :mod:`.figures` (decision-time energy and carbon

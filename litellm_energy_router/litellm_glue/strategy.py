@@ -35,321 +35,33 @@ request metadata: see :mod:`.decision`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-import numpy as np
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
-from litellm_energy_router.budgets import BudgetBook, BudgetExceeded
-from litellm_energy_router.knob import Knob, KnobError, metadata_dicts, resolve_knob
+from litellm_energy_router.knob import KnobError, metadata_dicts, resolve_knob
 from litellm_energy_router.litellm_glue import litellm_compat
+from litellm_energy_router.litellm_glue.core import CALLER_ERRORS, EnergyRouterCore
 from litellm_energy_router.litellm_glue.decision import (
     DECISION_BOOK,
     DECISION_KEY,
     Decision,
     DecisionBook,
 )
-from litellm_energy_router.litellm_glue.deployments import CandidateMap, deployment_keys
 from litellm_energy_router.litellm_glue.figures import (
-    Accounting,
-    carbon_factors,
     headers,
 )
-from litellm_energy_router.litellm_glue.request_text import query_text
 from litellm_energy_router.metrics import (
-    DECISION_SECONDS,
-    DECISIONS,
     FALLBACKS,
     RateLimitedWarning,
-)
-from litellm_energy_router.router.adapt import ADAPT, start_refresh
-from litellm_energy_router.router.context import Context
-from litellm_energy_router.router.decide import decide
-from litellm_energy_router.router.length_model import (
-    bounded_energy,
-    bounded_note,
-    context_bounded_energy,
-    request_max_tokens,
-)
-from litellm_energy_router.router.online import explore_pick
-from litellm_energy_router.router.runtime import (
-    NoCheckpoint,
-    RouterLoading,
-    RouterRuntime,
-    Scored,
 )
 from litellm_energy_router.settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
 HEADERS_BOOK = DecisionBook()  # proxy decisions whose figures the response-headers hook has not sent yet
-CALLER_ERRORS = (KnobError, BudgetExceeded)  # refused, never failed open
-
-
-class EnergyRouterCore:
-    """Shared decision path of the strategy, the proxy filter and ``energy-router route``."""
-
-    def __init__(
-        self, settings: Settings | None = None, runtime: RouterRuntime | None = None, budgets: BudgetBook | None = None
-    ) -> None:
-        self.settings = settings or load_settings()
-        rs = self.settings.router
-        self.runtime = runtime or RouterRuntime(
-            rs.checkpoint,
-            batch_wait_ms=rs.batch_wait_ms,
-            cache_size=rs.cache_size,
-            threads=rs.threads,
-            scorer=rs.scorer,
-        )  # inside the proxy's event loop this loads on a thread: requests fail open ("loading") until ready
-        self._cmap = CandidateMap(self.settings.candidates)
-        self._context = {c.name: c.context_tokens for c in self.settings.candidates if c.context_tokens}
-        self._warn = RateLimitedWarning(log, 60.0)
-        self._rng = random.Random()
-        self.accounting = Accounting(self.settings)
-        self.adapt = ADAPT  # what production teaches between retrains (router/adapt.py); router.online: used or not
-        if rs.online and rs.context_refresh_s > 0:
-            start_refresh(self.adapt, self.runtime, self.settings.table.url, rs.context_refresh_s)
-        b = self.settings.budgets
-        self.budgets = budgets or (BudgetBook(b, self.settings.table.url).start() if b.keys or b.teams else None)
-
-    # -- request → knob, text ---------------------------------------------------------------------
-    def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
-        """The request's :class:`~.knob.Knob`: request metadata beats the per-key default, which beats
-        the global one; λ raised by its budgets' multipliers. Raises :class:`~.knob.KnobError` for a request
-        value ``knob.policy`` refuses, :class:`~.budgets.BudgetExceeded` over a hard budget that refuses."""
-        knob = resolve_knob(self.settings.knob, request_kwargs)
-        if self.budgets is None:
-            return knob
-        return self.budgets.apply(knob, self.budgets.match(metadata_dicts(request_kwargs)))
-
-    def _known(self) -> set[str]:
-        model = self.runtime.model
-        return self._cmap.names or (set(model.candidates) if model is not None else set())
-
-    def candidate_of(self, deployment: Mapping[str, Any] | None, known: set[str] | None = None) -> str | None:
-        """The candidate a deployment serves, or ``None`` when it is not one of the router's (with no
-        candidate known yet, e.g. while the checkpoint loads: its id or model string). ``known``: :meth:`_known`."""
-        dep_id, model, tag = deployment_keys(deployment)
-        known = self._known() if known is None else known
-        by = self.settings.router.match_by
-        if not known and not tag:
-            return dep_id if by == "id" else model
-        return self._cmap.lookup(dep_id, model, tag, known, by=(by,))
-
-    # -- decision ---------------------------------------------------------------------------------
-    def _fallback(
-        self, deployments: Sequence[Mapping[str, Any]], reason: str, detail: str = ""
-    ) -> tuple[Any, Decision]:
-        FALLBACKS.labels(reason=reason).inc()
-        self._warn(reason, "energy-router: falling back (%s) %s", reason, detail)
-        fb = self.settings.router.fallback
-        chosen = None
-        if fb:
-            chosen = next((d for d in deployments if fb in (_dep_id(d), self.candidate_of(d))), None)
-        return chosen, Decision(
-            candidate=self.candidate_of(chosen) if chosen else None,
-            deployment_id=_dep_id(chosen),
-            fallback=reason,
-            router_version=self.runtime.version,
-        )
-
-    def pool(self, deployments: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-        """The request's deployments by the candidate they serve (those serving none left out); mapped
-        once per request."""
-        by_cand: dict[str, list[Mapping[str, Any]]] = {}
-        known = self._known()
-        for d in deployments:
-            c = self.candidate_of(d, known)
-            if c is not None:
-                by_cand.setdefault(c, []).append(d)
-        return by_cand
-
-    def context_lengths(
-        self, candidates: Sequence[str], by_cand: Mapping[str, Sequence[Mapping[str, Any]]]
-    ) -> np.ndarray | None:
-        """Context length (tokens, prompt + output; inf: none known) per candidate, or None when no candidate has
-        one: the largest ``model_info.max_input_tokens`` of its deployments in the pool, else its
-        ``candidates[].context_tokens`` setting."""
-        out, known = np.full(len(candidates), np.inf), False
-        for k, c in enumerate(candidates):
-            vals = [
-                v
-                for d in by_cand.get(c, ())
-                if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0
-            ]
-            n = max(vals) if vals else self._context.get(c)
-            if n:
-                out[k], known = float(n), True
-        return out if known else None
-
-    def decide(
-        self,
-        scored: Scored,
-        deployments: Sequence[Mapping[str, Any]],
-        knob: Knob,
-        t0: float,
-        by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
-        request_kwargs: Mapping[str, Any] | None = None,
-        ctx: Context | None = None,
-    ) -> tuple[Any, Decision]:
-        """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
-        (``by_cand``: :meth:`pool`, when the caller mapped it already), on P and Ê adapted to the request's
-        context ``ctx`` (:mod:`.router.adapt`), Ê bounded by its ``max_tokens``, then ε-exploration
-        (``router.epsilon``, spread by energy uncertainty) and a deployment of the chosen candidate."""
-        by_cand = self.pool(deployments) if by_cand is None else by_cand
-        avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
-        if not avail:
-            return self._fallback(
-                deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}"
-            )
-        self.adapt.bind(self.runtime.model)
-        max_tokens = request_max_tokens(request_kwargs)
-        ctx_len = self.context_lengths(scored.candidates, by_cand)
-        E_all = context_bounded_energy(
-            bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens),
-            scored.tokens,
-            scored.prompt_tokens,
-            scored.j_prompt,
-            scored.j_out,
-            max_tokens,
-            ctx_len,
-        )
-        P_all, E_all, explore, adapt = self.adapt.apply(
-            scored, ctx, E_all, self.settings.router.epsilon > 0, self.settings.router.context_rows
-        )
-        P, E = P_all[avail][None, :], E_all[avail][None, :]
-        factors, cleanest = None, {}
-        if knob.objective == "carbon" and self.accounting.carbon.enabled:
-            names = [scored.candidates[j] for j in avail]
-            factors, cleanest = carbon_factors(self.accounting.carbon, names, by_cand, time.time())
-        j_best = int(decide(P, E, knob, factors)[0])
-        j, propensity = explore_pick(
-            self._rng, self.settings.router.epsilon, j_best, explore[avail] if explore is not None else None, len(avail)
-        )
-        cand = scored.candidates[avail[j]]
-        dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])
-        dt = time.perf_counter() - t0
-        DECISIONS.labels(candidate=cand).inc()
-        DECISION_SECONDS.observe(dt)
-        return dep, Decision(
-            candidate=cand,
-            deployment_id=_dep_id(dep),
-            scores={scored.candidates[i]: round(float(P_all[i]), 5) for i in range(len(scored.candidates))},
-            energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
-            energy_note=bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len),
-            lambda_=None if knob.target_accuracy is not None else knob.lambda_,
-            target_accuracy=knob.target_accuracy,
-            max_energy_j=knob.max_energy_j,
-            propensity=round(propensity, 6),
-            router_version=scored.version,
-            latency_ms=round(dt * 1000, 3),
-            adapt=adapt,
-        )
-
-    def _plan(
-        self,
-        deployments: Sequence[Mapping[str, Any]],
-        messages: Any,
-        input: Any,
-        request_kwargs: Mapping[str, Any] | None,
-    ) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None] | None:
-        """(text, knob, deployments by candidate, context) to route on, or ``None`` to pass the request through
-        unrouted (a model group that is not the router's pool, or no text). The knob is checked first: an
-        invalid one is refused whichever model group the request is for."""
-        knob = self.knob(request_kwargs)
-        by_cand = self.pool(deployments)
-        if not by_cand:
-            return None
-        text = query_text(messages, prompt=(request_kwargs or {}).get("prompt"), input=input)
-        if text is None:
-            return None
-        group = next((d.get("model_name") for d in deployments if d.get("model_name")), None)
-        ctx = self.adapt.context(text, request_kwargs, messages, group) if self.settings.router.online else None
-        return text, knob, by_cand, ctx
-
-    def _account(
-        self, request_kwargs: Mapping[str, Any] | None, dep: Any, decision: Decision | None
-    ) -> tuple[Any, Decision | None]:
-        """Attach the decision-time energy and carbon figures (:mod:`.figures`) and charge them to the request's
-        budgets' local spend; never fails the request."""
-        if decision is not None and dep is not None:
-            try:
-                decision.figures = self.accounting.estimate(decision, dep)
-                if self.budgets is not None:
-                    self.budgets.charge(self.budgets.match(metadata_dicts(request_kwargs)), decision.figures)
-            except Exception as e:  # noqa: BLE001 - accounting must not fail routing
-                self._warn("figures", "energy-router: no energy figures: %s", e)
-        return dep, decision
-
-    def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
-        if isinstance(e, asyncio.TimeoutError):
-            return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
-        return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-    async def choose(
-        self,
-        deployments: Sequence[Mapping[str, Any]],
-        messages: Any = None,
-        input: Any = None,
-        request_kwargs: Mapping[str, Any] | None = None,
-    ) -> tuple[Any, Decision | None]:
-        """(deployment or None for LiteLLM's own choice, decision or None when not routed)."""
-        t0 = time.perf_counter()
-        try:
-            plan = self._plan(deployments, messages, input, request_kwargs)
-            if plan is None:
-                return None, None
-            budget, rt = self.settings.router.timeout_ms / 1000, self.runtime
-            # an inline scorer (the student) scores in place: no task and no loop turns for wait_for to add
-            scored = rt.score_sync(plan[0]) if rt.inline else await asyncio.wait_for(rt.score(plan[0]), budget)
-            if time.perf_counter() - t0 > budget:  # an in-place (student) score cannot be cut short
-                raise asyncio.TimeoutError()
-            decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
-            return self._account(request_kwargs, *decided)
-        except CALLER_ERRORS:
-            raise  # the caller's error, not the router's: refused, not failed open
-        except Exception as e:  # noqa: BLE001 - fail open, never fail the request
-            return self._failed(deployments, e)
-
-    def choose_sync(
-        self,
-        deployments: Sequence[Mapping[str, Any]],
-        messages: Any = None,
-        input: Any = None,
-        request_kwargs: Mapping[str, Any] | None = None,
-    ) -> tuple[Any, Decision | None]:
-        """Sync twin of :meth:`choose` (LiteLLM's sync calls); the timeout is checked after scoring."""
-        t0 = time.perf_counter()
-        try:
-            plan = self._plan(deployments, messages, input, request_kwargs)
-            if plan is None:
-                return None, None
-            scored = self.runtime.score_sync(plan[0])
-            if (time.perf_counter() - t0) * 1000 > self.settings.router.timeout_ms:
-                raise asyncio.TimeoutError()
-            decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
-            return self._account(request_kwargs, *decided)
-        except CALLER_ERRORS:
-            raise
-        except Exception as e:  # noqa: BLE001
-            return self._failed(deployments, e)
-
-
-def _reason(e: Exception) -> str:
-    if isinstance(e, RouterLoading):
-        return "loading"
-    return "no_checkpoint" if isinstance(e, NoCheckpoint) else "error"
-
-
-def _dep_id(d: Mapping[str, Any] | None) -> str | None:
-    if not d:
-        return None
-    v = (d.get("model_info") or {}).get("id")
-    return str(v) if v is not None else None
 
 
 def strip_caller_decision(request_kwargs: Mapping[str, Any] | None) -> None:
