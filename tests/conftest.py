@@ -151,3 +151,13 @@ def _fresh_adaptation():
 
     ADAPT.reset()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _litellm_logging_on_each_test_s_loop():
+    """LiteLLM's logging worker is process-wide; at the oldest supported LiteLLM it stays bound to the first
+    test's event loop (router_fixtures.release_litellm_logging_loop)."""
+    from router_fixtures import release_litellm_logging_loop
+
+    release_litellm_logging_loop()
+    yield

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import sys
 import textwrap
 from pathlib import Path
 
@@ -63,7 +65,37 @@ async def drain_litellm_logging():
         from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
     except ImportError:  # a LiteLLM without the logging worker
         return
+    if not hasattr(GLOBAL_LOGGING_WORKER, "_bound_loop"):
+        _move_old_worker_to_this_loop(GLOBAL_LOGGING_WORKER)
     await GLOBAL_LOGGING_WORKER.flush()
+
+
+def _move_old_worker_to_this_loop(worker) -> None:
+    """LiteLLM 1.80: what newer LiteLLM does itself on a loop change (``LoggingWorker._ensure_queue``): its
+    queue and worker task stay bound to the first loop, so on a later loop nothing serves the queue and
+    ``flush`` never returns. The pending coroutines (not started yet) move to a fresh queue and worker here."""
+    loop = asyncio.get_running_loop()
+    task = worker._worker_task
+    if task is not None and not task.done() and task.get_loop() is loop:
+        return
+    old, pending = worker._queue, []
+    while old is not None and not old.empty():
+        pending.append(old.get_nowait())
+    worker._queue = worker._worker_task = None
+    worker.start()
+    for item in pending:
+        worker._queue.put_nowait(item)
+
+
+def release_litellm_logging_loop():
+    """Between tests: drop LiteLLM 1.80's logging queue and worker of a finished test's event loop (newer
+    LiteLLM rebinds them itself, ``LoggingWorker._bound_loop``), so its late calls are not logged into a
+    later test's table, and the next call starts a fresh worker on its own loop."""
+    module = sys.modules.get("litellm.litellm_core_utils.logging_worker")  # not imported: nothing to unbind
+    worker = getattr(module, "GLOBAL_LOGGING_WORKER", None)
+    if worker is None or hasattr(worker, "_bound_loop"):  # rebinds itself
+        return
+    worker._queue = worker._worker_task = None
 
 
 def retrain_yaml(tmp_path: Path, url: str, min_new_rows: int, retrain_extra: str = "") -> Path:

@@ -35,7 +35,7 @@ class PayloadSpy(CustomLogger):
 
     async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
         slo = kwargs["standard_logging_object"]
-        self.seen[slo["litellm_call_id"]] = dict(slo["metadata"].get("energy_router") or {})
+        self.seen[kwargs["litellm_call_id"]] = dict(slo["metadata"].get("energy_router") or {})
 
 
 def test_figures_reach_row_payload_and_ledger(tmp_path, sqlite_url, planted_ckpt):

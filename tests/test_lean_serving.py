@@ -25,6 +25,7 @@ from litellm import Router
 from router_fixtures import CANDS
 
 from litellm_energy_router.demo.backend import LocalBackend
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
 from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.settings import Settings
@@ -56,7 +57,8 @@ def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
                                          "candidates": [{{"name": c}} for c in {CANDS!r}], "knob": {{"lambda": 0.05}}}})
             router = Router(model_list={json.dumps(_model_list(backend))})
             strategy = EnergyRoutingStrategy(router, s)
-            router.register_plugin(strategy)
+            from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+            register_strategy(router, strategy)
             async def go():
                 out = []
                 for t in ("Give a proof about chess number 7", "Tell me about rivers number 8"):
@@ -103,7 +105,7 @@ def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads
     async def go():
         router = Router(model_list=_model_list(backend))
         strategy = EnergyRoutingStrategy(router, s)  # built inside the running loop: loads on a thread
-        router.register_plugin(strategy)
+        register_strategy(router, strategy)
         kw = {"metadata": {}}
         t0 = time.perf_counter()
         dep = await strategy.async_get_available_deployment("pool", messages=proof, request_kwargs=kw)

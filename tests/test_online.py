@@ -16,6 +16,7 @@ from router_fixtures import CANDS, planted_rows
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.meter import RequestEnergy
 from litellm_energy_router.litellm_glue.callback import EnergyLogger
+from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
 from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRoutingStrategy
 from litellm_energy_router.router.adapt import ADAPT, support_weight
 from litellm_energy_router.router.context import (
@@ -242,7 +243,7 @@ def test_production_rows_correct_the_estimate_through_the_callback(planted_ckpt,
     logger = EnergyLogger(s, meter=meter)
     litellm.callbacks = [logger]
     router = Router(model_list=deps(backend))
-    router.register_plugin(EnergyRoutingStrategy(router, core=core))
+    register_strategy(router, EnergyRoutingStrategy(router, core=core))
     md = {"user_api_key_alias": "app-A"}
     msgs = [{"role": "user", "content": FAR}]
     try:
