@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.length_model import SKETCH, buckets, sketch
+from litellm_energy_router.router.length_model import SKETCH, text_sketch
 
 N0_CTX = 10.0  # pseudo-rows of the parent level in a context's prior (a checkpoint may carry its own: Adaptation.bind)
 POOL_ALPHA = 2.0  # pseudo-rows at 0.5 in the pool's prior
@@ -63,7 +63,7 @@ class Context:
 
 def text_cluster(text: str | None) -> str:
     """``cl:<b>``: the SimHash bucket of the text's byte-n-gram sketch."""
-    v = sketch(buckets(text or "")).astype(np.float32) @ _PROJ
+    v = text_sketch(text or "") @ _PROJ
     return "cl:" + str(int(np.dot(v > 0, 1 << np.arange(CLUSTER_BITS))))
 
 

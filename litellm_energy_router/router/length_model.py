@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -205,6 +206,19 @@ def sketch(idx: np.ndarray) -> np.ndarray:
     return v / max(float(np.linalg.norm(v)), 1e-12)
 
 
+def text_sketch(text: str) -> np.ndarray:
+    """:func:`sketch` of ``text``'s n-gram buckets as float32 (read-only), computed once per text tail: the support
+    and the text cluster (:func:`.context.text_cluster`) of one request share it."""
+    return _tail_sketch(text[-TAIL_CHARS:])
+
+
+@lru_cache(maxsize=32)
+def _tail_sketch(tail: str) -> np.ndarray:
+    v = sketch(buckets(tail)).astype(np.float32)
+    v.flags.writeable = False
+    return v
+
+
 def _blocks(ref: np.ndarray) -> np.ndarray:
     """``ref[R, SKETCH]`` as ``[ceil(R / REF_BLOCK), REF_BLOCK, SKETCH]`` (the last block padded with copies of the last
     row: the maximum is unchanged). One product of the whole matrix makes BLAS wake its threads for each request,
@@ -314,7 +328,7 @@ class LengthModel:
             mu[i] = self.W[idx].sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
             if len(self.ref):
-                sup[i] = float(np.max(self._ref @ sketch(idx).astype(np.float32)))  # [blocks, REF_BLOCK] products
+                sup[i] = float(np.max(self._ref @ text_sketch(t or "")))  # [blocks, REF_BLOCK] products
         return mu, sup, cue
 
     def predict(

@@ -15,6 +15,7 @@ indicator per task seen in training (none for an unknown task, as for production
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -25,10 +26,16 @@ _MULT = np.uint64(0x9E3779B1)  # odd multiplier (Fibonacci hashing)
 
 
 def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -> np.ndarray:
-    """Sorted unique bucket ids (intp) of the byte n-grams of ``text``'s lower-cased tail; ``dim`` is a
+    """Sorted unique bucket ids (intp, read-only) of the byte n-grams of ``text``'s lower-cased tail; ``dim`` is a
     power of two. An n-gram ``c1..cn`` hashes as ``(((2·257 + c1)·257 + c2)·257 … + cn) · M`` (mod 2⁶⁴),
-    whose bits 16 and up give the bucket; n-grams of different lengths never share a hash."""
-    b = np.frombuffer(text[-tail_chars:].lower().encode("utf-8", "replace"), dtype=np.uint8).astype(np.uint64)
+    whose bits 16 and up give the bucket; n-grams of different lengths never share a hash. One request's text is
+    hashed once: the student, the length model and the text cluster read the same tail (a small LRU cache)."""
+    return _tail_buckets(text[-tail_chars:], tuple(ngrams), dim)
+
+
+@lru_cache(maxsize=32)
+def _tail_buckets(tail: str, ngrams: tuple[int, ...], dim: int) -> np.ndarray:
+    b = np.frombuffer(tail.lower().encode("utf-8", "replace"), dtype=np.uint8).astype(np.uint64)
     h = b + np.uint64(2 * 257)
     parts = []
     for n in range(2, max(ngrams) + 1):
@@ -36,10 +43,13 @@ def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -
         if n in ngrams and len(h):
             parts.append(h)
     if not parts:
-        return np.zeros(0, dtype=np.intp)
-    a = ((np.concatenate(parts) * _MULT) >> np.uint64(16)) & np.uint64(dim - 1)
-    a.sort()
-    return a[np.concatenate(([True], a[1:] != a[:-1]))].astype(np.intp)
+        out = np.zeros(0, dtype=np.intp)
+    else:
+        a = ((np.concatenate(parts) * _MULT) >> np.uint64(16)) & np.uint64(dim - 1)
+        a.sort()
+        out = a[np.concatenate(([True], a[1:] != a[:-1]))].astype(np.intp)
+    out.flags.writeable = False  # shared by every caller of the cache
+    return out
 
 
 class Student:
