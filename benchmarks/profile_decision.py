@@ -7,7 +7,7 @@ student's P, the output-length model's parts, the decision, the accounting figur
 RouterBench prompts :mod:`bench_routing` uses, and prints the median per-prompt time of each (5 passes over 300
 prompts), then ``choose()`` end to end. ``--cprofile`` adds cProfile's top functions by own time over 1,000
 decisions. Without ``--checkpoint`` it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
-``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w>``.
+``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w> shared_ngram_pass_ratio=<r>``.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ def main() -> None:
     asyncio.run(choose_all())
     p50 = float(np.median(asyncio.run(choose_all())))
     print(f"  {'choose() end to end, p50':46s} {p50:8.1f} µs")
+    shared = asyncio.run(shared_pass_ab(core, deps, msgs, rk))
     if args.cprofile:
         pr = cProfile.Profile()
 
@@ -144,8 +145,30 @@ def main() -> None:
         pstats.Stats(pr).sort_stats("tottime").print_stats(12)
     print(
         f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
-        f"student_us={s['student']:.0f}"
+        f"student_us={s['student']:.0f} shared_ngram_pass_ratio={shared:.3f}"
     )
+
+
+async def shared_pass_ab(core, deps, msgs, rk) -> float:
+    """``choose()`` p50 with the request's n-gram pass shared (the caches of ``student._tail_buckets`` and
+    ``length_model._tail_sketch``) over its p50 with one pass per consumer (the uncached functions), interleaved
+    prompt by prompt in one run, 3 passes: below 1 means the sharing saves time."""
+    from litellm_energy_router.router import student
+
+    cached = (student._tail_buckets, lm._tail_sketch)
+    plain = tuple(f.__wrapped__ for f in cached)
+    t = {True: [], False: []}
+    for _ in range(3):
+        for i in range(len(msgs)):
+            for share in (True, False):
+                student._tail_buckets, lm._tail_sketch = cached if share else plain
+                t0 = time.perf_counter_ns()
+                await core.choose(deps, msgs[i], None, rk)
+                t[share].append(time.perf_counter_ns() - t0)
+    student._tail_buckets, lm._tail_sketch = cached
+    a, b = float(np.median(t[True])) / 1000, float(np.median(t[False])) / 1000
+    print(f"  {'choose() p50, n-grams shared / per consumer':46s} {a:8.1f} / {b:.1f} µs")
+    return a / b
 
 
 if __name__ == "__main__":
