@@ -300,3 +300,23 @@ def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule
     plain = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))  # router.context_rows off (the default)
     _, off = plain.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
     assert [off.scores[c] for c in CANDS] == pytest.approx(raw.P, abs=1e-5) and "context_rows" not in off.adapt
+
+
+def test_the_context_refresher_ends_when_its_runtime_closes(planted_ckpt, sqlite_url, tmp_path):
+    """One refresher thread per serving core, reading the table every ``context_refresh_s``; a closed core's
+    thread ends within that period instead of refreshing the process-wide adaptation with a stale model."""
+    import threading
+
+    def refreshers() -> set:
+        return {t for t in threading.enumerate() if t.name == "energy-router-context"}
+
+    before = refreshers()
+    open_store(sqlite_url).close()
+    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path, context_refresh_s=0.05))
+    core.runtime.wait_ready()
+    mine = refreshers() - before
+    assert len(mine) == 1
+    core.runtime.close()
+    (t,) = mine
+    t.join(5)
+    assert not t.is_alive()

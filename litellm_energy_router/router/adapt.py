@@ -221,11 +221,12 @@ class Adaptation:
 
 def start_refresh(adapt: Adaptation, runtime: Any, url: str, every_s: float) -> None:
     """A daemon thread: once ``runtime``'s scorer serves, fit the context prior from the table at ``url``, then
-    read its new rows every ``every_s`` seconds (off the event loop; a table error is logged, retried next turn)."""
+    read its new rows every ``every_s`` seconds (off the event loop; a table error is logged, retried next turn).
+    It ends within ``every_s`` of ``runtime.close()`` (its ``closed`` flag)."""
     import time
 
     def run() -> None:
-        while True:
+        while not getattr(runtime, "closed", False):
             runtime.wait_ready(every_s)
             try:
                 adapt.bind(runtime.model)

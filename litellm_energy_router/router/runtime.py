@@ -334,4 +334,5 @@ class RouterRuntime:
         job.add_done_callback(done)
 
     def close(self) -> None:
+        self.closed = True  # what this runtime's helper threads poll (router/adapt.start_refresh)
         self._executor.shutdown(wait=False, cancel_futures=True)
