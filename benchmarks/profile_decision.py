@@ -37,6 +37,7 @@ from litellm_energy_router.energy import load_profile  # noqa: E402
 from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore  # noqa: E402
 from litellm_energy_router.router import length_model as lm  # noqa: E402
 from litellm_energy_router.router.checkpoint import read_manifest  # noqa: E402
+from litellm_energy_router.router.output_tokens import request_tokens  # noqa: E402
 from litellm_energy_router.settings import Settings  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
 from litellm_energy_router.tokens import count_prompt_tokens  # noqa: E402
@@ -109,7 +110,7 @@ def main() -> None:
         s["length"] = stage("length model: predict, all of it", lambda i: L.predict([texts[i]], [ntok[i]], prior), n)
     s["tokens_all"] = stage(
         "output tokens and note (request_tokens)",
-        lambda i: lm.request_tokens(est, L, cands, [texts[i]], [None], [ntok[i]]),
+        lambda i: request_tokens(est, L, cands, [texts[i]], [None], [ntok[i]]),
         n,
     )
     s["decide"] = stage(

@@ -28,7 +28,8 @@ from litellm_energy_router.training.energy_fit import fit_energy_from_pairs
 from litellm_energy_router.training.pairs import load_pairs, partial_only
 
 from litellm_energy_router.router.format import UNKNOWN_TASK
-from litellm_energy_router.router.length_model import buckets, request_tokens, sketch
+from litellm_energy_router.router.length_model import buckets, sketch
+from litellm_energy_router.router.output_tokens import request_tokens
 from litellm_energy_router.table import open_store
 
 

@@ -19,7 +19,7 @@ byte-n-gram sketch, ``router.length_model.sketch``, standing in for MiniLM):
 
 * ``router``: what a served checkpoint does with a task it never saw: P = the pooled prior (exported
   checkpoints answer an unseen task with it, ``selection.UNKNOWN_TASK_FALLBACK``), Ê = prompt tokens ×
-  J/prompt token + the cross-task length model's output tokens (``router.length_model.request_tokens``).
+  J/prompt token + the cross-task length model's output tokens (``router.output_tokens.request_tokens``).
 * ``pooled_prior``: ``task_prior`` (an unseen task: the other tasks pooled) with the evaluation's Ê
   (``training.energy_fit.estimate_energy``: an unseen task's output length is the chat-length prior).
 * ``knn``: kNN on the sketch (k = 40, shrink 10, fixed, not tuned) with the evaluation's Ê.
@@ -59,7 +59,7 @@ from litellm_energy_router.training.length_fit import fit_length_model
 
 from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide_lambda
 from litellm_energy_router.router.format import UNKNOWN_TASK
-from litellm_energy_router.router.length_model import request_tokens
+from litellm_energy_router.router.output_tokens import request_tokens
 from litellm_energy_router.table import open_store
 
 try:

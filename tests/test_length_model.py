@@ -8,7 +8,8 @@ from litellm_energy_router.training.data import TableMatrix
 from litellm_energy_router.training.length_fit import fit_length_model
 
 from litellm_energy_router.router.checkpoint import EnergyEstimate
-from litellm_energy_router.router.length_model import LengthModel, bounded_energy, request_max_tokens, request_tokens
+from litellm_energy_router.router.length_model import LengthModel
+from litellm_energy_router.router.output_tokens import bounded_energy, request_max_tokens, request_tokens
 
 WORDS = "apple river stone cloud music paper light garden window engine forest yellow".split()
 

@@ -33,13 +33,13 @@ from litellm_energy_router.metrics import (
 from litellm_energy_router.router.adapt import ADAPT, start_refresh
 from litellm_energy_router.router.context import Context
 from litellm_energy_router.router.decide import decide
-from litellm_energy_router.router.length_model import (
+from litellm_energy_router.router.online import explore_pick
+from litellm_energy_router.router.output_tokens import (
     bounded_energy,
     bounded_note,
     context_bounded_energy,
     request_max_tokens,
 )
-from litellm_energy_router.router.online import explore_pick
 from litellm_energy_router.router.runtime import (
     NoCheckpoint,
     RouterLoading,

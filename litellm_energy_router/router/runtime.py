@@ -53,7 +53,7 @@ class Scored:
     version: str
     tokens: np.ndarray | None = None  # expected output tokens per candidate (None: a scorer that does not say)
     j_out: np.ndarray | None = None  # J per output token per candidate, to bound E by a request's max_tokens
-    note: dict | None = None  # how the output tokens were estimated (router/length_model.request_tokens)
+    note: dict | None = None  # how the output tokens were estimated (router/output_tokens.request_tokens)
     prompt_tokens: int | None = None  # the prompt's cl100k tokens, to bound E by a deployment's context length
     j_prompt: np.ndarray | None = None  # J per prompt token per candidate
 

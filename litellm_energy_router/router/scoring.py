@@ -140,8 +140,8 @@ class CheckpointScorer:
         max_tokens: Sequence[int | None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
         """(Ê[n, K] J, expected output tokens [n, K], a note per request for the decision's metadata):
-        :func:`.length_model.request_tokens` (a task the table never held gets the length model or the prior)."""
-        from litellm_energy_router.router.length_model import request_tokens
+        :func:`.output_tokens.request_tokens` (a task the table never held gets the length model or the prior)."""
+        from litellm_energy_router.router.output_tokens import request_tokens
 
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
         n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
