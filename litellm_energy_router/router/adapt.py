@@ -226,7 +226,7 @@ def start_refresh(adapt: Adaptation, runtime: Any, url: str, every_s: float) -> 
     import time
 
     def run() -> None:
-        while not getattr(runtime, "closed", False):
+        while not runtime.closed:
             runtime.wait_ready(every_s)
             try:
                 adapt.bind(runtime.model)

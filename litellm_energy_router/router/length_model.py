@@ -22,7 +22,8 @@ percentile of the training rows' nearest-other-row similarity, fitted with the m
 to the conservative per-candidate prior (:func:`~litellm_energy_router.energy.profile.chat_output_tokens`:
 a chat-length answer), blended in log space. The interval of the prior is ``PRIOR_BAND`` × the prior.
 
-``max_tokens`` / ``max_completion_tokens`` of the request bound every figure (:func:`.output_tokens.bound_tokens`, where the request is priced).
+``max_tokens`` / ``max_completion_tokens`` of the request bound every figure where the request is priced
+(:func:`.output_tokens.bound_tokens`).
 
 ``length.npz``: ``W[DIM, K]`` n-gram weights, ``V[F, K]`` dense weights, ``b[K]``, ``r_lo/r_hi/smear[K]``,
 ``prior[K]``, ``ref[R, SKETCH]`` (float16, unit rows), ``support[2]``, ``cues_seen[len(DENSE)]``. numpy only.

@@ -115,6 +115,7 @@ class RouterRuntime:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="energy-router")
         self._reloading = threading.Lock()
         self._next_poll = 0.0
+        self.closed = False  # set by close(); this runtime's helper threads poll it (router/adapt.start_refresh)
         self._pending: list[tuple[str, str | None, asyncio.Future]] = []
         self._flush_scheduled = False
         self._busy = False
@@ -334,5 +335,5 @@ class RouterRuntime:
         job.add_done_callback(done)
 
     def close(self) -> None:
-        self.closed = True  # what this runtime's helper threads poll (router/adapt.start_refresh)
+        self.closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
