@@ -17,7 +17,8 @@
 Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
 max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
 length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
-proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d>``.
+proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d> in_loop_decision_p50_ms=<e>`` (the
+decision timed inside the sequential ``acompletion`` calls).
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ async def main_async(args) -> None:
 
     for r in (shuffle, energy, energy_lm):  # warm-up
         await seq(r, 50, 0)
+    in_loop = timed_choose(core)  # the same decision timed inside acompletion (LiteLLM's own work between them)
     sq = await interleaved(seq, {"shuffle": shuffle, "energy": energy, "lm": energy_lm}, args.calls, 50, 20_000)
+    del core.choose  # the class method again
     cc = await interleaved(conc, {"shuffle": shuffle, "energy": energy}, args.calls, 250, 80_000)
     s_seq, e_seq, l_seq, s_con, e_con = sq["shuffle"], sq["energy"], sq["lm"], cc["shuffle"], cc["energy"]
     print(
@@ -182,6 +185,7 @@ async def main_async(args) -> None:
     print(
         f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}"
     )
+    print(f"decision inside acompletion, sequential ({c_label}): p50 {pct(in_loop, 50):.2f} ms  (n={len(in_loop)})")
     print(
         f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
         f"lm decision single p50 {pct(lm_single, 50):.2f} ms"
@@ -206,8 +210,25 @@ async def main_async(args) -> None:
         )
     backend.stop()
     print(
-        f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}{tail}"
+        f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}"
+        f"{tail} in_loop_decision_p50_ms={pct(in_loop, 50):.2f}"
     )
+
+
+def timed_choose(core) -> list[float]:
+    """Seconds of each ``core.choose`` call from now on (the list fills as the routers run)."""
+    out: list[float] = []
+    plain = core.choose
+
+    async def choose(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return await plain(*a, **k)
+        finally:
+            out.append(time.perf_counter() - t0)
+
+    core.choose = choose
+    return out
 
 
 def main() -> None:

@@ -106,7 +106,7 @@ def main() -> None:
     if L is not None and L.W is not None:
         s["cues"] = stage("length model: cue flags", lambda i: lm.dense_features(texts[i], ntok[i]), n)
         s["buckets"] = stage("length model: n-gram buckets", lambda i: lm.buckets(texts[i]), n)
-        s["support"] = stage("length model: support (reference products)", lambda i: float(np.max(L._ref @ sk[i])), n)
+        s["support"] = stage("length model: support (reference products)", lambda i: L.support(sk[i]), n)
         s["length"] = stage("length model: predict, all of it", lambda i: L.predict([texts[i]], [ntok[i]], prior), n)
     s["tokens_all"] = stage(
         "output tokens and note (request_tokens)",
@@ -151,22 +151,22 @@ def main() -> None:
 
 
 async def shared_pass_ab(core, deps, msgs, rk) -> float:
-    """``choose()`` p50 with the request's n-gram pass shared (the caches of ``student._tail_buckets`` and
-    ``length_model._tail_sketch``) over its p50 with one pass per consumer (the uncached functions), interleaved
-    prompt by prompt in one run, 3 passes: below 1 means the sharing saves time."""
+    """``choose()`` p50 with the request's n-gram pass shared (the caches of ``student._hashes``,
+    ``student._suffix_buckets`` and ``length_model._tail_sketch``) over its p50 with one pass per consumer (the
+    uncached functions), interleaved prompt by prompt in one run, 3 passes: below 1 means the sharing saves time."""
     from litellm_energy_router.router import student
 
-    cached = (student._tail_buckets, lm._tail_sketch)
+    cached = (student._hashes, student._suffix_buckets, lm._tail_sketch)
     plain = tuple(f.__wrapped__ for f in cached)
     t = {True: [], False: []}
     for _ in range(3):
         for i in range(len(msgs)):
             for share in (True, False):
-                student._tail_buckets, lm._tail_sketch = cached if share else plain
+                student._hashes, student._suffix_buckets, lm._tail_sketch = cached if share else plain
                 t0 = time.perf_counter_ns()
                 await core.choose(deps, msgs[i], None, rk)
                 t[share].append(time.perf_counter_ns() - t0)
-    student._tail_buckets, lm._tail_sketch = cached
+    student._hashes, student._suffix_buckets, lm._tail_sketch = cached
     a, b = float(np.median(t[True])) / 1000, float(np.median(t[False])) / 1000
     print(f"  {'choose() p50, n-grams shared / per consumer':46s} {a:8.1f} / {b:.1f} µs")
     return a / b

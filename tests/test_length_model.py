@@ -163,6 +163,15 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
         "Compare 10 items",
         "one sentence only",
         "story time: 2 paragraphs",
+        "In ONE WORD: capital?",
+        "someone word",
+        "Single letter, please",
+        "TRUE OR FALSE: x",
+        "Give a short answer",
+        "briefly",
+        "only give answer",
+        "Without any explanation",
+        "phone: yes or no",
     ]
     for t in texts:
         tail = t[-CUE_CHARS:]
@@ -175,3 +184,23 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
     assert all(
         a == a.lower() for _, alts in CUES for _, anchors in alts for a in anchors
     )  # found in the lower-cased tail
+
+
+def test_support_stops_early_only_where_no_weight_can_change():
+    """The reference scan stops at the first row whose cosine reaches the full-weight cosine; below it the figure
+    is the full scan's largest cosine, at or above it a lower bound that is itself at or above it."""
+    from litellm_energy_router.router.length_model import SKETCH, SUPPORT_FULL
+
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=(100, SKETCH))
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    lm = LengthModel([10.0, 20.0], ref=ref, support=(0.2, 0.3))
+    full = lambda v: float(np.max(lm._ref.reshape(-1, SKETCH) @ v))  # noqa: E731 - padded rows repeat the last
+    for j in (0, 40, 99):  # a row of the first chunk, of the second, of the rest
+        near = ref[j] + rng.normal(scale=0.02, size=SKETCH)
+        v = (near / np.linalg.norm(near)).astype(np.float32)
+        assert full(v) >= SUPPORT_FULL and SUPPORT_FULL <= lm.support(v) <= full(v) + 1e-6
+    for _ in range(20):  # far from every row: the whole scan
+        v = rng.normal(size=SKETCH)
+        v = (v / np.linalg.norm(v)).astype(np.float32)
+        assert lm.support(v) == full(v) < SUPPORT_FULL

@@ -37,6 +37,24 @@ def test_ngram_buckets_match_the_reference(ngrams, dim, tail):
         np.testing.assert_array_equal(ngram_buckets(t, ngrams, dim, tail), _reference_buckets(t, ngrams, dim, tail))
 
 
+def test_one_pass_serves_every_tail():
+    """A shorter tail of a text already hashed reads the shared pass's suffix: the same buckets as its own pass
+    (ASCII, non-ASCII, a text shorter than either tail; the order of the calls does not matter)."""
+    from litellm_energy_router.router import student
+
+    for t in TEXTS + ["Σ" * 700 + "ab" * 400, "short", "x" * 1000 + "Σ"]:
+        for first, second in (
+            (((2, 3, 4), 1 << 16, 1024), ((3, 4), 1 << 12, 600)),
+            (((3, 4), 1 << 12, 600), ((2, 3, 4), 1 << 16, 1024)),
+        ):
+            student._hashes.cache_clear()
+            student._suffix_buckets.cache_clear()
+            for ngrams, dim, tail in (first, second):
+                np.testing.assert_array_equal(
+                    ngram_buckets(t, ngrams, dim, tail), _reference_buckets(t, ngrams, dim, tail)
+                )
+
+
 def test_checkpoint_ships_the_student_and_serving_uses_it(planted_ckpt):
     m = RouterModel(planted_ckpt)
     assert m.manifest.student and m.manifest.student["file"] == STUDENT_FILE

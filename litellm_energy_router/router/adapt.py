@@ -45,10 +45,11 @@ from litellm_energy_router.router.context import (
     ContextPrior,
     request_context,
 )
+from litellm_energy_router.router.length_model import SUPPORT_BLEND
 from litellm_energy_router.router.online import OnlineEnergy, explore_weights
 
 log = logging.getLogger("litellm_energy_router")
-SUPPORT_LO, SUPPORT_HI = 0.45, 0.70  # cosine: no support at or below LO, full support from HI (docs/training.md)
+SUPPORT_LO, SUPPORT_HI = SUPPORT_BLEND  # cosine: no support at or below LO, full support from HI (docs/training.md)
 
 
 def support_weight(

@@ -40,13 +40,17 @@ from typing import Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.student import ngram_buckets
+from litellm_energy_router.router.student import HASH_CHARS, ngram_buckets
 
 LENGTH_FILE = "length.npz"
 DIM, SKETCH = 2**12, 512
 NGRAMS, TAIL_CHARS, CUE_CHARS = (3, 4), 600, 4000
 REF_BLOCK = 16  # rows per support product: 16 x 512 is under OpenBLAS's threshold for threads (interface/gemv.c)
+#: the no-support blend's cosines (:mod:`.adapt`): no weight at or below the first, full weight from the second
+SUPPORT_BLEND = (0.45, 0.70)
+SUPPORT_FULL = SUPPORT_BLEND[1]
 PRIOR_BAND = (0.25, 2.5)  # the chat prior's 80 % interval, × the prior (chat answers span two orders of magnitude)
+_BANDS = np.array([[1.0], [PRIOR_BAND[0]], [PRIOR_BAND[1]]])  # × the prior: its mean, 80 % low and high
 
 #: cue name → its alternatives, each (pattern, anchors): lower-case literals one of which begins every match of the
 #: pattern on ASCII text (``()``: any position may begin one). On an ASCII text (nearly all) a pattern is tried only
@@ -93,7 +97,7 @@ CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]], ...
                 (
                     r"\b(one|single) word\b|\byes or no\b|\btrue or false\b|\bshort answer\b|\bbriefly\b|\bone sentence\b"
                     r"|\bonly (the|give|with) (answer|number|letter|name)|\bwithout (any )?explanation\b|\bsingle (choice|letter)\b",
-                    (),
+                    ("one", "single", "yes", "true", "short", "briefly", "only", "without"),
                 ),
             ),
         ),
@@ -210,12 +214,12 @@ def sketch(idx: np.ndarray) -> np.ndarray:
 def text_sketch(text: str) -> np.ndarray:
     """:func:`sketch` of ``text``'s n-gram buckets as float32 (read-only), computed once per text tail: the support
     and the text cluster (:func:`.context.text_cluster`) of one request share it."""
-    return _tail_sketch(text[-TAIL_CHARS:])
+    return _tail_sketch(text[-HASH_CHARS:])  # the key of the request's shared n-gram pass
 
 
 @lru_cache(maxsize=32)
 def _tail_sketch(tail: str) -> np.ndarray:
-    v = sketch(buckets(tail)).astype(np.float32)
+    v = sketch(buckets(tail)).astype(np.float32)  # buckets of its last TAIL_CHARS characters
     v.flags.writeable = False
     return v
 
@@ -273,6 +277,7 @@ class LengthModel:
         self.smear = np.ones(K) if smear is None else np.asarray(smear, dtype=np.float64)
         self.ref = np.zeros((0, SKETCH), dtype=np.float16) if ref is None else np.asarray(ref, dtype=np.float16)
         self._ref = _blocks(self.ref.astype(np.float32))  # once, not per request
+        self._offsets = np.stack([np.log(self.smear), self.r_lo, self.r_hi])  # [3, K]: mean, 80 % low, high
         self.support_lo, self.support_hi = (float(support[0]), float(support[1]))
         self.cues_seen = np.zeros(len(DENSE), dtype=bool) if cues_seen is None else np.asarray(cues_seen, dtype=bool)
         if W is not None and (np.shape(W) != (DIM, K) or np.shape(V) != (len(DENSE), K)):
@@ -326,11 +331,24 @@ class LengthModel:
         mu, sup, cue = np.zeros((n, K)), np.zeros(n), np.zeros(n, dtype=bool)
         for i, (t, p) in enumerate(zip(texts, prompt_tokens)):
             idx, d = buckets(t or ""), dense_features(t or "", float(p))
-            mu[i] = self.W[idx].sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
+            mu[i] = self.W.take(idx, axis=0).sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
             if len(self.ref):
-                sup[i] = float(np.max(self._ref @ text_sketch(t or "")))  # [blocks, REF_BLOCK] products
+                sup[i] = self.support(text_sketch(t or ""))
         return mu, sup, cue
+
+    def support(self, v: np.ndarray) -> float:
+        """The largest cosine between sketch ``v`` and the reference rows, in growing chunks of ``[blocks,
+        REF_BLOCK]`` products. Once a row reaches :data:`SUPPORT_FULL` or the model's ``support_hi``, every weight
+        that reads the support is full whatever the rest holds: the scan stops and that row's cosine (a lower bound
+        of the largest) is the figure. Decisions are those of the full scan."""
+        best, stop = -np.inf, max(self.support_hi, SUPPORT_FULL)
+        for a, b in ((0, 2), (2, 16), (16, len(self._ref))):
+            if a < len(self._ref):
+                best = max(best, float(np.max(self._ref[a:b] @ v)))
+                if best >= stop:
+                    break
+        return best
 
     def predict(
         self, texts: Sequence[str | None], prompt_tokens: Sequence[float], prior: np.ndarray | None = None
@@ -338,16 +356,13 @@ class LengthModel:
         """``prior`` (tokens per candidate): the one to blend toward (default: the model's own)."""
         n, K = len(texts), self.n_candidates
         prior = self.prior if prior is None else np.asarray(prior, dtype=np.float64)
-        lp = np.log1p(np.broadcast_to(prior, (n, K)))
-        lo_p, hi_p = np.log1p(prior * PRIOR_BAND[0]), np.log1p(prior * PRIOR_BAND[1])
+        log_p = np.log1p(prior * _BANDS)  # [3, K]: the prior's mean, 80 % low and high, log1p
         if self.W is None:
-            w, sup, mu = np.zeros(n), np.zeros(n), lp
+            w, sup, mu = np.zeros(n), np.zeros(n), np.zeros((n, K))
         else:
             mu, sup, cue = self.log_mu(texts, prompt_tokens)
             span = max(self.support_hi - self.support_lo, 1e-9)
             w = np.where(cue, 1.0, np.clip((sup - self.support_lo) / span, 0.0, 1.0))
-        ww = w[:, None]
-        mean = np.expm1(ww * (mu + np.log(self.smear)) + (1 - ww) * lp)
-        lo = np.expm1(ww * (mu + self.r_lo) + (1 - ww) * lo_p)
-        hi = np.expm1(ww * (mu + self.r_hi) + (1 - ww) * hi_p)
-        return LengthPrediction(np.maximum(mean, 0.0), np.maximum(lo, 0.0), np.maximum(hi, 0.0), w, sup)
+        ww = w[:, None, None]
+        out = np.maximum(np.expm1(ww * (mu[:, None, :] + self._offsets) + (1 - ww) * log_p), 0.0)  # [n, 3, K]
+        return LengthPrediction(out[:, 0], out[:, 1], out[:, 2], w, sup)
