@@ -41,8 +41,9 @@ class Decision:
             (:meth:`litellm_energy_router.litellm_glue.figures.Estimate.as_metadata`), or None.
         energy_note: how the output tokens behind ``energy_j`` were estimated: ``output_tokens_source``
             (task_mean, length_model, prior or length_model+prior: the router was unsure of the length),
-            ``output_tokens`` per candidate as [80 % low, expected, 80 % high], ``support``, ``max_tokens``; with a
-            deployment context length: ``prompt_tokens``, ``context_tokens`` per candidate and ``over_context``, the
+            ``output_tokens`` per candidate as [80 % low, expected, 80 % high], ``support`` (cosine; from 0.70 up
+            a lower bound), ``max_tokens``; with a deployment context length: ``prompt_tokens``,
+            ``context_tokens`` per candidate and ``over_context``, the
             candidates whose context the prompt exceeds (their ``energy_j`` is the context's, not extrapolated).
         adapt: what the online state did (:mod:`~litellm_energy_router.router.adapt`): ``context`` (its hashed
             keys), ``support`` (cosine), ``weight`` of the scorer against the context prior, ``unsure`` (True:
