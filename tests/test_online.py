@@ -288,9 +288,10 @@ def test_a_context_s_own_labels_move_p_for_supported_requests_by_the_stated_rule
     for _ in range(12):  # app-A's labels: "small" is always right for it
         ADAPT.prior.update(ctx, "small", 1.0)
     _, later = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
-    n0 = ADAPT.prior.n0
-    want = raw.P.copy()
-    want[CANDS.index("small")] = (12.0 + n0 * raw.P[CANDS.index("small")]) / (12.0 + n0)
+    n0, k = ADAPT.prior.n0, CANDS.index("small")
+    shift = 12.0 * (1.0 - raw.P[k]) / (12.0 + n0)  # the app's mean residual, shrunk: every candidate moves by it
+    want = np.clip(raw.P + shift, 0.0, 1.0)
+    want[k] = (12.0 + n0 * want[k]) / (12.0 + n0)
     assert later.adapt["context_rows"] == 12 and later.adapt["weight"] == 1.0
     assert [later.scores[c] for c in CANDS] == pytest.approx(want, abs=1e-5)
     _, other = core.choose_sync(
@@ -320,3 +321,19 @@ def test_the_context_refresher_ends_when_its_runtime_closes(planted_ckpt, sqlite
     (t,) = mine
     t.join(5)
     assert not t.is_alive()
+
+
+def test_a_harder_app_moves_every_candidate_not_only_the_labelled_one():
+    """Labels of an app on the served candidate alone: the app's shortfall against the scorer lowers the candidates
+    it has no rows of too, so an unexplored one does not win merely for having none (it did before the shift)."""
+    from litellm_energy_router.router.context import ContextPrior
+
+    cp = ContextPrior(["big", "small"], n0=10.0)
+    parent = np.array([0.8, 0.7])
+    for _ in range(30):
+        cp.update("ctx:a", "big", 0.5)
+    P, n = cp.on_top(parent, "ctx:a")
+    assert n.tolist() == [30.0, 0.0]
+    shift = 30 * (0.5 - 0.8) / 40
+    assert P == pytest.approx([(15.0 + 10.0 * (0.8 + shift)) / 40.0, 0.7 + shift])
+    assert P[0] > P[1]

@@ -20,7 +20,8 @@ the energy callback's writer thread feeds it (after each row's energy settled, o
   read (an empty table) there is no prior to blend toward: ``P`` stands, the metadata says ``prior_level: none``.
 * **The context's own rows** (any support; ``router.context_rows``, off by default: mixed results,
   docs/unseen_traffic.md): the labelled rows of the request's context key shrink that ``P``
-  toward them, ``(sum + n0 * P) / (n + n0)`` per candidate (:meth:`.context.ContextPrior.on_top`): an app whose
+  toward them, ``(sum + n0 * (P + δ)) / (n + n0)`` per candidate, δ the context's shrunk mean residual
+  (:meth:`.context.ContextPrior.on_top`, :func:`.context._shrink`): an app whose
   traffic the table never held is learned from its own labels. ``n0``: the checkpoint's ``context_n0`` (a
   ``task_prior`` checkpoint: its leave-task-out ``alpha``, ``training/baselines.pseudo_rows_cv``), else
   :data:`.context.N0_CTX`.

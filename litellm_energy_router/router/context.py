@@ -12,7 +12,8 @@ Tournament rows have the context ``task:<task>`` → cluster → pool (:func:`ta
 
 **ContextPrior**: per level key and candidate, the (weighted) count ``n`` and sum of correctness scores (in
 [0, 1]). ``prior(context)[K]``: the pool's mean (``POOL_ALPHA`` pseudo-rows at 0.5), then each level from the
-cluster down shrunk toward its parent by its row count: ``(sum + N0_CTX * parent) / (n + N0_CTX)``. An unseen
+cluster down shrunk toward its parent by its row count: ``(sum + N0_CTX * (parent + δ)) / (n + N0_CTX)``, δ the
+level's mean residual against its parent over all its rows, shrunk the same way (:func:`_shrink`). An unseen
 key has ``n = 0`` and takes its parent's value; after ``n`` rows a context is ``n / (n + N0_CTX)`` its own (with
 :data:`N0_CTX` = 10: 75 % after 30 rows). Fitted from tournament and production rows (:meth:`ContextPrior.fit_rows`,
 streaming) and updated as labels arrive (:meth:`ContextPrior.update`). Thread-safe; memory bounded
@@ -161,7 +162,7 @@ class ContextPrior:
                 a = self._keys.get(key)
                 if a is None:
                     continue
-                p = (a[1] + self.n0 * p) / (a[0] + self.n0)
+                p = _shrink(a, p, self.n0)
                 own, level = a[0].copy(), key
         return p, own, level
 
@@ -173,7 +174,7 @@ class ContextPrior:
             a = None if a is None else a.copy()
         if a is None:
             return parent, np.zeros(len(self.candidates))
-        return (a[1] + self.n0 * np.asarray(parent, dtype=float)) / (a[0] + self.n0), a[0]
+        return _shrink(a, np.asarray(parent, dtype=float), self.n0), a[0]
 
     def prior(self, context: Context | Sequence[str] | str | None) -> np.ndarray:
         """``prior[K]``: each candidate's expected correctness in this context (an unseen one: its parent's)."""
@@ -199,6 +200,18 @@ class ContextPrior:
     @property
     def n_keys(self) -> int:
         return len(self._keys)
+
+
+def _shrink(a: np.ndarray, parent: np.ndarray, n0: float) -> np.ndarray:
+    """A level's prior ``[K]`` from its rows ``a = [n, sum]`` and its parent's ``[K]``: ``(sum + n0 · (parent + δ)) /
+    (n + n0)``, where ``δ = Σ (sum − n · parent) / (Σ n + n0)`` is the level's mean residual over all its rows,
+    shrunk: a context harder (or easier) than its parent for the candidates it has rows of moves every candidate,
+    the ones without rows included, so that labels on the served candidate alone do not make an unexplored one
+    look better than it is."""
+    n, s = a
+    m = float(n.sum())
+    delta = float((s - n * parent).sum()) / (m + n0) if m > 0 else 0.0
+    return (s + n0 * np.clip(parent + delta, 0.0, 1.0)) / (n + n0)
 
 
 def _keys(context: Context | Sequence[str] | str | None) -> tuple[str, ...]:
