@@ -149,24 +149,48 @@ def load_matrix(
     be learned from and are dropped (counted in ``dropped["no_text"]``) unless ``require_text=False``,
     which keeps them with ``text=None``.
     """
-    # (updated, run id, score, energy_j, completion_tokens) of the winning run per (query, candidate):
+    scan = _scan_runs(store, candidates, sources, since_id)
+    if not scan.best:
+        src = f" from sources {','.join(sources)}" if sources else ""
+        raise MatrixError(
+            f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (no run with score and energy_j{src})"
+        )
+    cands = _candidate_order(scan.best, candidates, store)
+    return _assemble(scan, cands, require_text, store)
+
+
+@dataclass
+class _RunScan:
+    """What :func:`load_matrix` keeps of one pass over the runs."""
+
+    # (updated, run id, score, energy_j (J), completion_tokens) of the winning run per (query, candidate):
     # a small tuple, not the row, so memory holds what the matrix needs and not every row read
-    best: dict[tuple[str, str], tuple[float, int, float, float, float]] = {}
-    qinfo: dict[str, tuple[str, str | None]] = {}
-    ptoks: dict[str, list[int]] = {}
-    last: dict[str, int] = {}
+    best: dict[tuple[str, str], tuple[float, int, float, float, float]] = field(default_factory=dict)
+    qinfo: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # query id -> (task, text)
+    ptoks: dict[str, list[int]] = field(default_factory=dict)  # query id -> prompt tokens of its runs
+    last: dict[str, int] = field(default_factory=dict)  # query id -> its largest run id
+    max_id: int = 0  # the largest run id read
+    max_upd: float = 0.0  # the latest ``updated`` time read (Unix s)
+
+
+def _scan_runs(
+    store: Any, candidates: Sequence[str] | None, sources: Sequence[str] | None, since_id: int | None
+) -> _RunScan:
+    """One pass over ``store.iter_runs``: the winning labelled run per (query, candidate) (the most
+    recently updated, then the largest id), each query's task, text and prompt tokens, and the watermarks."""
+    s = _RunScan()
+    best, last = s.best, s.last
     wanted = set(candidates) if candidates is not None else None
-    max_id, max_upd = 0, 0.0
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
-        max_id = max(max_id, int(r["id"]))
-        max_upd = max(max_upd, float(r.get("updated") or 0.0))
+        s.max_id = max(s.max_id, int(r["id"]))
+        s.max_upd = max(s.max_upd, float(r.get("updated") or 0.0))
         if wanted is not None and r["candidate"] not in wanted:
             continue
         qid = r["query_id"]
-        qinfo.setdefault(qid, (r["task"], r["text"]))
+        s.qinfo.setdefault(qid, (r["task"], r["text"]))
         last[qid] = max(last.get(qid, 0), int(r["id"]))
         if r.get("prompt_tokens") is not None:
-            ptoks.setdefault(qid, []).append(int(r["prompt_tokens"]))
+            s.ptoks.setdefault(qid, []).append(int(r["prompt_tokens"]))
         if r.get("score") is None or r.get("energy_j") is None:
             continue
         key = (qid, r["candidate"])
@@ -174,42 +198,48 @@ def load_matrix(
         if key not in best or rank >= best[key][:2]:
             ct = r.get("completion_tokens")
             best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
-    if not best:
-        src = f" from sources {','.join(sources)}" if sources else ""
-        raise MatrixError(
-            f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (no run with score and energy_j{src})"
-        )
+    return s
+
+
+def _candidate_order(best: dict[tuple[str, str], tuple], candidates: Sequence[str] | None, store: Any) -> list[str]:
+    """The matrix's columns: ``candidates`` checked (no duplicate, each with a labelled run), or by default
+    every candidate with a labelled run, ordered by mean energy (J) ascending, then name."""
     if candidates is None:
         energy: dict[str, list[float]] = {}
         for (_, c), r in best.items():
             energy.setdefault(c, []).append(r[3])
-        cands = sorted(energy, key=lambda c: (float(np.mean(energy[c])), c))
-    else:
-        cands = list(candidates)
-        if len(set(cands)) != len(cands):
-            raise MatrixError(f"candidates: duplicate name in {cands}")
-        have = {c for (_, c) in best}
-        missing = [c for c in cands if c not in have]
-        if missing:
-            raise MatrixError(
-                f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}"
-            )
+        return sorted(energy, key=lambda c: (float(np.mean(energy[c])), c))
+    cands = list(candidates)
+    if len(set(cands)) != len(cands):
+        raise MatrixError(f"candidates: duplicate name in {cands}")
+    have = {c for (_, c) in best}
+    missing = [c for c in cands if c not in have]
+    if missing:
+        raise MatrixError(
+            f"candidate {missing[0]!r}: no labelled runs in table {redact_url(getattr(store, 'url', '?'))}"
+        )
+    return cands
+
+
+def _assemble(scan: _RunScan, cands: list[str], require_text: bool, store: Any) -> TableMatrix:
+    """The matrix of the queries with a labelled run for every candidate in ``cands`` (and text, when
+    ``require_text``), in query-id order; the others counted in ``dropped``."""
     K = len(cands)
     ids, tasks, texts, pt, Y, E, T = [], [], [], [], [], [], []
     dropped = {"missing_label": 0, "no_text": 0}
-    for qid in sorted(qinfo):
-        rows = [best.get((qid, c)) for c in cands]
+    for qid in sorted(scan.qinfo):
+        rows = [scan.best.get((qid, c)) for c in cands]
         if any(r is None for r in rows):
             dropped["missing_label"] += 1
             continue
-        task, text = qinfo[qid]
+        task, text = scan.qinfo[qid]
         if require_text and text is None:
             dropped["no_text"] += 1
             continue
         ids.append(qid)
         tasks.append(task)
         texts.append(text)
-        pt.append(query_prompt_tokens(ptoks.get(qid), text))
+        pt.append(query_prompt_tokens(scan.ptoks.get(qid), text))
         y = np.empty(K)
         e = np.empty(K)
         t = np.full(K, np.nan)
@@ -232,9 +262,9 @@ def load_matrix(
         E=np.array(E),
         T=np.array(T),
         dropped=dropped,
-        max_run_id=max_id,
-        max_updated=max_upd,
-        last_run=np.array([last[i] for i in ids], dtype=np.int64),
+        max_run_id=scan.max_id,
+        max_updated=scan.max_upd,
+        last_run=np.array([scan.last[i] for i in ids], dtype=np.int64),
     )
 
 

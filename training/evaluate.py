@@ -343,27 +343,7 @@ def evaluate(
     x_max = float(se.max())
     best = int(np.lexsort((se, -sa))[0])  # most accurate; ties: cheaper
     ev = Evaluation(list(candidates), n, se, sa, x_max, best, [], n_folds=len(folds) if folds is not None else 0)
-
-    def add(name: str, curve: Curve, kind: str, **kw) -> MethodResult:
-        a, j, h = _score(ev.best_accuracy, ev.best_energy, x_max, curve)
-        res = MethodResult(name, curve, a, j, h, kind=kind, **kw)
-        ev.methods.append(res)
-        return res
-
-    eye = np.eye(K)
-    add("zero router (static hull)", Curve("zero router (static hull)", "static", np.arange(K), se, sa, eye), "zero")
-    add(
-        "random",
-        Curve(
-            "random", "random", np.array([0.0]), np.array([se.mean()]), np.array([sa.mean()]), np.full((1, K), 1 / K)
-        ),
-        "random",
-    )
-    # the oracle knows Y and the true E: at λ = 0 it sends each query to the cheapest candidate with the
-    # best score; its λ sweep is the frontier no router can pass (it maximises Y − λ·E per query)
-    ocurve, _ = sweep_lambda(Y, E, Y, E, x_max, max(n_points, 201), "oracle")
-    ocurve.mode = "oracle"
-    add("oracle", ocurve, "oracle")
+    _add_references(ev, Y, E, n_points)
     for name, (P, Ehat) in routers.items():
         P, Ehat = np.asarray(P, dtype=np.float64), np.asarray(Ehat, dtype=np.float64)
         if P.shape != (n, K) or Ehat.shape != (n, K):
@@ -378,7 +358,8 @@ def evaluate(
             fx, fy = fc.hull()
             j_fold.append(joules_at_accuracy(fx, fy, float(Y[idx, best].mean())) / float(E[idx, best].mean()))
         hx, hy = tc.hull()
-        add(
+        _add(
+            ev,
             name,
             curve,
             "router",
@@ -390,3 +371,26 @@ def evaluate(
             calibration=calibration(P, Y),
         )
     return ev
+
+
+def _add(ev: Evaluation, name: str, curve: Curve, kind: str, **kw) -> MethodResult:
+    """Score ``curve`` against ``ev``'s best single candidate and append it to ``ev.methods``."""
+    a, j, h = _score(ev.best_accuracy, ev.best_energy, ev.x_max, curve)
+    res = MethodResult(name, curve, a, j, h, kind=kind, **kw)
+    ev.methods.append(res)
+    return res
+
+
+def _add_references(ev: Evaluation, Y: np.ndarray, E: np.ndarray, n_points: int) -> None:
+    """The reference points: the zero router (the static candidates' hull), random choice and the oracle."""
+    K, se, sa = len(ev.candidates), ev.static_energy, ev.static_accuracy
+    zero = Curve("zero router (static hull)", "static", np.arange(K), se, sa, np.eye(K))
+    _add(ev, "zero router (static hull)", zero, "zero")
+    uniform = np.full((1, K), 1 / K)
+    rnd = Curve("random", "random", np.array([0.0]), np.array([se.mean()]), np.array([sa.mean()]), uniform)
+    _add(ev, "random", rnd, "random")
+    # the oracle knows Y and the true E: at λ = 0 it sends each query to the cheapest candidate with the
+    # best score; its λ sweep is the frontier no router can pass (it maximises Y − λ·E per query)
+    ocurve, _ = sweep_lambda(Y, E, Y, E, ev.x_max, max(n_points, 201), "oracle")
+    ocurve.mode = "oracle"
+    _add(ev, "oracle", ocurve, "oracle")

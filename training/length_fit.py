@@ -88,24 +88,12 @@ def fit_length_model(
     rng = np.random.default_rng(seed)
     if len(rows) > max_rows:
         rows = np.sort(rng.choice(rows, max_rows, replace=False))
-    texts, pt = [m.texts[i] for i in rows], m.prompt_tokens[rows]
-    Xs, bks = _design(texts, pt)
-    D = np.stack([dense_features(t or "", float(p)) for t, p in zip(texts, pt)])
-    d_mu, d_sd = D.mean(axis=0), np.maximum(D.std(axis=0), 1e-6)
-    X = np.hstack([Xs.toarray(), (D - d_mu) / d_sd])
-    Y = np.log1p(np.maximum(m.T[rows], 0.0))
-    tasks = m.tasks[rows]
-    res = {a: np.zeros_like(Y) for a in alphas}
-    for tr, te in _groups(tasks, [str(i) for i in m.ids[rows]], seed):
-        mu = Y[tr].mean(axis=0)
-        for a, Wa in _ridge(X[tr], Y[tr] - mu, alphas).items():
-            res[a][te] = Y[te] - (X[te] @ Wa + mu)
-    best = min(alphas, key=lambda a: float(np.mean(res[a] ** 2)))
-    lto = res[best]
-    r = np.zeros_like(Y)  # the interval and the smearing factor: random folds (a handful of held-out tasks would
-    for tr, te in kfold([str(i) for i in m.ids[rows]], 3, seed=seed):  # turn them into the tasks' spread)
-        mu = Y[tr].mean(axis=0)
-        r[te] = Y[te] - (X[te] @ _ridge(X[tr], Y[tr] - mu, [best])[best] + mu)
+    X, D, d_mu, d_sd, bks = _features(m, rows)
+    Y = np.log1p(np.maximum(m.T[rows], 0.0))  # log1p(output tokens)
+    ids = [str(i) for i in m.ids[rows]]
+    groups = _groups(m.tasks[rows], ids, seed)
+    best, lto = _choose_alpha(X, Y, groups, alphas)
+    r = _random_fold_residuals(X, Y, ids, best, seed)
     b = Y.mean(axis=0)
     Wf = _ridge(X, Y - b, [best])[best]
     V = Wf[DIM:] / d_sd[:, None]
@@ -113,9 +101,7 @@ def fit_length_model(
     ref_rows = rng.choice(len(rows), min(MAX_REF, len(rows)), replace=False)
     ref = np.stack([sketch(bks[i]) for i in ref_rows])
     lo, hi = _support(ref, seed)
-    pooled = np.concatenate(
-        [Y[te] - Y[tr].mean(axis=0) for tr, te in _groups(tasks, [str(i) for i in m.ids[rows]], seed)]
-    )
+    pooled = np.concatenate([Y[te] - Y[tr].mean(axis=0) for tr, te in groups])
     cues = INFORMATIVE & ((D > 0).sum(axis=0) >= MIN_CUE_ROWS)
     info.update(
         model="ridge on log1p(tokens)",
@@ -139,6 +125,42 @@ def fit_length_model(
         cues,
     )
     return model, info
+
+
+def _features(m: TableMatrix, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]:
+    """``(X, D, d_mu, d_sd, bks)`` of the rows ``rows`` of ``m``: the dense design (n-grams scaled
+    1/sqrt(count), then the standardised dense features), the raw dense features ``D``, their mean and sd
+    (floored at 1e-6) and each row's bucket ids."""
+    texts, pt = [m.texts[i] for i in rows], m.prompt_tokens[rows]
+    Xs, bks = _design(texts, pt)
+    D = np.stack([dense_features(t or "", float(p)) for t, p in zip(texts, pt)])
+    d_mu, d_sd = D.mean(axis=0), np.maximum(D.std(axis=0), 1e-6)
+    X = np.hstack([Xs.toarray(), (D - d_mu) / d_sd])
+    return X, D, d_mu, d_sd, bks
+
+
+def _choose_alpha(
+    X: np.ndarray, Y: np.ndarray, groups: Sequence[tuple[np.ndarray, np.ndarray]], alphas: Sequence[float]
+) -> tuple[float, np.ndarray]:
+    """The damping with the least mean squared held-out residual of log tokens over ``groups`` (leave-task-out
+    folds), and those residuals ``[n, K]``."""
+    res = {a: np.zeros_like(Y) for a in alphas}
+    for tr, te in groups:
+        mu = Y[tr].mean(axis=0)
+        for a, Wa in _ridge(X[tr], Y[tr] - mu, alphas).items():
+            res[a][te] = Y[te] - (X[te] @ Wa + mu)
+    best = min(alphas, key=lambda a: float(np.mean(res[a] ** 2)))
+    return best, res[best]
+
+
+def _random_fold_residuals(X: np.ndarray, Y: np.ndarray, ids: Sequence[str], alpha: float, seed: int) -> np.ndarray:
+    """Held-out residuals ``[n, K]`` of log tokens on 3 random folds, for the interval and the smearing factor
+    (a handful of held-out tasks would turn them into the tasks' spread)."""
+    r = np.zeros_like(Y)
+    for tr, te in kfold(ids, 3, seed=seed):
+        mu = Y[tr].mean(axis=0)
+        r[te] = Y[te] - (X[te] @ _ridge(X[tr], Y[tr] - mu, [alpha])[alpha] + mu)
+    return r
 
 
 def attach_length_model(m: TableMatrix, out_dir: str | Path, profile: Any = None) -> dict[str, Any]:

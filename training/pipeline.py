@@ -18,18 +18,15 @@ from litellm_energy_router.router.decide import DEFAULT_E_REF_J, lambda_grid
 from litellm_energy_router.router.fastpath import build_slot_scorer
 from litellm_energy_router.router.format import UNKNOWN_TASK, Layout, label_token
 from litellm_energy_router.router.model import compute_slot_logits
-from litellm_energy_router.router.probe import PROBE_FILE
-from litellm_energy_router.router.scoring import calibrated_logits, scores_from_logits
-from litellm_energy_router.router.student import STUDENT_FILE
+from litellm_energy_router.router.scoring import scores_from_logits
 from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone, load_warm_start
-from .calibrate import fit_calibration, fit_probe
 from .data import TableMatrix as Matrix
-from .data import concat_rows, load_matrix, near_duplicate_groups
-from .embed import default_embedder, embed_queries
+from .data import load_matrix, near_duplicate_groups
 from .energy_fit import fit_energy_estimate
 from .grpo import GRPOStageConfig, grpo_stage
+from .head_fit import Calibrated, calibrate_heads, distil, student_head
 from .length_fit import attach_length_model
 from .pairs import PairReader, PairTable, partial_only
 from .progress import CountingStore
@@ -139,10 +136,58 @@ def train_matrix(
     out.mkdir(parents=True, exist_ok=True)
     fit_idx, cal_idx = calibration_split(m, cfg.calib_fraction, cfg.seed)
     cal, fit = m.take(cal_idx), m.take(fit_idx)
-    k = len(m.candidates)
+    model, tok, layout, t_sft = _sft_stage(fit, m.candidates, cfg, out, log, on_step)
+    est = fit_energy_estimate(m, pairs=pairs)
+    E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)  # J
+    model.eval()
+    lean = build_slot_scorer(model, layout.yes_id, layout.no_id)  # the HF forward's numbers, faster
+    z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks, scorer=lean)
+    z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal), scorer=lean)
+    c = calibrate_heads(m, cal, cal_idx, z_task, z_any, cfg.probe_c, out, log, pairs)
+    P_cal = scores_from_logits(z_task, c.calibration, cal.tasks, offset=c.q_cal)
+    knob_grpo = None
+    if cfg.grpo is not None:  # the choice policy trains on a copy of the LM: the scorer stays as calibrated
+        q_fit = c.early.logits(c.emb[fit_idx], list(fit.tasks)) if cfg.probe_c else None
+        z_fit = compute_slot_logits(model, layout, fit.texts, fit.tasks, scorer=lean)
+        P_fit = scores_from_logits(z_fit, c.calibration, fit.tasks, offset=q_fit)
+        Eh_fit = est.estimate(m.candidates, fit.prompt_tokens, fit.tasks)
+        knob_grpo = grpo_stage(model, tok, layout, fit, cal, P_fit, P_cal, Eh_fit, E_hat, cfg.grpo, out, log)
+    grid = lambda_grid(P_cal, E_hat, DEFAULT_E_REF_J, 2)  # λ in the serving unit (accuracy per 100 J)
+    scores = {
+        "calibration_brier": float(((P_cal - cal.Y) ** 2).mean()),
+        "calibration_prior_brier": float(((np.tile(fit.Y.mean(axis=0), (len(cal), 1)) - cal.Y) ** 2).mean()),
+        "calibration_queries": len(cal),
+        "sft_seconds": round(t_sft, 1),
+    }
+    student = None
+    if cfg.student:
+        extra = partial_only(pairs, m) if pairs is not None else None
+        student = distil(model, layout, lean, fit, cal, z_task, z_any, out, log, student_head(c), extra)
+    manifest = _manifest(m, cfg, model, est, c, student, knob_grpo, float(grid[-1]), scores, pairs, out)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    write_manifest(out, manifest)
+    log(
+        f"checkpoint {out} version {manifest.version}: calibration Brier {scores['calibration_brier']:.4f} "
+        f"(candidate-prior {manifest.eval['calibration_prior_brier']:.4f}), SFT {t_sft:.0f}s"
+    )
+    return out
+
+
+def _sft_stage(
+    fit: Matrix,
+    candidates: list[str],
+    cfg: TrainConfig,
+    out: Path,
+    log: Callable[[str], None],
+    on_step: Callable[[dict], None] | None,
+) -> tuple[Any, Any, Layout, float]:
+    """Build the backbone (or load the warm start) and fine-tune it on the SFT queries ``fit`` over
+    ``candidates``. Returns (model, tokenizer, layout, SFT seconds)."""
+    k = len(candidates)
     t0 = time.time()
     if cfg.init_from:
-        model, tok = load_warm_start(cfg.init_from, m.candidates)
+        model, tok = load_warm_start(cfg.init_from, candidates)
     else:
         model, tok = build_backbone(cfg.backbone, fit.texts, k, cfg.max_len)
     layout = Layout(tok, k, cfg.max_len)
@@ -152,64 +197,25 @@ def train_matrix(
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
     )
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
-    t_sft = time.time() - t0
-    est = fit_energy_estimate(m, pairs=pairs)
-    E_hat = est.estimate(m.candidates, cal.prompt_tokens, cal.tasks)
-    model.eval()
-    lean = build_slot_scorer(model, layout.yes_id, layout.no_id)  # the HF forward's numbers, faster
-    z_task = compute_slot_logits(model, layout, cal.texts, cal.tasks, scorer=lean)
-    z_any = compute_slot_logits(model, layout, cal.texts, [UNKNOWN_TASK] * len(cal), scorer=lean)
-    probe, probe_entry, q_cal = None, None, None
-    if cfg.probe_c:
-        # the probe fitted on the SFT queries scores the calibration queries out of sample; the one
-        # shipped is refitted on every training query
-        t1 = time.time()
-        emb = embed_queries(m.texts)
-        enc = default_embedder().name
-        pm = pairs.matrix() if pairs is not None else m  # every labelled pair, weighted (complete queries: m)
-        pe = embed_queries(pm.texts) if pairs is not None else emb
-        pfit = ~np.isin(pm.ids.astype(str), cal.ids.astype(str))
-        early = fit_probe(
-            pe[pfit], pm.Y[pfit], pm.tasks[pfit], enc, cfg.probe_c, weights=None if pm.W is None else pm.W[pfit]
-        )
-        q_cal = early.logits(emb[cal_idx], list(cal.tasks))
-        q_cal_any = early.logits(emb[cal_idx], [None] * len(cal))
-        calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks, q_cal, q_cal_any)
-        probe = fit_probe(pe, pm.Y, pm.tasks, enc, cfg.probe_c, weights=pm.W)
-        probe.save(out / PROBE_FILE)
-        probe_entry = {"file": PROBE_FILE, "encoder": enc, "dim": probe.dim, "C": cfg.probe_c}
-        log(
-            f"probe head: {enc} embeddings ({probe.dim}), LM slopes {np.round(calibration['a'], 3).tolist()}, {time.time() - t1:.0f}s"
-        )
-    else:
-        calibration = fit_calibration(z_task, z_any, cal.Y, cal.tasks)
-    P_cal = scores_from_logits(z_task, calibration, cal.tasks, offset=q_cal)
-    knob_grpo = None
-    if cfg.grpo is not None:  # the choice policy trains on a copy of the LM: the scorer stays as calibrated
-        q_fit = early.logits(emb[fit_idx], list(fit.tasks)) if cfg.probe_c else None
-        z_fit = compute_slot_logits(model, layout, fit.texts, fit.tasks, scorer=lean)
-        P_fit = scores_from_logits(z_fit, calibration, fit.tasks, offset=q_fit)
-        Eh_fit = est.estimate(m.candidates, fit.prompt_tokens, fit.tasks)
-        knob_grpo = grpo_stage(model, tok, layout, fit, cal, P_fit, P_cal, Eh_fit, E_hat, cfg.grpo, out, log)
-    grid = lambda_grid(P_cal, E_hat, DEFAULT_E_REF_J, 2)  # λ in the serving unit (accuracy per 100 J)
-    brier = float(((P_cal - cal.Y) ** 2).mean())
-    prior = np.tile(fit.Y.mean(axis=0), (len(cal), 1))
-    student = None
-    if cfg.student:
-        head = None
-        if probe is not None:
+    return model, tok, layout, time.time() - t0
 
-            def head(texts, tasks, z_t, z_a):  # the shipped router's calibrated logits, task shown / hidden
-                e = embed_queries(texts)
-                none = [None] * len(texts)
-                return (
-                    calibrated_logits(z_t, calibration, tasks, offset=probe.logits(e, tasks)),
-                    calibrated_logits(z_a, calibration, none, offset=probe.logits(e, none)),
-                )
 
-        extra = partial_only(pairs, m) if pairs is not None else None
-        student = _distil(model, layout, lean, fit, cal, z_task, z_any, out, log, head, extra)
-    manifest = Manifest(
+def _manifest(
+    m: Matrix,
+    cfg: TrainConfig,
+    model: Any,
+    est: Any,
+    calib: Calibrated,
+    student: dict | None,
+    knob_grpo: dict | None,
+    lambda_max: float,
+    scores: dict[str, Any],
+    pairs: PairTable | None,
+    out: Path,
+) -> Manifest:
+    """The checkpoint's manifest (``lambda_max`` in accuracy per 100 J; ``scores``: its ``eval`` entry); fits
+    the length model on ``m`` and saves it into ``out`` on the way."""
+    return Manifest(
         version=_version(),
         candidates=m.candidates,
         label_tokens={c: label_token(j) for j, c in enumerate(m.candidates)},
@@ -223,14 +229,14 @@ def train_matrix(
         max_len=cfg.max_len,
         knob={
             "lambda_min": 0.0,
-            "lambda_max": float(grid[-1]),
+            "lambda_max": lambda_max,
             "grpo_lambda_buckets": None if knob_grpo is None else [b["lambda"] for b in knob_grpo["buckets"]],
             "grpo": knob_grpo,
         },
         energy=est,
-        calibration=calibration,
+        calibration=calib.calibration,
         student=student,
-        probe=probe_entry,
+        probe=calib.probe_entry,
         length=attach_length_model(m, out),
         watermark={
             "max_run_id": m.max_run_id,
@@ -239,69 +245,9 @@ def train_matrix(
             "sources": list(cfg.sources),
             **({"pairs": pairs.counts()} if pairs is not None else {}),
         },
-        eval={
-            "calibration_brier": brier,
-            "calibration_prior_brier": float(((prior - cal.Y) ** 2).mean()),
-            "calibration_queries": len(cal),
-            "sft_seconds": round(t_sft, 1),
-        },
+        eval=scores,
         versions=library_versions(),
     )
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
-    write_manifest(out, manifest)
-    log(
-        f"checkpoint {out} version {manifest.version}: calibration Brier {brier:.4f} "
-        f"(candidate-prior {manifest.eval['calibration_prior_brier']:.4f}), SFT {t_sft:.0f}s"
-    )
-    return out
-
-
-def _distil(
-    model,
-    layout: Layout,
-    scorer,
-    fit: Matrix,
-    cal: Matrix,
-    z_task_cal: np.ndarray,
-    z_any_cal: np.ndarray,
-    out: Path,
-    log: Callable[[str], None],
-    head: Callable | None = None,
-    extra: Matrix | None = None,
-) -> dict:
-    """Fit the student on the LM's slot logits of every training query (task shown and hidden; ``scorer``
-    the lean forward or None); the calibration queries' logits are already computed. ``head(texts, tasks,
-    z_task, z_any) -> (u_task, u_any)``: distil these (the calibrated logits, probe included) instead.
-    ``extra``: queries only partial feedback labels, distilled too (their probe logits reach serving)."""
-    from .distil_student import fit_student
-
-    t0 = time.time()
-    if extra is not None and len(extra):
-        fit = concat_rows(fit, extra)
-    tasks = [str(t) for t in fit.tasks]
-    z_task = np.vstack([compute_slot_logits(model, layout, fit.texts, tasks, scorer=scorer), z_task_cal])
-    z_any = np.vstack(
-        [compute_slot_logits(model, layout, fit.texts, [UNKNOWN_TASK] * len(fit), scorer=scorer), z_any_cal]
-    )
-    texts, all_tasks = list(fit.texts) + list(cal.texts), tasks + [str(t) for t in cal.tasks]
-    if head is not None:
-        z_task, z_any = head(texts, all_tasks, z_task, z_any)
-    st = fit_student(texts, all_tasks, z_task, z_any)
-    st.save(out / STUDENT_FILE)
-    z_hat = st.slot_logits(texts, [None] * len(texts))
-    corr = float(np.corrcoef(z_hat.ravel(), z_any.ravel())[0, 1])
-    log(
-        f"student: {st.dim} hashed n-gram features, training-fit correlation with its target {corr:.3f}, {time.time() - t0:.0f}s"
-    )
-    return {
-        "file": STUDENT_FILE,
-        "dim": st.dim,
-        "ngrams": list(st.ngrams),
-        "tail_chars": st.tail_chars,
-        "train_corr_any": round(corr, 4),
-        "target": "slot_logit" if head is None else "calibrated_logit",
-    }
 
 
 def train(

@@ -17,6 +17,8 @@ One run:
    becomes ``<versions_dir>/v-<version>`` and the pointer moves atomically (serving hot-reloads it);
    only the last ``keep`` versions are kept (never the one the pointer names). A rejected candidate
    is deleted. Each training run writes ``<report_dir>/<version>.json`` and ``.md``.
+
+The configuration: :mod:`.retrain_config`; the promotion gate (steps 4 and 5): :mod:`.retrain_gate`.
 """
 
 from __future__ import annotations
@@ -24,164 +26,21 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from litellm_energy_router.errors import one_line
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
-from litellm_energy_router.settings import ConfigError, Settings, load_settings, read_yaml_section
+from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import open_store
 
 from .data import TableMatrix, holdout_split, near_duplicate_groups
-from .sampling import TrainingBudget
-from .train_config import TrainSection
+from .retrain_config import RetrainConfig, load_retrain_config  # noqa: F401 (re-exported)
+from .retrain_gate import compare, estimate_off_policy, promote_or_delete, set_pointer  # noqa: F401 (re-exported)
 
 Log = Callable[[str], None]
-
-
-class RetrainConfig(BaseModel):
-    """The ``retrain:`` section of the config file (the ``energy_router:`` section gives the table URL,
-    the checkpoint pointer and the knob when these fields are left empty)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    table_url: str | None = Field(None, description="table URL; default: energy_router.table.url")
-    pointer: Path | None = Field(
-        None,
-        description="checkpoint pointer (JSON file or symlink) that serving watches; "
-        "default: energy_router.router.checkpoint",
-    )
-    versions_dir: Path | None = Field(
-        None, description="where promoted checkpoints go; default: <pointer dir>/versions"
-    )
-    report_dir: Path | None = Field(
-        None, description="per-run JSON + markdown reports; default: <versions_dir>/reports"
-    )
-    keep: int = Field(5, ge=1, description="promoted versions kept on disk (the pointed-to one is never removed)")
-    min_new_rows: int = Field(200, ge=0, description="labelled rows newer than the watermark needed to train")
-    sources: list[str] = Field(default_factory=lambda: ["import", "tournament", "shadow", "production"])
-    warm_start: bool = Field(
-        False,
-        description="start SFT from the serving checkpoint's weights and train on the new "
-        "queries plus budget.replay_ratio times as many old ones (else from scratch)",
-    )
-    quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
-    grpo_steps: int = Field(
-        0,
-        ge=0,
-        description="GRPO steps after SFT (0 = off, the default pipeline); "
-        "kept for older configs: train.grpo says more",
-    )
-    train: TrainSection = Field(
-        default_factory=TrainSection,
-        description="what to train: backbone, stages, "
-        "budgets (:mod:`.train_config`); left out: the default (or quick) configuration",
-    )
-    rule: Literal["aiq", "joules", "both"] = Field("both", description="promotion rule on the held-out queries")
-    target_accuracy: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="accuracy the 'joules' rule prices; default: the best single candidate's held-out accuracy",
-    )
-    tolerance: float = Field(
-        0.0, ge=0, description="slack: AIQ may drop by this much, joules may rise by this fraction"
-    )
-    holdout_fraction: float = Field(
-        0.2, gt=0, lt=1, description="share of queries held out (stable hash of the query id)"
-    )
-    holdout_salt: str = Field("retrain", description="changing it changes the held-out set")
-    lam: float | None = Field(
-        None, ge=0, description="λ for the off-policy estimate; default: energy_router.knob.lambda"
-    )
-    epsilon: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="exploration rate assumed for the new router in the "
-        "off-policy estimate; default: energy_router.router.epsilon",
-    )
-    budget: TrainingBudget = Field(
-        default_factory=TrainingBudget,
-        description="bounded work per retrain: a table larger than this is sampled (training/sampling.py)",
-    )
-    embed_cache_dir: Path | None = Field(
-        None, description="query-embedding cache kept across retrains; default: <versions_dir>/embed-cache"
-    )
-    knob: Any = Field(
-        None,
-        exclude=True,
-        description="set from energy_router.knob by load_retrain_config: the knob the "
-        "off-policy estimate decides with (its λ replaced by lam when lam is set)",
-    )
-    ope_max_rows: int | None = Field(
-        20000,
-        ge=100,
-        description="logged production rows the off-policy estimate "
-        "scores: a uniform sample of them when the table holds more (None: all)",
-    )
-
-    @model_validator(mode="after")
-    def _one_grpo_setting(self) -> "RetrainConfig":
-        if self.grpo_steps and self.train.grpo is not None:
-            raise ValueError("set either grpo_steps or train.grpo, not both")
-        return self
-
-    select: bool = Field(
-        False,
-        description="model selection: cross-validate select_scorers on the training rows and "
-        "export the best as the candidate (training/selection.py); false (default): train the LM "
-        "router (its winner, kNN, ties the router on the development rows)",
-    )
-    select_scorers: list[str] = Field(
-        default_factory=lambda: _default_scorers(),
-        description="scorers model selection judges: trainable kinds of the scorer registry "
-        "(router, lm, task_prior, knn, logreg, mf, stacked or a plugin's); default: its default ones",
-    )
-    select_folds: int = Field(5, ge=2, le=20, description="CV folds of model selection")
-
-    @field_validator("select_scorers")
-    @classmethod
-    def _known_scorers(cls, v: list[str]) -> list[str]:
-        from .selection import check_scorers
-
-        return check_scorers(v)
-
-
-def _default_scorers() -> list[str]:
-    from .selection import default_scorers
-
-    return default_scorers()
-
-
-def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:
-    """Read ``retrain:`` (and the defaults it borrows from ``energy_router:``) from a YAML file."""
-    settings: Settings = load_settings(path)
-    data = read_yaml_section(path, "retrain", whole_if_absent=False) if path else {}
-    data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
-    try:
-        cfg = RetrainConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(one_line(e, f"{path}: retrain", key="config key")) from None
-    cfg.table_url = cfg.table_url or settings.table.url
-    if cfg.pointer is None:
-        if settings.router.checkpoint is None:
-            raise ConfigError(
-                f"{path}: set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)"
-            )
-        cfg.pointer = Path(settings.router.checkpoint)
-    base = settings.knob.base()
-    cfg.knob = base if cfg.lam is None else base.model_copy(update={"lambda_": cfg.lam, "target_accuracy": None})
-    cfg.lam = settings.knob.lambda_ if cfg.lam is None else cfg.lam
-    cfg.epsilon = settings.router.epsilon if cfg.epsilon is None else cfg.epsilon
-    return cfg
 
 
 @dataclass
@@ -199,20 +58,6 @@ def _versions_dir(cfg: RetrainConfig) -> Path:
     return Path(cfg.versions_dir) if cfg.versions_dir else Path(cfg.pointer).parent / "versions"
 
 
-def set_pointer(pointer: Path, checkpoint_dir: Path) -> None:
-    """Atomically make ``pointer`` name ``checkpoint_dir``: a symlink stays a symlink, anything else is
-    written as a JSON pointer file."""
-    from litellm_energy_router.router.checkpoint import point_to
-
-    if pointer.is_symlink():
-        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        os.symlink(checkpoint_dir.resolve(), tmp)
-        os.replace(tmp, pointer)
-    else:
-        point_to(pointer, checkpoint_dir)
-
-
 def _serving(pointer: Path) -> tuple[Path | None, Any]:
     if pointer.is_dir() and not pointer.is_symlink():
         raise ConfigError(
@@ -223,89 +68,6 @@ def _serving(pointer: Path) -> tuple[Path | None, Any]:
         return None, None
     d = resolve(pointer)
     return d, read_manifest(d)
-
-
-def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig) -> dict[str, Any]:
-    """Score both checkpoints (:class:`~.pipeline.CheckpointPredictor`; ``serving`` may be None) on the
-    held-out queries; ``promote`` says whether the rule holds."""
-    from .evaluate import evaluate, joules_at_accuracy
-
-    routers = {
-        name: (p.predict_proba(hold), p.predict_energy(hold))
-        for name, p in (("candidate", candidate), ("serving", serving))
-        if p is not None
-    }
-    ev = evaluate(hold.Y, hold.E, routers, hold.candidates)
-    target = cfg.target_accuracy or ev.best_accuracy
-    out: dict[str, Any] = {
-        "held_out_queries": len(hold),
-        "target_accuracy": target,
-        "best_single": {"candidate": hold.candidates[ev.best], "accuracy": ev.best_accuracy, "joules": ev.best_energy},
-    }
-    for name in routers:
-        m = ev.method(name)
-        hx, hy = m.curve.hull()
-        j = joules_at_accuracy(hx, hy, target)
-        out[name] = {
-            "aiq": m.aiq,
-            "joules_at_target": j if np.isfinite(j) else None,
-            "max_accuracy": float(m.curve.accuracy.max()),
-        }
-    if serving is None:
-        out["promote"], out["why"] = True, "no serving checkpoint yet"
-        return out
-    c, s, tol = out["candidate"], out["serving"], cfg.tolerance
-    aiq_ok = c["aiq"] >= s["aiq"] - tol
-    cj, sj = c["joules_at_target"], s["joules_at_target"]
-    j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
-    ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
-    fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
-    out["promote"] = bool(ok)
-    out["why"] = (
-        f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
-        f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})"
-    )
-    return out
-
-
-def _ope_knob(cfg: RetrainConfig) -> Any:
-    from litellm_energy_router.knob import Knob
-
-    return cfg.knob if cfg.knob is not None else Knob(**{"lambda": cfg.lam or 0.0})
-
-
-def _ope(store: Any, predictors: dict[str, Any], cfg: RetrainConfig, log: Log) -> dict[str, Any]:
-    """Off-policy estimates of each loaded checkpoint (``None`` entries skipped) on the logged production rows."""
-    from .ope import evaluate_checkpoint_on_log, logged_rows
-
-    rows = logged_rows(store.iter_runs(sources=["production"]), cap=cfg.ope_max_rows)
-    if not rows:
-        return {}
-    out = {}
-    for name, p in predictors.items():
-        if p is None:
-            continue
-        try:
-            est = evaluate_checkpoint_on_log(store, p.model, knob=_ope_knob(cfg), epsilon=cfg.epsilon or 0.0, rows=rows)
-        except ValueError as e:
-            out[name] = {"error": str(e)}
-            continue
-        if est is not None:
-            out[name] = est.as_dict()
-            for line in est.lines(f"off-policy estimate of the {name} checkpoint at λ={cfg.lam:g}"):
-                log(line)
-    return out
-
-
-def _prune(vdir: Path, keep: int, protect: set[Path]) -> list[str]:
-    versions = sorted(p for p in vdir.glob("v-*") if p.is_dir())
-    removed = []
-    for p in versions[: max(len(versions) - keep, 0)]:
-        if p.resolve() in protect:
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p.name)
-    return removed
 
 
 def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Path, Path]:
@@ -536,8 +298,8 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
     log(f"retrain {version}: {cmp_['why']}")
     with stages.stage("off-policy"):
-        off_policy = _ope(store, loaded, cfg, log)
-    status, ck, msg = _promote_or_delete(run, tmp, version, cmp_)
+        off_policy = estimate_off_policy(store, loaded, cfg, log)
+    status, ck, msg = promote_or_delete(tmp, version, cmp_, run.vdir, cfg, run.serving_dir)
     log(msg)
     report = {
         "version": version,
@@ -560,19 +322,3 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
     }
     jp, mp = _write_reports(run.rdir, version, report)
     return RetrainResult(status, msg, version, ck, jp, mp, report)
-
-
-def _promote_or_delete(run: _Run, tmp: Path, version: str, cmp_: dict[str, Any]) -> tuple[str, Path | None, str]:
-    """Move the candidate into ``v-<version>`` and the pointer to it when the rule holds; else delete it."""
-    if not cmp_["promote"]:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return "rejected", None, f"not promoted: the serving checkpoint {run.serving_dir} stays ({cmp_['why']})"
-    final = run.vdir / f"v-{version}"
-    os.replace(tmp, final)
-    set_pointer(Path(run.cfg.pointer), final)  # type: ignore[arg-type]
-    removed = _prune(run.vdir, run.cfg.keep, {final.resolve()})
-    return (
-        "promoted",
-        final,
-        f"promoted {final} (pointer {run.cfg.pointer} moved); removed old versions {removed or 'none'}",
-    )

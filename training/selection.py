@@ -25,7 +25,6 @@ The built-ins:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -38,6 +37,14 @@ from .baselines import make_baseline
 from .crossval import Factory, OutOfFold, cv_splits, out_of_fold
 from .data import TableMatrix
 from .evaluate import Evaluation, evaluate
+from .selection_result import (  # noqa: F401 (re-exported)
+    Selection,
+    choose,
+    scorer_rows,
+    selection_line,
+    selection_table,
+    summary_lines,
+)
 
 
 def selectable() -> dict[str, tuple[str, ScorerSpec]]:
@@ -162,50 +169,6 @@ class Stacked:
 # -- selection ---------------------------------------------------------------------------------------
 
 
-@dataclass
-class Selection:
-    """The CV judgement of every scorer and the choice. ``rows``: one dict per selectable scorer."""
-
-    ev: Evaluation
-    rows: list[dict[str, Any]]
-    chosen: str
-    runner_up: str | None
-    margin: float  # pooled AIQ of the chosen minus the runner-up's
-    paired: tuple[float, float] | None  # mean and sd over folds of AIQ(chosen) − AIQ(runner-up)
-    best_baseline: str | None
-    folds: int
-    stack_w: np.ndarray | None = None
-    bases: list[str] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    tokens: dict[str, Any] | None = None  # per-query energy: token errors per candidate, AIQ with that Ê
-
-    @property
-    def tie(self) -> bool:
-        return self.paired is not None and abs(self.paired[0]) <= self.paired[1]
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-able: what the report and the manifest's ``selection`` entry hold."""
-        pm, ps = self.paired if self.paired else (None, None)
-        return {
-            "chosen": self.chosen,
-            "runner_up": self.runner_up,
-            "margin_aiq": self.margin,
-            "paired_fold_delta_mean": pm,
-            "paired_fold_delta_sd": ps,
-            "tie": self.tie,
-            "best_baseline": self.best_baseline,
-            "folds": self.folds,
-            "rule": "highest pooled held-out AIQ",
-            "best_single": {
-                "candidate": self.ev.candidates[self.ev.best],
-                "accuracy": self.ev.best_accuracy,
-                "joules": self.ev.best_energy,
-            },
-            "scorers": {r["scorer"]: {k: v for k, v in r.items() if k != "scorer"} for r in self.rows},
-            "per_query_energy": self.tokens,
-        }
-
-
 def stack_trainer(*, embedder: Any = None, seed: int = 0, **_context: Any) -> Stacked:
     """The ``fit`` of the ``stacked`` registry entry: the stack over every registered ``stack_base`` scorer."""
     return Stacked(stack_bases(), embedder=embedder, seed=seed)
@@ -219,32 +182,6 @@ def scorer_factories(
     share: dict = {}  # router and lm: one training per fold, judged with both scorers
     ctx = {"train_config": train_config, "embedder": embedder, "seed": seed, "log": log, "share": share}
     return {n: (lambda f=known[n][1].fit: f(**ctx)) for n in names if not known[n][1].combines}
-
-
-def _fold_sd(v: Sequence[float]) -> float | None:
-    v = [x for x in v if np.isfinite(x)]
-    return float(np.std(v, ddof=1)) if len(v) > 1 else None
-
-
-def _rows(ev: Evaluation, names: Sequence[str], secs: Mapping[str, float]) -> list[dict[str, Any]]:
-    rows = []
-    for n in names:
-        r = ev.method(n)
-        ratios = r.joules_ratio_folds
-        rows.append(
-            {
-                "scorer": n,
-                "aiq": r.aiq,
-                "aiq_fold_sd": _fold_sd(r.aiq_folds),
-                "joules_at_best": r.joules_at_best if np.isfinite(r.joules_at_best) else None,
-                "joules_ratio": r.joules_at_best / ev.best_energy if np.isfinite(r.joules_at_best) else None,
-                "joules_ratio_fold_sd": _fold_sd(ratios),
-                "never_folds": int(sum(not np.isfinite(x) for x in ratios)),
-                "brier": r.calibration.brier if r.calibration else None,
-                "seconds": round(secs.get(n, 0.0), 1),
-            }
-        )
-    return rows
 
 
 def select(
@@ -278,13 +215,7 @@ def select(
         **scorer_factories(names, train_config=train_config, embedder=embedder, seed=seed, log=log),
     }
     oof: OutOfFold = out_of_fold(methods, m, splits, profile=profile, progress=progress, partial=partial)
-    stack_w = None
-    if stack is not None:
-        t0 = time.perf_counter()
-        oof.P[stack] = cross_fit_stack(oof.P, m.Y, splits, bases)
-        oof.Eh[stack] = oof.Eh[bases[0]]
-        stack_w = fit_stack([oof.P[b] for b in bases], m.Y)
-        oof.seconds[stack] = sum(oof.seconds[b] for b in bases) + time.perf_counter() - t0
+    stack_w = _add_stack(oof, m, splits, stack, bases) if stack is not None else None
     order = list(extra or {}) + names
     ev = evaluate(
         m.Y,
@@ -295,36 +226,24 @@ def select(
         n_points=n_points,
         folds=[te for _, te in splits],
     )
-    rows = _rows(ev, names, oof.seconds)
+    rows = scorer_rows(ev, names, oof.seconds)
     tokens = _per_query_energy(m, splits, oof, ev, names, n_points, profile) if per_query_energy else None
-    simple = {n: known[n][1].rank for n in names}  # exact ties go to the cheaper scorer to serve
-    ranked = sorted(
-        rows,
-        key=lambda r: (
-            -r["aiq"],
-            r["joules_at_best"] if r["joules_at_best"] is not None else np.inf,
-            simple[r["scorer"]],
-        ),
-    )
-    chosen = ranked[0]["scorer"]
-    runner = ranked[1]["scorer"] if len(ranked) > 1 else None
-    base_rows = [r for r in ranked if known[r["scorer"]][1].baseline]
-    sel = Selection(
-        ev,
-        rows,
-        chosen,
-        runner,
-        ranked[0]["aiq"] - (ranked[1]["aiq"] if runner else ranked[0]["aiq"]),
-        ev.paired_fold_delta(chosen, runner) if runner else None,
-        base_rows[0]["scorer"] if base_rows else None,
-        folds,
-        stack_w,
-        bases,
-        dict(oof.seconds),
-        tokens,
-    )
+    sel = choose(ev, rows, names, known, folds, stack_w, bases, dict(oof.seconds), tokens)
     log(selection_line(sel))
     return sel
+
+
+def _add_stack(
+    oof: OutOfFold, m: TableMatrix, splits: Sequence[tuple[np.ndarray, np.ndarray]], stack: str, bases: list[str]
+) -> np.ndarray:
+    """Cross-fit the stack into ``oof`` (its held-out P; Ê (J) of the first base; fit seconds: the bases'
+    plus its own) and return its weights fitted on all the bases' out-of-fold P."""
+    t0 = time.perf_counter()
+    oof.P[stack] = cross_fit_stack(oof.P, m.Y, splits, bases)
+    oof.Eh[stack] = oof.Eh[bases[0]]
+    stack_w = fit_stack([oof.P[b] for b in bases], m.Y)
+    oof.seconds[stack] = sum(oof.seconds[b] for b in bases) + time.perf_counter() - t0
+    return stack_w
 
 
 def _per_query_energy(
@@ -369,68 +288,6 @@ def _per_query_energy(
             "aiq_delta_fold_sd": float(d.std(ddof=1)) if len(d) > 1 else None,
         }
     return out
-
-
-def selection_line(sel: Selection | dict[str, Any]) -> str:
-    """One line: the choice, its margin over the runner-up and the spread of the paired fold differences."""
-    s = sel.summary() if isinstance(sel, Selection) else sel
-    if s["runner_up"] is None:
-        return f"selection: {s['chosen']} (the only scorer)"
-    pm, ps = s["paired_fold_delta_mean"], s["paired_fold_delta_sd"]
-    verdict = "a tie (inside the fold spread)" if s["tie"] else "ahead beyond the fold spread"
-    per_fold = "" if pm is None else f"; per fold {pm:+.4f} ± {ps:.4f}: {verdict}"
-    return (
-        f"selection: {s['chosen']} (AIQ {s['margin_aiq']:+.4f} over {s['runner_up']}{per_fold}) on {s['folds']}-fold CV"
-    )
-
-
-def summary_lines(s: dict[str, Any]) -> list[str]:
-    """Markdown of a :meth:`Selection.summary`: per scorer AIQ ± fold sd, joules at the best single's
-    accuracy (J, and × its J ± fold sd), Brier and fit seconds; the one retrain (select: true) promotes is marked."""
-    b = s["best_single"]
-    lines = [
-        f"| scorer | AIQ ± fold sd | J at {b['candidate']}'s accuracy ({b['accuracy']:.3f}) | × its J "
-        f"({b['joules']:.1f} J) ± fold sd | Brier | fit s |",
-        "|---|---|---|---|---|---|",
-    ]
-    sd = lambda v, f: "–" if v is None else f"{v:{f}}"  # noqa: E731
-    for name, r in sorted(s["scorers"].items(), key=lambda kv: -kv[1]["aiq"]):
-        mark = " **← promoted**" if name == s["chosen"] else ""
-        j = "never" if r["joules_at_best"] is None else f"{r['joules_at_best']:.2f}"
-        ratio = (
-            "never"
-            if r["joules_ratio"] is None
-            else f"{r['joules_ratio']:.3f} ± {sd(r['joules_ratio_fold_sd'], '.3f')}"
-        )
-        lines.append(
-            f"| {name}{mark} | {r['aiq']:.4f} ± {sd(r['aiq_fold_sd'], '.4f')} | {j} | {ratio} | "
-            f"{sd(r['brier'], '.4f')} | {r['seconds']:.0f} |"
-        )
-    lines += ["", selection_line(s)]
-    tok = s.get("per_query_energy")
-    if tok:
-        lines += [
-            "",
-            "Per-query energy (output tokens predicted per query and candidate, same folds): output-token "
-            "MAE per candidate, per-task mean → model: "
-            + ", ".join(
-                f"{c.split('/')[-1]} {e['mae_task_mean']:.1f} → {e['mae_model']:.1f}"
-                for c, e in tok["token_mae"].items()
-                if e["mae_task_mean"] is not None
-            )
-            + "; AIQ with it (paired per-fold Δ vs the per-task Ê): "
-            + ", ".join(
-                f"{n} {r['aiq']:.4f} ({r['aiq_delta_fold_mean']:+.4f} ± {r['aiq_delta_fold_sd'] or 0:.4f})"
-                for n, r in tok["scorers"].items()
-            )
-            + ("" if "served" not in tok else f"; served: {'yes' if tok['served'] else 'no'}")
-            + ".",
-        ]
-    return lines
-
-
-def selection_table(sel: Selection) -> str:
-    return "\n".join(summary_lines(sel.summary()))
 
 
 # -- export ------------------------------------------------------------------------------------------

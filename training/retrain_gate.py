@@ -1,0 +1,138 @@
+"""The promotion gate of ``retrain`` (steps 4 and 5 of :mod:`.retrain`): score the candidate and the
+serving checkpoint on the same held-out queries (:func:`compare`: AIQ; joules (J) to reach the target
+accuracy), estimate both on logged production traffic (:func:`estimate_off_policy`: IPS/SNIPS), then
+promote the candidate (move it into ``v-<version>``, swap the pointer atomically, prune old versions) or
+delete it (:func:`promote_or_delete`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .data import TableMatrix
+from .retrain_config import RetrainConfig
+
+Log = Callable[[str], None]
+
+
+def set_pointer(pointer: Path, checkpoint_dir: Path) -> None:
+    """Atomically make ``pointer`` name ``checkpoint_dir``: a symlink stays a symlink, anything else is
+    written as a JSON pointer file."""
+    from litellm_energy_router.router.checkpoint import point_to
+
+    if pointer.is_symlink():
+        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        os.symlink(checkpoint_dir.resolve(), tmp)
+        os.replace(tmp, pointer)
+    else:
+        point_to(pointer, checkpoint_dir)
+
+
+def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig) -> dict[str, Any]:
+    """Score both checkpoints (:class:`~.pipeline.CheckpointPredictor`; ``serving`` may be None) on the
+    held-out queries; ``promote`` says whether the rule holds."""
+    from .evaluate import evaluate, joules_at_accuracy
+
+    routers = {
+        name: (p.predict_proba(hold), p.predict_energy(hold))
+        for name, p in (("candidate", candidate), ("serving", serving))
+        if p is not None
+    }
+    ev = evaluate(hold.Y, hold.E, routers, hold.candidates)
+    target = cfg.target_accuracy or ev.best_accuracy
+    out: dict[str, Any] = {
+        "held_out_queries": len(hold),
+        "target_accuracy": target,
+        "best_single": {"candidate": hold.candidates[ev.best], "accuracy": ev.best_accuracy, "joules": ev.best_energy},
+    }
+    for name in routers:
+        m = ev.method(name)
+        hx, hy = m.curve.hull()
+        j = joules_at_accuracy(hx, hy, target)
+        out[name] = {
+            "aiq": m.aiq,
+            "joules_at_target": j if np.isfinite(j) else None,
+            "max_accuracy": float(m.curve.accuracy.max()),
+        }
+    if serving is None:
+        out["promote"], out["why"] = True, "no serving checkpoint yet"
+        return out
+    c, s, tol = out["candidate"], out["serving"], cfg.tolerance
+    aiq_ok = c["aiq"] >= s["aiq"] - tol
+    cj, sj = c["joules_at_target"], s["joules_at_target"]
+    j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
+    ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
+    fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
+    out["promote"] = bool(ok)
+    out["why"] = (
+        f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
+        f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})"
+    )
+    return out
+
+
+def _ope_knob(cfg: RetrainConfig) -> Any:
+    from litellm_energy_router.knob import Knob
+
+    return cfg.knob if cfg.knob is not None else Knob(**{"lambda": cfg.lam or 0.0})
+
+
+def estimate_off_policy(store: Any, predictors: dict[str, Any], cfg: RetrainConfig, log: Log) -> dict[str, Any]:
+    """Off-policy estimates of each loaded checkpoint (``None`` entries skipped) on the logged production rows."""
+    from .ope import evaluate_checkpoint_on_log, logged_rows
+
+    rows = logged_rows(store.iter_runs(sources=["production"]), cap=cfg.ope_max_rows)
+    if not rows:
+        return {}
+    out = {}
+    for name, p in predictors.items():
+        if p is None:
+            continue
+        try:
+            est = evaluate_checkpoint_on_log(store, p.model, knob=_ope_knob(cfg), epsilon=cfg.epsilon or 0.0, rows=rows)
+        except ValueError as e:
+            out[name] = {"error": str(e)}
+            continue
+        if est is not None:
+            out[name] = est.as_dict()
+            for line in est.lines(f"off-policy estimate of the {name} checkpoint at λ={cfg.lam:g}"):
+                log(line)
+    return out
+
+
+def prune_versions(vdir: Path, keep: int, protect: set[Path]) -> list[str]:
+    """Delete all but the last ``keep`` promoted versions (``v-*`` in ``vdir``), never one in ``protect``;
+    returns the names removed."""
+    versions = sorted(p for p in vdir.glob("v-*") if p.is_dir())
+    removed = []
+    for p in versions[: max(len(versions) - keep, 0)]:
+        if p.resolve() in protect:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+    return removed
+
+
+def promote_or_delete(
+    tmp: Path, version: str, cmp_: dict[str, Any], vdir: Path, cfg: RetrainConfig, serving_dir: Path | None
+) -> tuple[str, Path | None, str]:
+    """Move the candidate ``tmp`` into ``<vdir>/v-<version>`` and the pointer to it when the rule holds
+    (``cmp_``: :func:`compare`), pruning old versions; else delete it. Returns (status, checkpoint, message)."""
+    if not cmp_["promote"]:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return "rejected", None, f"not promoted: the serving checkpoint {serving_dir} stays ({cmp_['why']})"
+    final = vdir / f"v-{version}"
+    os.replace(tmp, final)
+    set_pointer(Path(cfg.pointer), final)  # type: ignore[arg-type]
+    removed = prune_versions(vdir, cfg.keep, {final.resolve()})
+    return (
+        "promoted",
+        final,
+        f"promoted {final} (pointer {cfg.pointer} moved); removed old versions {removed or 'none'}",
+    )
