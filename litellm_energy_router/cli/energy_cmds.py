@@ -57,10 +57,7 @@ def agent(
 ) -> None:
     """Run the GPU-node energy agent beside vLLM: samples the meter, attributes each interval's joules
     to the requests in flight by tokens, serves GET /v1/energy/{request_id} and /metrics."""
-    import asyncio
-
-    from litellm_energy_router.agent.server import EnergyAgent, is_local, serve
-    from litellm_energy_router.energy import MeterError, make_meter
+    from litellm_energy_router.agent.server import EnergyAgent
 
     s = settings_or_fail(config).energy
     opts = dict(
@@ -74,6 +71,16 @@ def agent(
         tls_key=tls_key and str(tls_key),
     )
     cfg = _agent_config(s, opts)
+    m = _agent_meter(s, meter, gpus, simulated_power_w)
+    ag = EnergyAgent(m, cfg)
+    _serve_agent(ag, m, cfg, host, port)
+
+
+def _agent_meter(s: Any, meter: str, gpus: Optional[str], simulated_power_w: float) -> Any:
+    """The agent's counter meter ``meter`` (``energy`` settings ``s`` give the GPUs and a plugin's options):
+    exits with a one-line error when refused or unavailable."""
+    from litellm_energy_router.energy import MeterError, make_meter
+
     if meter in ("estimate", "agent"):
         fail(
             f"--meter {meter!r}: the agent measures with a counter meter ('nvml', a plugin's, or 'simulated' for tests)"
@@ -85,12 +92,20 @@ def agent(
     builtin = {"nvml": {"gpus": idx}, "simulated": {"power_w": simulated_power_w}}
     kwargs = builtin.get(meter, s.options if meter == s.meter else {})
     try:
-        m = make_meter(meter, **kwargs)
+        return make_meter(meter, **kwargs)
     except MeterError as e:
         fail(f"{getattr(e, 'reason', e)}; the agent runs on a GPU host (--meter simulated for a test run)")
     except Exception as e:  # noqa: BLE001 - unknown name, or a plugin's meter refusing its options
         fail(f"--meter {meter!r}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
-    ag = EnergyAgent(m, cfg)
+
+
+def _serve_agent(ag: Any, m: Any, cfg: Any, host: str, port: int) -> None:
+    """Serve the agent ``ag`` until stopped (a warning first when plain HTTP leaves loopback); the meter
+    ``m`` is closed after."""
+    import asyncio
+
+    from litellm_energy_router.agent.server import is_local, serve
+
     scheme = "https" if ag.ssl_context else "http"
     if scheme == "http" and not is_local(host):
         err_console.print(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -18,69 +18,88 @@ from litellm_energy_router.cli.common import (
 from litellm_energy_router.cli.table_cmds import _store
 from litellm_energy_router.redact import redact_url
 
+BaselinesOpt = typer.Option(
+    None,
+    "--baselines",
+    help="comma-separated trainable scorers of the registry "
+    "(default: its default ones; a plugin's included), or 'none'",
+)
+EnergyProfileOpt = typer.Option(
+    None,
+    "--energy-profile",
+    exists=True,
+    dir_okay=False,
+    help="J/token profile YAML (default: settings energy.profile, else bundled)",
+)
+RouterOpt = typer.Option(
+    True,
+    "--router/--no-router",
+    help="also train the LM router (default config) per fold, judged as "
+    "served ('router': its student) and with the LM forward ('lm')",
+)
+CheckpointOpt = typer.Option(
+    None,
+    "--checkpoint",
+    exists=True,
+    help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
+    "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
+)
+LambdaOpt = typer.Option(
+    None,
+    "--lambda",
+    min=0,
+    help="knob of the off-policy estimate of --checkpoint on logged production rows (default: settings knob.lambda)",
+)
+LeaveTaskOutOpt = typer.Option(
+    False,
+    "--leave-task-out",
+    help="train on all tasks but one, judge on the held-out one with its task hidden (an unseen task), for every task",
+)
+
 
 def eval_cmd(
     out: Path = typer.Option(..., "--out", help="directory for report.md, pareto.png, phase.png, curves.csv"),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
     folds: int = typer.Option(5, "--folds", min=2, help="cross-validation folds (split by query, stratified by task)"),
-    baselines: Optional[str] = typer.Option(
-        None,
-        "--baselines",
-        help="comma-separated trainable scorers of the registry "
-        "(default: its default ones; a plugin's included), or 'none'",
-    ),
+    baselines: Optional[str] = BaselinesOpt,
     seed: int = typer.Option(0, "--seed", help="fold assignment seed"),
     source: Optional[list[str]] = typer.Option(None, "--source", help="only runs from these sources (repeatable)"),
-    energy_profile: Optional[Path] = typer.Option(
-        None,
-        "--energy-profile",
-        exists=True,
-        dir_okay=False,
-        help="J/token profile YAML (default: settings energy.profile, else bundled)",
-    ),
+    energy_profile: Optional[Path] = EnergyProfileOpt,
     points: int = typer.Option(41, "--points", min=2, help="operating points per λ sweep"),
-    router: bool = typer.Option(
-        True,
-        "--router/--no-router",
-        help="also train the LM router (default config) per fold, judged as "
-        "served ('router': its student) and with the LM forward ('lm')",
-    ),
-    checkpoint: Optional[list[Path]] = typer.Option(
-        None,
-        "--checkpoint",
-        exists=True,
-        help="also judge this trained checkpoint (dir or pointer; repeatable) on every held-out fold, as it is "
-        "(not refitted); the table's rows must be ones it never trained on, e.g. an evaluation split",
-    ),
-    lam: Optional[float] = typer.Option(
-        None,
-        "--lambda",
-        min=0,
-        help="knob of the off-policy estimate of --checkpoint on "
-        "logged production rows (default: settings knob.lambda)",
-    ),
-    leave_task_out: bool = typer.Option(
-        False,
-        "--leave-task-out",
-        help="train on all tasks but one, judge on the held-out "
-        "one with its task hidden (an unseen task), for every task",
-    ),
+    router: bool = RouterOpt,
+    checkpoint: Optional[list[Path]] = CheckpointOpt,
+    lam: Optional[float] = LambdaOpt,
+    leave_task_out: bool = LeaveTaskOutOpt,
 ) -> None:
     """K-fold CV by query of the router and the learned baselines on the table: curves vs the zero router,
     random and the oracle; per scorer AIQ and joules at the best single candidate's accuracy with their
     fold spread, the one model selection (`retrain` with `select: true`) would promote marked."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    lm, names = _scorer_names(baselines, router, checkpoint)
+    ckpts = _load_checkpoints(checkpoint) if checkpoint else {}
+    url = db_url(db, config)
+    profile, m = _profile_and_matrix(url, config, energy_profile, ckpts, source)
+    if folds > m.n:
+        fail(f"--folds {folds}: only {m.n} fully labelled queries in {redact_url(url)}")
+    console.print(m.summary(), highlight=False, soft_wrap=True)
+    with _progress() as bar:
+        scorers = (lm if router else []) + names
+        extra = {name: (lambda pred=pred: pred) for name, pred in ckpts.items()}
+        _check_checkpoint_candidates(ckpts, m)
+        if leave_task_out:
+            return _leave_task_out(scorers, extra, m, profile, points, out, bar)
+        if not scorers:
+            _checkpoints_only(extra, m, folds, seed, profile, points, out, bar)
+            return _off_policy(url, ckpts, settings_or_fail(config), lam, out)
+        sel = _select(m, scorers, extra, folds, seed, profile, points, bar)
+    _report_selection(sel, folds, out)
+    if ckpts:
+        _off_policy(url, ckpts, settings_or_fail(config), lam, out)
 
-    from litellm_energy_router.energy.profile import ProfileError, load_profile
-    from litellm_energy_router.training.data import MatrixError, load_matrix
-    from litellm_energy_router.training.report import write_report
+
+def _scorer_names(baselines: Optional[str], router: bool, checkpoint: Optional[list[Path]]) -> tuple[list, list]:
+    """(the LM scorers ``--router`` adds, the baselines asked for), checked against the registry: exits with
+    a one-line error on an unknown baseline or nothing to evaluate."""
     from litellm_energy_router.training.selection import default_scorers, selectable
 
     lm = [n for n, (_, s) in selectable().items() if not s.baseline and not s.combines]  # what --router adds
@@ -94,18 +113,31 @@ def eval_cmd(
         fail(f"--baselines: unknown baseline {unknown[0]!r} (have: {', '.join(have)})")
     if not names and not router and not checkpoint:
         fail("--baselines none with --no-router: nothing to evaluate")
-    ckpts = {}
-    if checkpoint:
-        from litellm_energy_router.router.checkpoint import CheckpointError
-        from litellm_energy_router.training.pipeline import CheckpointPredictor
+    return lm, names
 
-        for path in checkpoint:
-            try:
-                pred = CheckpointPredictor(path)
-            except CheckpointError as e:
-                fail(str(e))
-            ckpts[f"checkpoint {pred.model.version}"] = pred
-    url = db_url(db, config)
+
+def _load_checkpoints(checkpoint: list[Path]) -> dict:
+    """``--checkpoint`` paths as predictors, keyed ``checkpoint <version>``."""
+    from litellm_energy_router.router.checkpoint import CheckpointError
+    from litellm_energy_router.training.pipeline import CheckpointPredictor
+
+    ckpts = {}
+    for path in checkpoint:
+        try:
+            pred = CheckpointPredictor(path)
+        except CheckpointError as e:
+            fail(str(e))
+        ckpts[f"checkpoint {pred.model.version}"] = pred
+    return ckpts
+
+
+def _profile_and_matrix(
+    url: str, config: Optional[Path], energy_profile: Optional[Path], ckpts: dict, source: Optional[list[str]]
+) -> tuple[Any, Any]:
+    """(the energy profile, the table's matrix: in the first checkpoint's candidates when there is one)."""
+    from litellm_energy_router.energy.profile import ProfileError, load_profile
+    from litellm_energy_router.training.data import MatrixError, load_matrix
+
     try:
         profile = load_profile(energy_profile or settings_or_fail(config).energy.profile)
     except ProfileError as e:
@@ -116,48 +148,66 @@ def eval_cmd(
             m = load_matrix(store, cands, sources=source)
         except MatrixError as e:
             fail(str(e))
-    if folds > m.n:
-        fail(f"--folds {folds}: only {m.n} fully labelled queries in {redact_url(url)}")
-    console.print(m.summary(), highlight=False, soft_wrap=True)
-    with Progress(
+    return profile, m
+
+
+def _progress() -> Any:
+    """The transient progress bar of the evaluation."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
-    ) as bar:
-        scorers = (lm if router else []) + names
-        extra = {name: (lambda pred=pred: pred) for name, pred in ckpts.items()}
-        for name, pred in ckpts.items():
-            if pred.model.candidates != m.candidates:
-                fail(
-                    f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}"
-                )
-        if leave_task_out:
-            return _leave_task_out(scorers, extra, m, profile, points, out, bar)
-        if not scorers:
-            _checkpoints_only(extra, m, folds, seed, profile, points, out, bar)
-            return _off_policy(url, ckpts, settings_or_fail(config), lam, out)
-        from litellm_energy_router.training.selection import select, selection_table
+    )
 
-        task = bar.add_task(
-            "cross-validating",
-            total=folds * (len(extra) + len([s for s in scorers if not selectable()[s][1].combines])),
-        )
-        try:
-            sel = select(
-                m,
-                scorers,
-                folds=folds,
-                seed=seed,
-                profile=profile,
-                n_points=points,
-                extra=extra,
-                progress=lambda i, n, label: bar.update(task, completed=i, description=label),
+
+def _check_checkpoint_candidates(ckpts: dict, m: Any) -> None:
+    """Every ``--checkpoint`` routes among the matrix's candidates (the first checkpoint's)."""
+    for name, pred in ckpts.items():
+        if pred.model.candidates != m.candidates:
+            fail(
+                f"--checkpoint {pred.model.path}: candidates {pred.model.candidates} differ from the first checkpoint's {m.candidates}"
             )
-        except ValueError as e:
-            fail(str(e))
+
+
+def _select(m: Any, scorers: list, extra: dict, folds: int, seed: int, profile: Any, points: int, bar: Any) -> Any:
+    """K-fold CV of the scorers and checkpoints with model selection over them."""
+    from litellm_energy_router.training.selection import select, selectable
+
+    task = bar.add_task(
+        "cross-validating",
+        total=folds * (len(extra) + len([s for s in scorers if not selectable()[s][1].combines])),
+    )
+    try:
+        return select(
+            m,
+            scorers,
+            folds=folds,
+            seed=seed,
+            profile=profile,
+            n_points=points,
+            extra=extra,
+            progress=lambda i, n, label: bar.update(task, completed=i, description=label),
+        )
+    except ValueError as e:
+        fail(str(e))
+
+
+def _report_selection(sel: Any, folds: int, out: Path) -> None:
+    """Write the report (with the model selection table) and print the summary and the selection."""
+    from litellm_energy_router.training.report import summary_table, write_report
+    from litellm_energy_router.training.selection import selection_table
+
     table = selection_table(sel)
     paths = write_report(
         sel.ev,
@@ -165,8 +215,6 @@ def eval_cmd(
         title=f"Router evaluation ({folds}-fold CV by query)",
         extra="## Model selection (what retrain with select: true would promote)\n\n" + table,
     )
-    from litellm_energy_router.training.report import summary_table
-
     console.print(summary_table(sel.ev), highlight=False, soft_wrap=True)
     console.print(
         "\nModel selection over the scorers (retrain with select: true promotes the marked one):\n" + table,
@@ -174,8 +222,6 @@ def eval_cmd(
         soft_wrap=True,
     )
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False, soft_wrap=True)
-    if ckpts:
-        _off_policy(url, ckpts, settings_or_fail(config), lam, out)
 
 
 def _checkpoints_only(extra: dict, m, folds: int, seed: int, profile, points: int, out: Path, bar) -> None:

@@ -123,6 +123,11 @@ def _run(
         if tournament is not None:
             tournament.close()
         store.close()
+    _print_summary(summary, source, tournament.accountant.method, url)
+
+
+def _print_summary(summary: Any, source: str, energy_method: str, url: str) -> None:
+    """This run's per-candidate table (pairs, failures, accuracy, mean J) and the summary line."""
     t = Table(title=f"{source} results (this run)")
     for col in ("candidate", "pairs", "failed", "already in table", "accuracy", "mean J"):
         t.add_column(col, justify="left" if col == "candidate" else "right")
@@ -137,7 +142,7 @@ def _run(
         )
     console.print(t)
     console.print(
-        f"{summary.line()}; energy_method={tournament.accountant.method} table={redact_url(url)}",
+        f"{summary.line()}; energy_method={energy_method} table={redact_url(url)}",
         highlight=False,
         soft_wrap=True,
     )

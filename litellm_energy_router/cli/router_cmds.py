@@ -56,15 +56,27 @@ def train_cmd(
 ) -> None:
     """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
     with ``--scorer KIND``, fit that registered scorer instead and write it as a servable checkpoint."""
-    from litellm_energy_router.training.backbones import BackboneSpec
-    from litellm_energy_router.training.pipeline import (
-        TrainConfig,
-        TrainingDataError,
-        train,
-    )
-
     if scorer != "lm":
         return _export_baseline_cmd(scorer, out, db_url(db, config), candidates)
+
+    cfg = _train_config(quick, backbone, epochs, grpo_steps, candidates, probe_c)
+    t0 = time.time()
+    ck = _train_with_progress(db_url(db, config), out, cfg)
+    console.print(f"trained {ck} in {time.time() - t0:.0f}s", highlight=False)
+
+
+def _train_config(
+    quick: bool,
+    backbone: Optional[str],
+    epochs: Optional[float],
+    grpo_steps: int,
+    candidates: Optional[str],
+    probe_c: Optional[float],
+) -> Any:
+    """The :class:`~litellm_energy_router.training.pipeline.TrainConfig` of ``train``: the default (or quick)
+    one with the command-line options over it."""
+    from litellm_energy_router.training.backbones import BackboneSpec
+    from litellm_energy_router.training.pipeline import TrainConfig
 
     cfg = TrainConfig.quick() if quick else TrainConfig()
     if backbone is not None and backbone != cfg.backbone.name:
@@ -79,8 +91,14 @@ def train_cmd(
         cfg.candidates = [c.strip() for c in candidates.split(",") if c.strip()]
     if probe_c is not None:
         cfg.probe_c = probe_c or None
-    t0 = time.time()
-    with _store(db_url(db, config), create=False) as store, progress_bar() as bar:
+    return cfg
+
+
+def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
+    """Train on the table at ``url`` into ``out`` with an SFT progress bar; returns the checkpoint."""
+    from litellm_energy_router.training.pipeline import TrainingDataError, train
+
+    with _store(url, create=False) as store, progress_bar() as bar:
         task = bar.add_task("SFT", total=None)
 
         def on_step(d: dict) -> None:
@@ -95,7 +113,7 @@ def train_cmd(
             ck = train(store, out, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
         except (TrainingDataError, ValueError) as e:
             fail(str(e))
-    console.print(f"trained {ck} in {time.time() - t0:.0f}s", highlight=False)
+    return ck
 
 
 def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None) -> None:
@@ -169,7 +187,6 @@ def route_cmd(
     knob: λ in accuracy per ``knob.e_ref_j`` J, ``knob.max_energy_j``; ``--lambda``/``--target-accuracy``
     replace its λ / target)."""
     from litellm_energy_router.router.checkpoint import CheckpointError
-    from litellm_energy_router.router.decide import decide
     from litellm_energy_router.router.scoring import load_scorer
 
     base = settings_or_fail(config).knob.base()
@@ -190,6 +207,22 @@ def route_cmd(
     cands = router.candidates
     # --sweep: the input's own breakpoints (a checkpoint's knob range can stop short of an unseen task's cheap end)
     points = route_points(base, P, E, lams, sweep, target_accuracy)
+    _write_decisions(output, rows, points, P, E, cands)
+    dt = time.time() - t0
+    console.print(
+        f"routed {len(rows)} rows x {len(points)} operating points -> {output} "
+        f"({len(rows) / max(dt, 1e-9):.0f} queries/s)",
+        highlight=False,
+    )
+
+
+def _write_decisions(
+    output: Path, rows: list, points: list[tuple[str, float, Any]], P: Any, E: Any, cands: Any
+) -> None:
+    """``decisions.jsonl``: one JSON line per (operating point, row): the chosen model, the knob value and
+    every candidate's predicted score and joules."""
+    from litellm_energy_router.router.decide import decide
+
     with open(output, "w", encoding="utf-8") as fh:
         for kind, val, knob in points:
             choice = decide(P, E, knob)
@@ -204,9 +237,3 @@ def route_cmd(
                     "energy_j": {c: round(float(e), 4) for c, e in zip(cands, E[i])},
                 }
                 fh.write(json.dumps(rec) + "\n")
-    dt = time.time() - t0
-    console.print(
-        f"routed {len(rows)} rows x {len(points)} operating points -> {output} "
-        f"({len(rows) / max(dt, 1e-9):.0f} queries/s)",
-        highlight=False,
-    )

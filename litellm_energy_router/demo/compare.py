@@ -262,10 +262,24 @@ def write_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from litellm_energy_router.training.evaluate import pareto_hull
-
     se, sa = E.mean(axis=0), Y.mean(axis=0)
     fig, ax = plt.subplots(figsize=(12, 6))
+    _plot_static(ax, candidates, se, sa)
+    if sweep is not None:
+        _plot_sweep(ax, sweep)
+    _plot_references(ax, served, base)
+    _label_axes(ax, served, se)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_static(ax: Any, candidates: Sequence[str], se: np.ndarray, sa: np.ndarray) -> None:
+    """Each static candidate (mean estimated J ``se``, accuracy ``sa``) and the hull of them."""
+    from litellm_energy_router.training.evaluate import pareto_hull
+
     markers = "osD^vP<>hX"
     for k, (c, x, y) in enumerate(zip(candidates, se, sa)):  # one legend entry per model: no labels to overlap
         ax.scatter(
@@ -280,19 +294,26 @@ def write_plot(
         )
     hx, hy = pareto_hull(se, sa)
     ax.plot(np.r_[hx, se.max()], np.r_[hy, hy[-1]], "k--", lw=1, label="static models' hull")
-    if sweep is not None:
-        cv = sweep.evaluation.method("router").curve
-        ax.plot(cv.energy_j, cv.accuracy, ".-", color="tab:blue", ms=4, lw=1, label=f"router λ sweep ({sweep.version})")
-        ax.scatter(
-            [sweep.at_lambda.energy_j],
-            [sweep.at_lambda.accuracy],
-            marker="o",
-            facecolor="none",
-            edgecolor="tab:blue",
-            s=90,
-            zorder=6,
-            label=sweep.at_lambda.name,
-        )
+
+
+def _plot_sweep(ax: Any, sweep: Sweep) -> None:
+    """The router's λ sweep curve and its point at the served λ."""
+    cv = sweep.evaluation.method("router").curve
+    ax.plot(cv.energy_j, cv.accuracy, ".-", color="tab:blue", ms=4, lw=1, label=f"router λ sweep ({sweep.version})")
+    ax.scatter(
+        [sweep.at_lambda.energy_j],
+        [sweep.at_lambda.accuracy],
+        marker="o",
+        facecolor="none",
+        edgecolor="tab:blue",
+        s=90,
+        zorder=6,
+        label=sweep.at_lambda.name,
+    )
+
+
+def _plot_references(ax: Any, served: Point, base: dict[str, Point]) -> None:
+    """Random, the oracle and the served traffic."""
     r, o = base["random"], base["oracle"]
     ax.scatter([r.energy_j], [r.accuracy], marker="x", color="grey", s=70, label=r.name)
     ax.scatter([o.energy_j], [o.accuracy], marker="*", color="gold", edgecolor="k", s=160, label=o.name)
@@ -306,6 +327,10 @@ def write_plot(
         zorder=7,
         label=served.name,
     )
+
+
+def _label_axes(ax: Any, served: Point, se: np.ndarray) -> None:
+    """Axis labels (J marked as estimated), x range, title, legend beside the axes and grid."""
     ax.set_xlabel("mean energy per query, J (ESTIMATED: ML.ENERGY H100 profile x tokens)")
     ax.set_ylabel("accuracy (recorded correctness)")
     ax.set_xlim(0, max(float(se.max()), served.energy_j) * 1.08)
@@ -314,11 +339,6 @@ def write_plot(
         fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0
     )  # beside the axes, over no point
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def served_point(rows: Sequence[dict[str, Any]], lam: float) -> Point:
