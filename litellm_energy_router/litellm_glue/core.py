@@ -197,20 +197,8 @@ class EnergyRouterCore:
         dt = time.perf_counter() - t0
         DECISIONS.labels(candidate=cand).inc()
         DECISION_SECONDS.observe(dt)
-        return dep, Decision(
-            candidate=cand,
-            deployment_id=_dep_id(dep),
-            scores={scored.candidates[i]: round(float(P_all[i]), 5) for i in range(len(scored.candidates))},
-            energy_j={scored.candidates[i]: round(float(E_all[i]), 3) for i in range(len(scored.candidates))},
-            energy_note=bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len),
-            lambda_=None if knob.target_accuracy is not None else knob.lambda_,
-            target_accuracy=knob.target_accuracy,
-            max_energy_j=knob.max_energy_j,
-            propensity=round(propensity, 6),
-            router_version=scored.version,
-            latency_ms=round(dt * 1000, 3),
-            adapt=adapt,
-        )
+        note = bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len)
+        return dep, _decision(scored, cand, dep, P_all, E_all, note, knob, propensity, dt, adapt)
 
     def _plan(
         self,
@@ -309,6 +297,36 @@ class EnergyRouterCore:
             raise
         except Exception as e:  # noqa: BLE001
             return self._failed(deployments, e)
+
+
+def _decision(
+    scored: Scored,
+    cand: str,
+    dep: Mapping[str, Any],
+    P: np.ndarray,
+    E: np.ndarray,
+    note: dict | None,
+    knob: Knob,
+    propensity: float,
+    dt: float,
+    adapt: dict | None,
+) -> Decision:
+    """The decision's record: P and Ê (J) per candidate as decided on, the knob, the propensity, ``dt`` (s)."""
+    names = scored.candidates
+    return Decision(
+        candidate=cand,
+        deployment_id=_dep_id(dep),
+        scores={names[i]: round(float(P[i]), 5) for i in range(len(names))},
+        energy_j={names[i]: round(float(E[i]), 3) for i in range(len(names))},
+        energy_note=note,
+        lambda_=None if knob.target_accuracy is not None else knob.lambda_,
+        target_accuracy=knob.target_accuracy,
+        max_energy_j=knob.max_energy_j,
+        propensity=round(propensity, 6),
+        router_version=scored.version,
+        latency_ms=round(dt * 1000, 3),
+        adapt=adapt,
+    )
 
 
 def _reason(e: Exception) -> str:

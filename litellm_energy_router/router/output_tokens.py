@@ -85,18 +85,7 @@ def request_tokens(
         hi[unk] = np.where(gap[unk], out[unk] * PRIOR_BAND[1], hi[unk])
     caps = list(max_tokens) if max_tokens is not None else [None] * n
     out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
-    notes = [
-        {
-            "output_tokens_source": source[i],
-            "support": support[i],
-            "max_tokens": caps[i],
-            "output_tokens": {
-                c: [round(float(lo[i, k]), 1), round(float(out[i, k]), 1), round(float(hi[i, k]), 1)]
-                for k, c in enumerate(candidates)
-            },
-        }
-        for i in range(n)
-    ]
+    notes = [_note(candidates, source[i], support[i], caps[i], lo[i], out[i], hi[i]) for i in range(n)]
     for i in unk:
         if source[i] == "task_mean":
             notes[i]["length_model_for" if length is not None else "prior_for"] = [
@@ -105,6 +94,27 @@ def request_tokens(
         elif source[i] == "prior":
             notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
     return out, notes
+
+
+def _note(
+    candidates: Sequence[str],
+    source: str,
+    support: float | None,
+    cap: int | None,
+    lo: np.ndarray,
+    mean: np.ndarray,
+    hi: np.ndarray,
+) -> dict:
+    """One request's note: where its output tokens came from, and per candidate [80 % low, expected, 80 % high]."""
+    return {
+        "output_tokens_source": source,
+        "support": support,
+        "max_tokens": cap,
+        "output_tokens": {
+            c: [round(float(lo[k]), 1), round(float(mean[k]), 1), round(float(hi[k]), 1)]
+            for k, c in enumerate(candidates)
+        },
+    }
 
 
 def bounded_energy(
