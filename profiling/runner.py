@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import Candidate, Query, Run, TableStore, make_query
@@ -33,87 +32,11 @@ from .config import CandidateSpec, TournamentConfig
 from .judge import Judge
 from .metering import Accountant, MeterAccountant, make_accountant
 from .sandbox import Sandbox, SandboxError
-from .tasks import Grade, GradeContext, Task, TaskError, TaskItem, get_task, sample_items
+from .tasks import Grade, GradeContext, TaskError, get_task, sample_items
+from .tournament_records import CandidateSummary, Generation, Job, ProgressSink, TournamentSummary
 
 log = logging.getLogger(__name__)
 _STOP = object()
-
-
-@dataclass(frozen=True)
-class Job:
-    """One query to put to every candidate. ``query`` is the row to upsert with each run (None when
-    the query row exists already, e.g. a production query in a shadow tournament)."""
-
-    task: Task
-    item: TaskItem
-    query: Query | None
-    max_tokens: int
-    call_id: str | None = None
-
-
-@dataclass
-class Generation:
-    """One candidate response. Seconds for times; ``energy_j`` only when the driver measured it."""
-
-    text: str = ""
-    latency_s: float | None = None
-    ttft_s: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    error: str | None = None
-    energy_j: float | None = None
-    energy_method: str | None = None
-    energy_window_s: float | None = None  # seconds a meter measured over (average power); None: use latency
-
-
-@dataclass
-class CandidateSummary:
-    """Running totals for one candidate (this run only): pairs, accuracy, mean joules."""
-
-    candidate: str
-    total: int = 0
-    skipped: int = 0
-    done: int = 0
-    failed: int = 0
-    score_sum: float = 0.0
-    energy_sum_j: float = 0.0
-    energy_n: int = 0
-
-    @property
-    def accuracy(self) -> float | None:
-        graded = self.done - self.failed
-        return self.score_sum / graded if graded else None
-
-    @property
-    def mean_energy_j(self) -> float | None:
-        return self.energy_sum_j / self.energy_n if self.energy_n else None
-
-
-@dataclass
-class TournamentSummary:
-    candidates: dict[str, CandidateSummary] = field(default_factory=dict)
-    written: int = 0
-    elapsed_s: float = 0.0
-    interrupted: bool = False
-
-    @property
-    def complete(self) -> bool:
-        return not self.interrupted and all(c.done == c.total for c in self.candidates.values())
-
-    def line(self) -> str:
-        done = sum(c.done for c in self.candidates.values())
-        failed = sum(c.failed for c in self.candidates.values())
-        skipped = sum(c.skipped for c in self.candidates.values())
-        return (
-            f"{done} pairs run ({failed} failed), {skipped} already in the table, {self.written} rows written "
-            f"in {self.elapsed_s:.1f} s"
-        )
-
-
-class ProgressSink(Protocol):
-    def start(self, candidate: str, total: int, skipped: int) -> None: ...
-
-    def update(self, summary: CandidateSummary) -> None: ...
 
 
 def build_jobs(config: TournamentConfig, source: str = "tournament") -> list[Job]:
@@ -359,13 +282,7 @@ class Tournament:
             if r.get("status") != "failure"
         }
 
-    async def run(
-        self, jobs: Sequence[Job], driver: Driver | None = None, sequential: bool | None = None
-    ) -> TournamentSummary:
-        """Run every job on every candidate not yet in the table; returns this run's summary.
-        ``sequential`` (default: the accountant's choice) runs candidates one after another."""
-        t0 = time.perf_counter()
-        cands = self.config.candidates
+    def _write_candidates(self) -> None:
         self.store.write(
             candidates=[
                 Candidate(
@@ -375,18 +292,55 @@ class Tournament:
                     active_params_b=c.active_params_b,
                     hardware=c.hardware,
                 )
-                for c in cands
+                for c in self.config.candidates
             ]
         )
+
+    def _todo(self, jobs: Sequence[Job]) -> dict[str, list[Job]]:
+        """Per candidate, the jobs not yet in the table; starts each candidate's summary (and progress)."""
         done = self.done_pairs()
         todo: dict[str, list[Job]] = {}
-        for c in cands:
+        for c in self.config.candidates:
             todo[c.model_name] = [j for j in jobs if (j.item.query_id, c.model_name) not in done]
             self.summary.candidates[c.model_name] = CandidateSummary(
                 c.model_name, len(todo[c.model_name]), len(jobs) - len(todo[c.model_name])
             )
             if self.progress:
                 self.progress.start(c.model_name, len(todo[c.model_name]), len(jobs) - len(todo[c.model_name]))
+        return todo
+
+    async def _drive_all(self, drive: Driver, todo: dict[str, list[Job]], seq: bool) -> None:
+        cands = self.config.candidates
+        if seq:
+            for c in cands:
+                if todo[c.model_name]:
+                    await drive(self, c, todo[c.model_name])
+        else:
+            async with asyncio.TaskGroup() as tg:
+                for c in cands:
+                    if todo[c.model_name]:
+                        tg.create_task(drive(self, c, todo[c.model_name]))
+
+    async def _abort(self, drivers: asyncio.Task[None], writer: asyncio.Task[None]) -> None:
+        """After a failure or a cancel: stop the drivers and the writer, then write the pairs already finished."""
+        self.summary.interrupted = True
+        for task in (drivers, writer):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(drivers, writer, return_exceptions=True)  # in-flight pairs end, unwritten
+        try:
+            await asyncio.shield(asyncio.to_thread(self._flush_now))  # finished pairs are kept
+        except BaseException:  # noqa: BLE001  (cancelled again while flushing: the thread still commits)
+            pass
+
+    async def run(
+        self, jobs: Sequence[Job], driver: Driver | None = None, sequential: bool | None = None
+    ) -> TournamentSummary:
+        """Run every job on every candidate not yet in the table; returns this run's summary.
+        ``sequential`` (default: the accountant's choice) runs candidates one after another."""
+        t0 = time.perf_counter()
+        self._write_candidates()
+        todo = self._todo(jobs)
         if any(j.task.name == "mbpp" for j in jobs) and any(todo.values()):
             await self.sandbox.isolation()  # probe once, before any candidate is called
         self._ctx = self.grade_context()
@@ -394,34 +348,14 @@ class Tournament:
         writer = asyncio.create_task(self._writer())
         drive: Driver = driver or Tournament._litellm_driver
         seq = self.accountant.sequential if sequential is None else sequential
-
-        async def drive_all() -> None:
-            if seq:
-                for c in cands:
-                    if todo[c.model_name]:
-                        await drive(self, c, todo[c.model_name])
-            else:
-                async with asyncio.TaskGroup() as tg:
-                    for c in cands:
-                        if todo[c.model_name]:
-                            tg.create_task(drive(self, c, todo[c.model_name]))
-
-        drivers = asyncio.create_task(drive_all())
+        drivers = asyncio.create_task(self._drive_all(drive, todo, seq))
         try:
             await asyncio.wait({drivers, writer}, return_when=asyncio.FIRST_COMPLETED)
             if writer.done():  # the table refused a write: stop asking candidates
                 writer.result()
             drivers.result()
         except BaseException:
-            self.summary.interrupted = True
-            for task in (drivers, writer):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(drivers, writer, return_exceptions=True)  # in-flight pairs end, unwritten
-            try:
-                await asyncio.shield(asyncio.to_thread(self._flush_now))  # finished pairs are kept
-            except BaseException:  # noqa: BLE001  (cancelled again while flushing: the thread still commits)
-                pass
+            await self._abort(drivers, writer)
             raise
         finally:
             self.summary.elapsed_s = time.perf_counter() - t0
