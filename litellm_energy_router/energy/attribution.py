@@ -32,17 +32,17 @@ oldest requests are dropped first), and an unfinished request not heard from for
 expires (so a request whose engine died stops holding back settlement). Drops are counted per reason
 in ``dropped_requests``. A dropped request's tokens stay in the intervals they fell in, so the other
 requests' shares do not change.
+
+The intervals and requests kept, and their lock-held bookkeeping, are in :mod:`.attribution_state`.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
-_EPS = 1e-9
+from litellm_energy_router.energy.attribution_state import _EPS, AttributionState, _Interval, _overlap_w, _Request
 
 
 def token_weight(
@@ -63,26 +63,6 @@ def split_energy(energy_j: float, weights: Sequence[float], total: float | None 
     if w_total <= 0:
         return [energy_j / len(weights)] * len(weights) if weights else []
     return [energy_j * min(w / w_total, 1.0) for w in weights]
-
-
-@dataclass
-class _Interval:
-    t0: float
-    t1: float
-    energy_j: float
-    agg_w: float | None = None  # aggregate weighted tokens from engine counters
-    curve_w: float = 0.0  # sum of known requests' weighted tokens
-
-
-@dataclass
-class _Request:
-    start: float
-    known_until: float
-    finished: bool = False
-    end: float | None = None
-    prefill: float = 0.0  # cumulative tokens at known_until
-    decode: float = 0.0
-    segments: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,7 +93,7 @@ class Totals:
     t1: float | None
 
 
-class Attributor:
+class Attributor(AttributionState):
     """Thread-safe attribution core shared by the GPU-node agent and in-process counter meters.
 
     Args:
@@ -145,25 +125,17 @@ class Attributor:
             raise ValueError("prefill_weight must be >= 0 and decode_weight > 0")
         if any(v is not None and not v > 0 for v in (max_requests, max_segments, stale_s)):
             raise ValueError("max_requests, max_segments and stale_s must be > 0 (or None)")
-        self.max_requests, self.max_segments, self.stale_s = max_requests, max_segments, stale_s
+        super().__init__(
+            idle_power_w=idle_power_w,
+            history_s=history_s,
+            floor_window_s=floor_window_s,
+            max_requests=max_requests,
+            max_segments=max_segments,
+            stale_s=stale_s,
+        )
         self.wp = float(prefill_weight)
         self.wd = float(decode_weight)
-        self.idle_power_w = idle_power_w
-        self.history_s = float(history_s)
-        self.floor_window_s = float(floor_window_s)
         self._lock = threading.Lock()
-        self._ivs: list[_Interval] = []
-        self._t1s: list[float] = []
-        self._last: tuple[float, float, float | None] | None = None  # (t, cumulative J, aggregate W)
-        self._reqs: dict[str, _Request] = {}
-        self._open: dict[str, _Request] = {}  # started, not finished; least recently updated first
-        self._n_segments = 0
-        self.dropped_requests = {"cap": 0, "stale": 0}
-        self._pending: list[tuple[float, float, float]] = []  # segments reaching past the last sample
-        self._started: deque[tuple[str, float]] = deque()  # lock-free inbox for request_started
-        self._trail: deque[float] = deque()
-        self._floor: float | None = None
-        self.dropped_intervals = 0
 
     # -- inputs -----------------------------------------------------------------------------------
     def add_sample(
@@ -359,127 +331,6 @@ class Attributor:
     def last_sample_t(self) -> float | None:
         with self._lock:
             return self._last[0] if self._last else None
-
-    # -- internals (lock held) --------------------------------------------------------------------
-    def _drain_started(self) -> None:
-        if not self._started:
-            return
-        while self._started:
-            rid, t = self._started.popleft()
-            if rid not in self._reqs:
-                self._track(rid, _Request(start=t, known_until=t), is_open=True)
-        self._enforce_caps()
-
-    def _track(self, rid: str, r: _Request, *, is_open: bool = False) -> _Request:
-        self._reqs[rid] = r
-        if is_open:
-            self._open[rid] = r
-        return r
-
-    def _forget(self, rid: str, reason: str | None = None) -> None:
-        r = self._reqs.pop(rid)
-        self._open.pop(rid, None)
-        self._n_segments -= len(r.segments)
-        if reason is not None:
-            self.dropped_requests[reason] += 1
-
-    def _enforce_caps(self) -> None:
-        """Drop the oldest requests while over ``max_requests`` or ``max_segments``."""
-        while self._reqs and (
-            (self.max_requests is not None and len(self._reqs) > self.max_requests)
-            or (self.max_segments is not None and self._n_segments > self.max_segments)
-        ):
-            self._forget(next(iter(self._reqs)), "cap")
-
-    def _expire_stale(self, now: float) -> None:
-        """Drop unfinished requests without progress since ``now - stale_s`` (least recently updated first)."""
-        if self.stale_s is None:
-            return
-        horizon = now - self.stale_s
-        while self._open:
-            rid, r = next(iter(self._open.items()))
-            if r.known_until >= horizon:
-                break
-            self._forget(rid, "stale")
-
-    def _add_segment(self, r: _Request, a: float, b: float, w: float) -> None:
-        if w <= 0:
-            return
-        seg = (a, max(a, b), w)
-        r.segments.append(seg)
-        self._n_segments += 1
-        for k in self._span(seg[0], seg[1]):
-            iv = self._ivs[k]
-            iv.curve_w += _overlap_w(seg, iv.t0, iv.t1)
-        if self._last is None or seg[1] > self._last[0]:
-            self._pending.append(seg)
-
-    def _span(self, a: float, b: float) -> range:
-        """Indices of the closed intervals ``(t0, t1]`` a segment ``[a, b]`` touches (contiguous)."""
-        n = len(self._ivs)
-        if b - a <= _EPS:
-            k = bisect.bisect_left(self._t1s, a)
-            return range(k, k + 1) if k < n and self._ivs[k].t0 < a else range(0)
-        return range(bisect.bisect_right(self._t1s, a), min(bisect.bisect_left(self._t1s, b) + 1, n))
-
-    def _settled(self, rid: str, r: _Request, end: float) -> bool:
-        if not r.finished and r.known_until < end:
-            return False
-        hi = bisect.bisect_left(self._t1s, end)
-        if hi >= len(self._ivs) - 1:
-            return False  # the interval holding the end (and one more, as a margin) must be closed
-        lo = bisect.bisect_left(self._t1s, r.start)
-        span = self._ivs[lo : hi + 1]
-        if span and all(iv.agg_w is not None for iv in span):
-            return True  # aggregate counters: other requests do not matter
-        # every request that may put tokens into the intervals we touch must be known up to their end
-        cut = self._t1s[hi]
-        for oid, o in self._open.items():
-            if oid != rid and o.start < cut and o.known_until < cut:
-                return False
-        return True
-
-    def _floor_w(self) -> float:
-        if self.idle_power_w == "auto":
-            return self._floor or 0.0
-        return float(self.idle_power_w)
-
-    def _update_floor(self) -> None:
-        if self.idle_power_w != "auto":
-            return
-        # trailing power over >= floor_window_s ending at the newest interval
-        e = 0.0
-        t_end = self._ivs[-1].t1
-        for iv in reversed(self._ivs):
-            e += iv.energy_j
-            if t_end - iv.t0 >= self.floor_window_s - _EPS:
-                p = e / (t_end - iv.t0)
-                self._trail.append(p)
-                break
-        n_keep = max(1, len(self._ivs))
-        while len(self._trail) > n_keep:
-            self._trail.popleft()
-        self._floor = min(self._trail) if self._trail else None
-
-    def _prune(self, now: float) -> None:
-        horizon = now - self.history_s
-        n = bisect.bisect_right(self._t1s, horizon)
-        if n > max(64, len(self._ivs) // 10):
-            del self._ivs[:n]
-            del self._t1s[:n]
-            self.dropped_intervals += n
-            for rid in [rid for rid, r in self._reqs.items() if (r.end if r.finished else r.known_until) < horizon]:
-                self._forget(rid)  # an unfinished one too: stop waiting for it
-
-
-def _overlap_w(seg: tuple[float, float, float], t0: float, t1: float) -> float:
-    """Weighted tokens of a uniform segment falling in ``(t0, t1]`` (an instant segment counts in the
-    interval that contains it)."""
-    a, b, w = seg
-    if b - a <= _EPS:
-        return w if t0 < a <= t1 else 0.0
-    ov = min(b, t1) - max(a, t0)
-    return w * ov / (b - a) if ov > 0 else 0.0
 
 
 def _denominator(iv: _Interval) -> float:

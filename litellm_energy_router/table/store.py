@@ -1,8 +1,10 @@
-"""Table stores: the one interface (:class:`TableStore`) and its SQL implementation.
+"""Table stores: :class:`SQLStore`, the SQL implementation of the one interface (:class:`TableStore`, in
+:mod:`.interface`; re-exported here with :class:`CandidateStats` and :class:`WriteResult`).
 
 ``open_store(url)`` gives a store for ``sqlite:///path.db`` (WAL mode, the default) or
 ``postgresql+psycopg://...`` (several proxies sharing one table). Every write is one transaction:
-a batch is validated completely first, so a bad row leaves the stored data untouched.
+a batch is validated completely first, so a bad row leaves the stored data untouched. The URL check
+(:func:`check_table_url`), :class:`TableError` and the engine setup are in :mod:`.database`.
 """
 
 from __future__ import annotations
@@ -10,108 +12,30 @@ from __future__ import annotations
 import random
 import time
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Iterator, Sequence
 
-from sqlalchemy import Engine, create_engine, event, func, or_, select, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import create_engine, func, or_, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from litellm_energy_router.errors import UserError
 from litellm_energy_router.redact import redact_url
 from litellm_energy_router.table import ledger as ledger_table
 from litellm_energy_router.table import production, schema
-from litellm_energy_router.table.rows import (
-    BadRowError,
-    Candidate,
-    Query,
-    Run,
-    check_references,
-    validate_rows,
+from litellm_energy_router.table.database import (
+    TableError,
+    _add_missing_columns,
+    _is_retryable,
+    _sqlite_engine,
+    check_table_url,
 )
+from litellm_energy_router.table.interface import CandidateStats, WriteResult
+from litellm_energy_router.table.interface import TableStore as TableStore  # re-exported
+from litellm_energy_router.table.rows import BadRowError, Candidate, Query, Run, check_references, validate_rows
 from litellm_energy_router.table.stats import group_quantiles
 
 _RUN_FIELDS = [c.name for c in schema.runs.columns if c.name not in ("id", "updated")]
 _QUERY_FIELDS = [c.name for c in schema.queries.columns]
 _CAND_FIELDS = [c.name for c in schema.candidates.columns]
-
-
-class TableError(UserError, RuntimeError):
-    """The table cannot be used (unreachable, newer schema, unsupported URL)."""
-
-
-@dataclass(frozen=True)
-class CandidateStats:
-    """Per-candidate summary: accuracy over labelled rows; mean, median and 95th percentile of joules (J)
-    and of latency (seconds)."""
-
-    candidate: str
-    task: str | None
-    rows: int
-    labelled: int
-    accuracy: float | None
-    mean_energy_j: float | None
-    mean_latency_s: float | None
-    router_version: str | None = None  # with ``by_version``: the router version that served the runs
-    median_energy_j: float | None = None
-    p95_energy_j: float | None = None
-    median_latency_s: float | None = None
-    p95_latency_s: float | None = None
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    """Rows written; with ``keep_first``: rows moved to a fresh call id ``(given, fresh)``, replays skipped."""
-
-    queries: int
-    runs: int
-    reassigned: tuple[tuple[str, str], ...] = ()
-    skipped: int = 0
-
-
-@runtime_checkable
-class TableStore(Protocol):
-    """The tournament table. Implementations must make :meth:`write` atomic and idempotent."""
-
-    url: str
-
-    def add_candidates(self, candidates: Iterable[Candidate | dict[str, Any]]) -> int: ...
-
-    def write(
-        self,
-        queries: Iterable[Query | dict[str, Any]] = (),
-        runs: Iterable[Run | dict[str, Any]] = (),
-        candidates: Iterable[Candidate | dict[str, Any]] = (),
-        *,
-        keep_first: bool = False,
-        ledger: Sequence[dict[str, Any] | None] | None = None,
-    ) -> WriteResult: ...
-
-    def candidates(self) -> list[Candidate]: ...
-
-    def iter_runs(
-        self, *, since_id: int | None = None, sources: Sequence[str] | None = None
-    ) -> Iterator[dict[str, Any]]: ...
-
-    def stats(
-        self, *, by_task: bool = False, sources: Sequence[str] | None = None, by_version: bool = False
-    ) -> list[CandidateStats]: ...
-
-    def count_runs(self) -> int: ...
-
-    def count_labelled(
-        self, *, since_id: int | None = None, since_updated: float | None = None, sources: Sequence[str] | None = None
-    ) -> int: ...
-
-    def runs_for_call(self, call_id: str) -> list[Run]: ...
-
-    def close(self) -> None: ...
-
-
-def _is_retryable(err: DBAPIError) -> bool:
-    msg = str(err.orig).lower() if err.orig is not None else str(err).lower()
-    return any(s in msg for s in ("database is locked", "deadlock detected", "could not serialize", "busy"))
 
 
 class SQLStore:
@@ -436,25 +360,6 @@ class SQLStore:
         self.close()
 
 
-def _add_missing_columns(conn: Any) -> None:
-    """Add the nullable columns, and the indexes, that a table made by an earlier release of this schema
-    version lacks (``create_all`` creates missing tables only). On PostgreSQL the index build locks
-    writes to that table for its duration (once, at the first start of the newer release)."""
-    from sqlalchemy import inspect
-
-    insp = inspect(conn)
-    for table in schema.metadata.sorted_tables:
-        have = {c["name"] for c in insp.get_columns(table.name)}
-        for col in table.columns:
-            if col.name not in have and col.nullable:
-                ddl = col.type.compile(dialect=conn.dialect)
-                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {ddl}'))
-        indexed = {ix["name"] for ix in insp.get_indexes(table.name)}
-        for ix in sorted(table.indexes, key=lambda i: str(i.name)):
-            if ix.name not in indexed:
-                ix.create(conn, checkfirst=True)
-
-
 def _pairs(queries: list[Query], runs: list[Run]) -> list[tuple[Query, Run]]:
     """(query, run) pairs of a keep-first write; the two lists must match one to one."""
     if len(queries) != len(runs):
@@ -480,50 +385,6 @@ def _ledger_rows(ledger: Sequence[dict[str, Any] | None], stored: list[tuple[int
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i : i + n]
-
-
-def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA busy_timeout=60000")
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        # Writers take the lock up front: a deferred transaction that upgrades to a write can fail
-        # with SQLITE_BUSY in WAL mode without waiting on the busy handler.
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("er_write") else "BEGIN")
-
-    return engine
-
-
-def check_table_url(url: str) -> URL:
-    """``url`` parsed, when it names a table this package can open (``sqlite:///relative.db``,
-    ``sqlite:////absolute.db``, ``postgresql+psycopg://...``); else :class:`TableError`, one line naming it."""
-    try:
-        parsed = make_url(url)
-    except Exception:
-        raise TableError(
-            f"table url {redact_url(url)!r}: not a valid SQLAlchemy URL (e.g. sqlite:///file.db or "
-            "postgresql+psycopg://host/db)"
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend not in ("sqlite", "postgresql"):
-        raise TableError(f"table url {redact_url(url)!r}: unsupported backend {backend!r} (use sqlite or postgresql)")
-    if backend == "sqlite" and (parsed.host or parsed.username or parsed.port):
-        raise TableError(
-            f"table url {redact_url(url)!r}: a SQLite URL has three slashes before a relative path "
-            f"(sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}) and four before "
-            "an absolute one"
-        )
-    return parsed
 
 
 def open_store(url: str, *, create: bool = True) -> SQLStore:
