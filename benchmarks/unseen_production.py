@@ -132,6 +132,7 @@ def serve_production(
             "router": {
                 "checkpoint": str(ck),
                 "epsilon": a.epsilon,
+                "epsilon_new_context": a.epsilon_new,
                 "timeout_ms": 5000,
                 "context_refresh_s": 0,
                 "context_rows": True,

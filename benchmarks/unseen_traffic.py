@@ -334,6 +334,9 @@ def main() -> None:
     ap.add_argument("--d-tasks", default="mbpp,gsm8k", help="tasks (d) runs on in --quick (comma-separated)")
     ap.add_argument("--lam", type=float, default=0.22, help="operator λ, accuracy per 100 J (the demo's serving λ)")
     ap.add_argument("--epsilon", type=float, default=0.1, help="exploration rate of the served router in (d)")
+    ap.add_argument(
+        "--epsilon-new", type=float, default=0.0, help="(d): router.epsilon_new_context of the served router (0: off)"
+    )
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--max-judged", type=int, default=0, help="judge at most this many queries per task (0: all)")
     ap.add_argument("--max-steps", type=int, default=len(NS), help="(d): at most this many N steps")

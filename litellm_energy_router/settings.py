@@ -102,6 +102,13 @@ class RouterSettings(_Section):
     fallback: str | None = Field(None, description="deployment used when the router fails; None = LiteLLM's choice")
     match_by: Literal["id", "name"] = "name"
     epsilon: float = Field(0.0, ge=0, le=1, description="exploration rate, so logged propensities are never 0")
+    epsilon_new_context: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="exploration rate of a context without production rows, falling to epsilon over its first "
+        "NEW_CONTEXT_ROWS (router/online.py); 0 = epsilon throughout",
+    )
     online: bool = Field(
         True, description="learn between retrains: Ê from settled rows, a prior per context (router/adapt.py)"
     )

@@ -134,6 +134,24 @@ def test_exploration_covers_uncertain_candidates_with_exact_propensities():
     assert np.allclose(counts / counts.sum(), expected, atol=0.03)  # the logged propensity is what happens
 
 
+def test_a_new_context_explores_more_until_it_has_production_rows(planted_ckpt, sqlite_url, tmp_path, backend):
+    """``router.epsilon_new_context``: a context without production rows explores at that rate, falling linearly
+    to ``router.epsilon`` over its first NEW_CONTEXT_ROWS rows; the logged propensity is the rate used."""
+    from litellm_energy_router.router.online import NEW_CONTEXT_ROWS, context_epsilon
+
+    assert context_epsilon(0.1, 0.0, 0) == 0.1 and context_epsilon(0.1, 0.5, 0) == 0.5
+    assert context_epsilon(0.1, 0.5, NEW_CONTEXT_ROWS / 2) == pytest.approx(0.3)
+    assert context_epsilon(0.1, 0.5, 3 * NEW_CONTEXT_ROWS) == 0.1
+    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path, epsilon_new_context=1.0))
+    dl = deps(backend)
+    _, d = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {}})
+    assert d.adapt["context_production_rows"] == 0.0
+    assert d.propensity == pytest.approx(1.0 / len(CANDS))  # ε = 1 and a uniform spread: every candidate alike
+    plain = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))
+    _, d0 = plain.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {}})
+    assert d0.propensity == 1.0  # ε = 0: the best candidate, always
+
+
 def test_unseen_context_falls_back_to_its_parent_and_a_context_gets_its_own_prior():
     cp = ContextPrior(["small", "large"])
     app = request_context(NEAR, [{"user_api_key_alias": "app-A"}], "pool", [{"role": "system", "content": "Be brief."}])

@@ -33,7 +33,7 @@ from litellm_energy_router.metrics import (
 from litellm_energy_router.router.adapt import ADAPT, start_refresh
 from litellm_energy_router.router.context import Context
 from litellm_energy_router.router.decide import decide
-from litellm_energy_router.router.online import explore_pick
+from litellm_energy_router.router.online import context_epsilon, explore_pick
 from litellm_energy_router.router.output_tokens import (
     bounded_energy,
     bounded_note,
@@ -161,7 +161,8 @@ class EnergyRouterCore:
         """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
         (``by_cand``: :meth:`pool`, when the caller mapped it already), on P and Ê adapted to the request's
         context ``ctx`` (:mod:`.router.adapt`), Ê bounded by its ``max_tokens``, then ε-exploration
-        (``router.epsilon``, spread by energy uncertainty) and a deployment of the chosen candidate."""
+        (``router.epsilon``, higher in a new context with ``router.epsilon_new_context``; spread by energy
+        uncertainty) and a deployment of the chosen candidate."""
         by_cand = self.pool(deployments) if by_cand is None else by_cand
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
@@ -169,6 +170,7 @@ class EnergyRouterCore:
                 deployments, "no_candidate", f"pool {sorted(by_cand)} vs router {list(scored.candidates)}"
             )
         self.adapt.bind(self.runtime.model)
+        rs = self.settings.router
         max_tokens = request_max_tokens(request_kwargs)
         ctx_len = self.context_lengths(scored.candidates, by_cand)
         E_all = context_bounded_energy(
@@ -181,7 +183,7 @@ class EnergyRouterCore:
             ctx_len,
         )
         P_all, E_all, explore, adapt = self.adapt.apply(
-            scored, ctx, E_all, self.settings.router.epsilon > 0, self.settings.router.context_rows
+            scored, ctx, E_all, max(rs.epsilon, rs.epsilon_new_context) > 0, rs.context_rows
         )
         P, E = P_all[avail][None, :], E_all[avail][None, :]
         factors, cleanest = None, {}
@@ -189,8 +191,9 @@ class EnergyRouterCore:
             names = [scored.candidates[j] for j in avail]
             factors, cleanest = carbon_factors(self.accounting.carbon, names, by_cand, time.time())
         j_best = int(decide(P, E, knob, factors)[0])
+        eps = context_epsilon(rs.epsilon, rs.epsilon_new_context, (adapt or {}).get("context_production_rows", 0.0))
         j, propensity = explore_pick(
-            self._rng, self.settings.router.epsilon, j_best, explore[avail] if explore is not None else None, len(avail)
+            self._rng, eps, j_best, explore[avail] if explore is not None else None, len(avail)
         )
         cand = scored.candidates[avail[j]]
         dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])

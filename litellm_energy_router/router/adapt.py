@@ -163,6 +163,7 @@ class Adaptation:
             E = energy.adjust(E, ekey)
             weights = explore_weights(energy.uncertainty(ekey)) if explore else None
             info["online_rows"] = int(energy.rows)
+            info["context_production_rows"] = round(energy.context_rows(ekey), 1)
         return P, E, weights, info
 
     def observe(

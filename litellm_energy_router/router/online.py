@@ -134,6 +134,12 @@ class OnlineEnergy:
             return E
         return self.ratios(context)[0] * np.asarray(E, dtype=float)
 
+    def context_rows(self, context: str | None) -> float:
+        """Production rows (decayed counts, all candidates) of ``context``; 0 for an unknown or no context."""
+        with self._lock:
+            ctx = self._ctx.get(context) if context else None
+            return float(sum(s.n for s in ctx)) if ctx is not None else 0.0
+
     def uncertainty(self, context: str | None = None) -> np.ndarray:
         """``[K]`` in (0, 1]: ``n0 / (n + n0)`` of each candidate's row count (its context's, when it has rows)."""
         with self._lock:
@@ -142,6 +148,17 @@ class OnlineEnergy:
                 [max(self._cand[k].n, ctx[k].n if ctx is not None else 0.0) for k in range(len(self.candidates))]
             )
         return self.n0 / (n + self.n0)
+
+
+NEW_CONTEXT_ROWS = 50.0  # production rows over which a new context's exploration falls to router.epsilon
+
+
+def context_epsilon(epsilon: float, epsilon_new: float, rows: float) -> float:
+    """The exploration rate of a context with ``rows`` production rows: ``epsilon_new`` for a new one, falling
+    linearly to ``epsilon`` at :data:`NEW_CONTEXT_ROWS` (never below ``epsilon``)."""
+    if epsilon_new <= epsilon:
+        return epsilon
+    return epsilon + (epsilon_new - epsilon) * max(0.0, 1.0 - max(rows, 0.0) / NEW_CONTEXT_ROWS)
 
 
 def explore_weights(uncertainty: np.ndarray, floor: float = EXPLORE_FLOOR) -> np.ndarray:
