@@ -1,4 +1,4 @@
-"""K-fold cross-validation by query of any :class:`~.baselines.Predictor`, baselines included, in one run.
+"""K-fold cross-validation by query of any :class:`~.baseline_base.Predictor`, baselines included, in one run.
 
 For each fold, every method is fitted on the training queries and predicts ``P`` for the test queries;
 the routing-time energy estimate ``Ê`` comes from :func:`~.energy_fit.fit_energy_estimate` on the same

@@ -120,7 +120,7 @@ def cross_fit_stack(
 
 
 class Stacked:
-    """The stack as a :class:`~.baselines.Predictor`. ``fit`` fits the weights on ``inner_folds``-fold
+    """The stack as a :class:`~.baseline_base.Predictor`. ``fit`` fits the weights on ``inner_folds``-fold
     out-of-fold predictions of the bases on the training rows (unless ``stack_w`` is given), then refits
     every base on all training rows."""
 

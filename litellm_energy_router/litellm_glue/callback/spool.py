@@ -1,5 +1,5 @@
 """The writer's local spool: append-only JSONL segments, replayed once, oldest first, when the table
-returns.
+returns (a chunk of records, a segment's bookkeeping and the parse of a line: :mod:`.spool_segment`).
 
 Layout, in ``writer.spool_dir`` (0700; every file 0600, see :mod:`.private_files`):
 
@@ -36,8 +36,6 @@ import os
 import socket
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +47,7 @@ from litellm_energy_router.litellm_glue.callback.private_files import (
     write_all,
     write_atomic,
 )
+from litellm_energy_router.litellm_glue.callback.spool_segment import Chunk, Segment, parse_record
 from litellm_energy_router.metrics import (
     SPOOL_DROPPED_ROWS,
     SPOOL_WRITE_ERRORS,
@@ -64,33 +63,6 @@ MIN_SEGMENT, MAX_SEGMENT = 64 << 10, 64 << 20
 
 class SpoolWriteError(OSError):
     """The spool cannot be written now (a recent write failed; retried after a backoff)."""
-
-
-@dataclass
-class Chunk:
-    """Records read from one spool segment: the byte offset to commit once they are in the table."""
-
-    path: Path
-    records: list[dict[str, Any]]
-    end_offset: int
-    count: int = 0  # records read (``records`` may be rewritten, e.g. spilled rows resolved)
-
-    def __post_init__(self) -> None:
-        self.count = self.count or len(self.records)
-
-
-@dataclass(eq=False)
-class _Segment:
-    path: Path
-    fd: int
-    own: bool
-    size: int = 0  # bytes in the file
-    offset: int = 0  # bytes already in the table
-    saved: int = 0  # offset in the .offset file
-    records: int = 0  # records after ``offset``
-    read_pos: int = 0  # bytes read so far
-    tail: bytes = b""  # a partial line read
-    lines: deque[tuple[bytes, int]] = field(default_factory=deque)  # (line, offset after it) read, not returned
 
 
 class Spool:
@@ -120,8 +92,8 @@ class Spool:
         self._prefix = f"spool-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}"
         self._seq = 0
         self._lock = threading.RLock()
-        self._segs: dict[Path, _Segment] = {}
-        self._active: _Segment | None = None
+        self._segs: dict[Path, Segment] = {}
+        self._active: Segment | None = None
         self._out: Chunk | None = None  # returned by read_chunk, not committed yet
         self.retry_at, self._retry_delay = 0.0, 0.1
         self._warn, self._error = RateLimitedWarning(log, 30.0), RateLimitedWarning(log, 30.0, logging.ERROR)
@@ -156,7 +128,7 @@ class Spool:
             seg.records += len(records)
             self.appended += len(records)
 
-    def _writable(self, n: int) -> _Segment:
+    def _writable(self, n: int) -> Segment:
         seg = self._active
         if seg is not None and seg.size > 0 and seg.size + n > self.segment_bytes:
             self._active = None  # sealed: replayed, then deleted
@@ -165,11 +137,11 @@ class Spool:
             path = self.dir / f"{self._prefix}-{self._seq:06d}.jsonl"
             fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._active = self._segs[path] = _Segment(path, fd, own=True)
+            self._active = self._segs[path] = Segment(path, fd, own=True)
             fsync_dir(self.dir)
         return self._active
 
-    def _cut_back(self, seg: _Segment) -> None:
+    def _cut_back(self, seg: Segment) -> None:
         """Drop the part of a failed append that reached the file: no torn line before the next record."""
         try:
             os.ftruncate(seg.fd, seg.size)
@@ -238,7 +210,7 @@ class Spool:
     def _offset_path(p: Path) -> Path:
         return p.with_name(p.name + ".offset")
 
-    def _ordered(self) -> list[_Segment]:
+    def _ordered(self) -> list[Segment]:
         """Oldest first: segments adopted from dead processes, then ours in sequence."""
         return sorted(self._segs.values(), key=lambda s: (s.own, s.path.name))
 
@@ -267,11 +239,11 @@ class Spool:
         except (FileNotFoundError, ValueError):
             off = 0
         off = min(max(off, 0), st.st_size)
-        seg = _Segment(p, fd, own=False, size=st.st_size, offset=off, saved=off, read_pos=off)
+        seg = Segment(p, fd, own=False, size=st.st_size, offset=off, saved=off, read_pos=off)
         seg.records = self._count(seg)
         self._segs[p] = seg
 
-    def _count(self, seg: _Segment) -> int:
+    def _count(self, seg: Segment) -> int:
         n, pos, last = 0, seg.offset, b"\n"
         while pos < seg.size:
             block = os.pread(seg.fd, min(BLOCK, seg.size - pos), pos)
@@ -310,7 +282,7 @@ class Spool:
                     return chunk
             return None
 
-    def _next_chunk(self, seg: _Segment, max_records: int) -> Chunk | None:
+    def _next_chunk(self, seg: Segment, max_records: int) -> Chunk | None:
         records: list[dict[str, Any]] = []
         bad: list[bytes] = []
         end = seg.offset
@@ -320,7 +292,7 @@ class Spool:
             if not seg.lines:
                 break
             line, end = seg.lines.popleft()
-            rec = _parse(line)
+            rec = parse_record(line)
             if rec is not None:
                 records.append(rec)
             elif line.strip():
@@ -336,7 +308,7 @@ class Spool:
             self._advance(seg, end)
         return None
 
-    def _fill(self, seg: _Segment) -> bool:
+    def _fill(self, seg: Segment) -> bool:
         """Read the next block of ``seg`` into its lines; ``False`` at its end."""
         if seg.read_pos >= seg.size:
             if seg.tail and not seg.own:  # the torn last line of a dead process
@@ -368,21 +340,21 @@ class Spool:
             seg.records -= chunk.count
             self._advance(seg, chunk.end_offset)
 
-    def _advance(self, seg: _Segment, end: int) -> None:
+    def _advance(self, seg: Segment, end: int) -> None:
         seg.offset = end
         if end >= seg.size:
             self._forget(seg)
         else:
             self._save_offset(seg)
 
-    def _save_offset(self, seg: _Segment) -> None:
+    def _save_offset(self, seg: Segment) -> None:
         try:
             write_atomic(self._offset_path(seg.path), str(seg.offset).encode())
             seg.saved = seg.offset
         except OSError as e:  # replay goes on; at worst a chunk is replayed again after a crash
             self._write_failed(e, f"offset of {seg.path.name} not saved")
 
-    def _forget(self, seg: _Segment) -> None:
+    def _forget(self, seg: Segment) -> None:
         """Delete a segment (replayed, or dropped by the cap) and its offset."""
         self._segs.pop(seg.path, None)
         if self._active is seg:
@@ -406,11 +378,3 @@ class Spool:
                 os.close(seg.fd)
             self._segs.clear()
             self._active = self._out = None
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) and rec.get("k") in ("row", "pending") else None
