@@ -204,3 +204,22 @@ def test_support_stops_early_only_where_no_weight_can_change():
         v = rng.normal(size=SKETCH)
         v = (v / np.linalg.norm(v)).astype(np.float32)
         assert lm.support(v) == full(v) < SUPPORT_FULL
+
+
+def test_cover_order_is_a_permutation_that_keeps_every_support_figure():
+    """The reference rows in cover order: the same rows, each query's largest cosine unchanged, and a query near a
+    covering row stops in the first chunk."""
+    from litellm_energy_router.router.length_model import SKETCH
+    from litellm_energy_router.training.length_fit import cover_order
+
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(5, SKETCH))
+    ref = np.concatenate([c + rng.normal(scale=0.3, size=(40, SKETCH)) for c in centres])
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    order = cover_order(ref, 0.7)
+    assert sorted(order.tolist()) == list(range(len(ref)))
+    q = rng.normal(size=(20, SKETCH))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    np.testing.assert_allclose((q @ ref[order].T).max(axis=1), (q @ ref.T).max(axis=1))
+    covered = (ref[order[:5]] @ ref.T).max(axis=0) >= 0.7  # the first row of each group covers it
+    assert covered.all()
