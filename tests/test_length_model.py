@@ -209,8 +209,9 @@ def test_support_stops_early_only_where_no_weight_can_change():
 def test_cover_order_is_a_permutation_that_keeps_every_support_figure():
     """The reference rows in cover order: the same rows, each query's largest cosine unchanged, and a query near a
     covering row stops in the first chunk."""
-    from litellm_energy_router.router.length_model import SKETCH
     from litellm_energy_router.training.length_fit import cover_order
+
+    from litellm_energy_router.router.length_model import SKETCH
 
     rng = np.random.default_rng(5)
     centres = rng.normal(size=(5, SKETCH))
