@@ -150,6 +150,9 @@ def test_a_new_context_explores_more_until_it_has_production_rows(planted_ckpt, 
     plain = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path))
     _, d0 = plain.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {}})
     assert d0.propensity == 1.0  # ε = 0: the best candidate, always
+    offline = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path, epsilon_new_context=1.0, online=False))
+    _, d1 = offline.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": {}})
+    assert d1.adapt is None and d1.propensity == 1.0  # no online state: no context is "new", ε = router.epsilon
 
 
 def test_unseen_context_falls_back_to_its_parent_and_a_context_gets_its_own_prior():

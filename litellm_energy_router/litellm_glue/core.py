@@ -191,7 +191,8 @@ class EnergyRouterCore:
             names = [scored.candidates[j] for j in avail]
             factors, cleanest = carbon_factors(self.accounting.carbon, names, by_cand, time.time())
         j_best = int(decide(P, E, knob, factors)[0])
-        eps = context_epsilon(rs.epsilon, rs.epsilon_new_context, (adapt or {}).get("context_production_rows", 0.0))
+        rows = (adapt or {}).get("context_production_rows")  # None: no online state, so no "new context" either
+        eps = rs.epsilon if rows is None else context_epsilon(rs.epsilon, rs.epsilon_new_context, rows)
         j, propensity = explore_pick(
             self._rng, eps, j_best, explore[avail] if explore is not None else None, len(avail)
         )
