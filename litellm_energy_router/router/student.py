@@ -26,6 +26,7 @@ _MULT = np.uint64(0x9E3779B1)  # odd multiplier (Fibonacci hashing)
 
 
 HASH_CHARS = 1024  # one request's tail hashed once: every consumer of a shorter ASCII tail reads its suffix
+_MAX_N = 4  # the n-grams one shared pass hashes (2..4); a longer n-gram gets a pass of its own
 
 
 def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -> np.ndarray:
@@ -41,9 +42,6 @@ def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -
         if len(tail) == len(long) or long.isascii():
             return _suffix_buckets(long, len(tail), ngrams, dim)
     return _suffix_buckets(text[-tail_chars:], tail_chars, ngrams, dim)
-
-
-_MAX_N = 4  # the n-grams one shared pass hashes (2..4); a longer n-gram gets a pass of its own
 
 
 @lru_cache(maxsize=32)
