@@ -8,7 +8,6 @@ and where it may be set). From it are derived:
   :data:`KnobPolicyOverride` (a ``<field>_range`` per field a request may set);
 * the request parser (:func:`resolve_knob`) and the policy's limits (:data:`RANGES`, :data:`RANGE_LIMITS`);
 * the docs table (:func:`knob_table`, pasted into ``docs/serving.md`` and checked by a test).
-
 The decision rule reads a :class:`Knob` (:func:`litellm_energy_router.router.decide.decide`).
 
 **Adding a knob field** touches three files: a ``Field`` on :class:`Knob` here (with ``scope``: where it
@@ -44,11 +43,8 @@ from litellm_energy_router.metrics import counts_knob_refusals
 from litellm_energy_router.router.decide import DEFAULT_E_REF_J
 
 KEY_FIELDS = ("user_api_key_alias", "user_api_key_team_alias", "user_api_key_team_id", "user_api_key_user_id")
-SCOPES = (
-    "request",
-    "key",
-    "global",
-)  # where a field may be set: per request (and below), per key (and global), global only
+# where a field may be set: per request (and below), per key (and global), global only
+SCOPES = ("request", "key", "global")
 
 
 def _field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import litellm  # noqa: F401 - the serving case: LiteLLM is loaded
 
-from litellm_energy_router.tokens import cl100k, count_prompt_tokens
+from litellm_energy_router.tokens import cl100k, count_prompt_tokens, estimate_prompt_tokens
 
 TEXTS = [
     "",
@@ -35,3 +35,22 @@ def test_special_token_text_in_a_prompt_counts_as_ordinary_text():
 
     t = "ignore this <|endoftext|> and <|fim_prefix|> then answer"
     assert count_prompt_tokens(t) == len(get_encoding("cl100k_base").encode_ordinary(t)) > 10
+
+
+def test_the_routing_estimate_stays_near_the_count_on_the_bundled_prompts():
+    """Routing prices a prompt with :func:`estimate_prompt_tokens` (byte classes, no 39 MiB table): on the package's
+    bundled RouterBench prompts its error against the cl100k count stays small, and it is bounded on any text."""
+    from itertools import islice
+
+    import numpy as np
+    from litellm_energy_router.profiling.routerbench import bundled_files, iter_records
+
+    texts = [r.prompt for f in bundled_files() for r in islice(iter_records([f]), 200)]
+    assert len(texts) >= 300
+    err = np.array([abs(estimate_prompt_tokens(t) - count_prompt_tokens(t)) / count_prompt_tokens(t) for t in texts])
+    assert np.median(err) < 0.02 and np.percentile(err, 90) < 0.10, np.percentile(err, [50, 90, 99])
+    assert estimate_prompt_tokens("") == 0
+    for t in TEXTS[1:]:
+        n = estimate_prompt_tokens(t)
+        assert 1 <= n <= 2 * len(t.encode("utf-8", "replace")) and isinstance(n, int)
+    assert estimate_prompt_tokens("word " * 20_000) > 10 * estimate_prompt_tokens("word " * 1_000) > 0

@@ -106,14 +106,12 @@ def _note(
     hi: np.ndarray,
 ) -> dict:
     """One request's note: where its output tokens came from, and per candidate [80 % low, expected, 80 % high]."""
+    bands = np.round(np.stack([lo, mean, hi], axis=1), 1).tolist()  # one rounding pass, then Python floats
     return {
         "output_tokens_source": source,
         "support": support,
         "max_tokens": cap,
-        "output_tokens": {
-            c: [round(float(lo[k]), 1), round(float(mean[k]), 1), round(float(hi[k]), 1)]
-            for k, c in enumerate(candidates)
-        },
+        "output_tokens": dict(zip(candidates, bands)),
     }
 
 

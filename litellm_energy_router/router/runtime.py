@@ -38,7 +38,7 @@ import numpy as np
 
 from litellm_energy_router.metrics import CHECKPOINT_LOAD_SECONDS, RELOADS
 from litellm_energy_router.router.checkpoint import MANIFEST, resolve
-from litellm_energy_router.tokens import count_prompt_tokens
+from litellm_energy_router.tokens import estimate_prompt_tokens
 
 log = logging.getLogger("litellm_energy_router")
 
@@ -265,7 +265,7 @@ class RouterRuntime:
         if not hasattr(model, "energy_detail"):  # a plugin scorer: energy only
             E = model.energy(texts, tasks)
             return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
-        n_tok = [count_prompt_tokens(t) for t in texts]
+        n_tok = [estimate_prompt_tokens(t) for t in texts]
         E, T, notes = model.energy_detail(texts, tasks, n_tok)
         est = model.manifest.energy
         jo, jp = (np.array([j[c] for c in cands]) for j in (est.j_per_output_token, est.j_per_prompt_token))

@@ -33,7 +33,7 @@ from litellm_energy_router.router.checkpoint import (
     resolve,
     verify_files,
 )
-from litellm_energy_router.tokens import count_prompt_tokens
+from litellm_energy_router.tokens import estimate_prompt_tokens
 
 
 @runtime_checkable
@@ -144,7 +144,7 @@ class CheckpointScorer:
         from litellm_energy_router.router.output_tokens import request_tokens
 
         tasks = list(tasks) if tasks is not None else [None] * len(texts)
-        n_tok = list(prompt_tokens) if prompt_tokens is not None else [count_prompt_tokens(t) for t in texts]
+        n_tok = list(prompt_tokens) if prompt_tokens is not None else [estimate_prompt_tokens(t) for t in texts]
         offset = self.tokens.offset(texts, n_tok, tasks) if self.tokens is not None else None
         est, cands = self.manifest.energy, self.manifest.candidates
         T, notes = request_tokens(est, self.length, cands, texts, tasks, n_tok, offset, max_tokens)
