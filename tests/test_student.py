@@ -31,7 +31,7 @@ def _reference_buckets(text: str, ngrams, dim: int, tail: int) -> np.ndarray:
     return np.array(sorted(out), dtype=np.int64)
 
 
-@pytest.mark.parametrize("ngrams,dim,tail", [((2, 3, 4), 1 << 16, 1024), ((3, 5), 1 << 10, 64)])
+@pytest.mark.parametrize("ngrams,dim,tail", [((2, 3, 4), 1 << 16, 1024), ((3, 5), 1 << 10, 64), ((2, 3), 1 << 17, 256)])
 def test_ngram_buckets_match_the_reference(ngrams, dim, tail):
     for t in TEXTS + ["x", "ab", "abc"]:
         np.testing.assert_array_equal(ngram_buckets(t, ngrams, dim, tail), _reference_buckets(t, ngrams, dim, tail))

@@ -60,11 +60,19 @@ def _suffix_buckets(tail: str, chars: int, ngrams: tuple[int, ...], dim: int) ->
     """The buckets of the last ``chars`` characters of ``tail`` (all of them, or an ASCII tail's suffix)."""
     hs = _hashes(tail, max(_MAX_N, *ngrams) if ngrams else _MAX_N)
     skip = max(len(tail) - chars, 0)  # ASCII when > 0: characters are bytes
-    seen = np.zeros(dim, dtype=bool)  # unique by marking: same sorted ids as sort + unique, a third of the time
-    for n in ngrams:
-        if n >= 2:
-            seen[(hs[n - 2][skip:] & np.uint64(dim - 1)).astype(np.intp)] = True
-    out = np.flatnonzero(seen)
+    parts = [hs[n - 2][skip:] & np.uint64(dim - 1) for n in ngrams if n >= 2]
+    if dim <= 2**16:  # 16-bit ids: numpy sorts them by radix (kind="stable"), touching only the ids
+        ids = np.concatenate(parts).astype(np.uint16) if parts else np.zeros(0, dtype=np.uint16)
+        ids.sort(kind="stable")
+        keep = np.empty(len(ids), dtype=bool)
+        keep[:1] = True
+        np.not_equal(ids[1:], ids[:-1], out=keep[1:])
+        out = ids[keep].astype(np.intp)
+    else:  # unique by marking a boolean array of dim
+        seen = np.zeros(dim, dtype=bool)
+        for p in parts:
+            seen[p.astype(np.intp)] = True
+        out = np.flatnonzero(seen)
     out.flags.writeable = False  # shared by every caller of the cache
     return out
 
