@@ -1,13 +1,15 @@
 """Where one serving decision's time goes, measured on this machine.
 
-    python benchmarks/profile_decision.py [--checkpoint DIR] [--cprofile]
+    python benchmarks/profile_decision.py [--checkpoint DIR] [--cprofile] [--cold]
 
 Calls each stage of a serving-student decision (``EnergyRouterCore.choose``: text and knob, prompt tokens, the
 student's P, the output-length model's parts, the decision, the accounting figures) directly on the uncached
 RouterBench prompts :mod:`bench_routing` uses, and prints the median per-prompt time of each (5 passes over 300
 prompts), then ``choose()`` end to end. ``--cprofile`` adds cProfile's top functions by own time over 1,000
-decisions. Without ``--checkpoint`` it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
-``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w> shared_ngram_pass_ratio=<r>``.
+decisions; ``--cold`` adds ``choose()`` after evicting the CPU caches before each call. Without ``--checkpoint``
+it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
+``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w> shared_ngram_pass_ratio=<r>`` (and
+``cold_choose_p50_us=<c>`` with ``--cold``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from litellm_energy_router.router.checkpoint import read_manifest  # noqa: E402
 from litellm_energy_router.router.output_tokens import request_tokens  # noqa: E402
 from litellm_energy_router.settings import Settings  # noqa: E402
 from litellm_energy_router.table import open_store  # noqa: E402
-from litellm_energy_router.tokens import count_prompt_tokens  # noqa: E402
+from litellm_energy_router.tokens import count_prompt_tokens, estimate_prompt_tokens  # noqa: E402
 
 
 def stage(name: str, f, n: int) -> float:
@@ -61,6 +63,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint")
     ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--cold", action="store_true", help="also choose() after writing 64 MB before each call")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     if args.checkpoint:
@@ -94,13 +97,14 @@ def main() -> None:
     L, est = sc.length, sc.manifest.energy
     prior = np.array([est.unknown_task_tokens()[c] for c in cands])
     msgs = [[{"role": "user", "content": t}] for t in texts]
-    ntok = [count_prompt_tokens(t) for t in texts]
+    ntok = [estimate_prompt_tokens(t) for t in texts]
     sk = [lm.sketch(lm.buckets(t)).astype(np.float32) for t in texts]
     scored = [core.runtime.score_sync(t) for t in texts]
     print(f"scorer {sc.name}, {n} prompts (median {int(np.median([len(t) for t in texts]))} characters)")
     s = {
         "plan": stage("text, knob, deployments by candidate", lambda i: core._plan(deps, msgs[i], None, rk), n),
-        "tokens": stage("prompt tokens (cl100k)", lambda i: count_prompt_tokens(texts[i]), n),
+        "tokens": stage("prompt tokens (the estimate routing uses)", lambda i: estimate_prompt_tokens(texts[i]), n),
+        "cl100k": stage("  for reference: the cl100k count", lambda i: count_prompt_tokens(texts[i]), n),
         "student": stage("student P (n-grams, weights)", lambda i: sc.score([texts[i]], [None]), n),
     }
     if L is not None and L.W is not None:
@@ -133,6 +137,7 @@ def main() -> None:
     p50 = float(np.median(asyncio.run(choose_all())))
     print(f"  {'choose() end to end, p50':46s} {p50:8.1f} µs")
     shared = asyncio.run(shared_pass_ab(core, deps, msgs, rk))
+    cold = asyncio.run(cold_choose(core, deps, msgs, rk)) if args.cold else None
     if args.cprofile:
         pr = cProfile.Profile()
 
@@ -147,7 +152,23 @@ def main() -> None:
     print(
         f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
         f"student_us={s['student']:.0f} shared_ngram_pass_ratio={shared:.3f}"
+        + (f" cold_choose_p50_us={cold:.0f}" if cold is not None else "")
     )
+
+
+async def cold_choose(core, deps, msgs, rk) -> float:
+    """``choose()`` p50 (µs) with the CPU caches evicted before each call (64 MB written): what a decision costs
+    between two of LiteLLM's calls, which leave none of the router's tables in cache (docs/benchmarks.md)."""
+    buf, t = np.zeros(64 * 2**20 // 8), []
+    for _ in range(2):
+        for m in msgs:
+            buf += 1.0
+            t0 = time.perf_counter_ns()
+            await core.choose(deps, m, None, rk)
+            t.append(time.perf_counter_ns() - t0)
+    p50 = float(np.median(t)) / 1000
+    print(f"  {'choose() p50 after a 64 MB cache eviction':46s} {p50:8.1f} µs")
+    return p50
 
 
 async def shared_pass_ab(core, deps, msgs, rk) -> float:

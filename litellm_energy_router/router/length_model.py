@@ -280,6 +280,7 @@ class LengthModel:
         self._offsets = np.stack([np.log(self.smear), self.r_lo, self.r_hi])  # [3, K]: mean, 80 % low, high
         self.support_lo, self.support_hi = (float(support[0]), float(support[1]))
         self.cues_seen = np.zeros(len(DENSE), dtype=bool) if cues_seen is None else np.asarray(cues_seen, dtype=bool)
+        self._cue_cols = np.flatnonzero(INFORMATIVE & self.cues_seen[: len(INFORMATIVE)])  # seen informative cues
         if W is not None and (np.shape(W) != (DIM, K) or np.shape(V) != (len(DENSE), K)):
             raise ValueError(f"length model: weights {np.shape(W)} / {np.shape(V)} do not fit {K} candidates")
 
@@ -332,7 +333,7 @@ class LengthModel:
         for i, (t, p) in enumerate(zip(texts, prompt_tokens)):
             idx, d = buckets(t or ""), dense_features(t or "", float(p))
             mu[i] = self.W.take(idx, axis=0).sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
-            cue[i] = bool(np.any((d[: len(INFORMATIVE)] > 0) & INFORMATIVE & self.cues_seen))
+            cue[i] = bool((d[self._cue_cols] > 0).any())
             if len(self.ref):
                 sup[i] = self.support(text_sketch(t or ""))
         return mu, sup, cue
@@ -362,7 +363,7 @@ class LengthModel:
         else:
             mu, sup, cue = self.log_mu(texts, prompt_tokens)
             span = max(self.support_hi - self.support_lo, 1e-9)
-            w = np.where(cue, 1.0, np.clip((sup - self.support_lo) / span, 0.0, 1.0))
+            w = np.where(cue, 1.0, np.minimum(np.maximum((sup - self.support_lo) / span, 0.0), 1.0))
         ww = w[:, None, None]
         out = np.maximum(np.expm1(ww * (mu[:, None, :] + self._offsets) + (1 - ww) * log_p), 0.0)  # [n, 3, K]
         return LengthPrediction(out[:, 0], out[:, 1], out[:, 2], w, sup)
