@@ -68,6 +68,8 @@ class EnergyRouterCore:
             scorer=rs.scorer,
         )  # inside the proxy's event loop this loads on a thread: requests fail open ("loading") until ready
         self._cmap = CandidateMap(self.settings.candidates)
+        self._memo: dict[tuple, str | None] = {}  # (deployment keys, checkpoint version) → candidate: pool()
+        self._counted: dict[str, Any] = {}  # candidate → its decisions counter (prometheus' labels() per request)
         self._context = {c.name: c.context_tokens for c in self.settings.candidates if c.context_tokens}
         self._warn = RateLimitedWarning(log, 60.0)
         self._rng = random.Random()
@@ -123,9 +125,16 @@ class EnergyRouterCore:
         """The request's deployments by the candidate they serve (those serving none left out); mapped
         once per request."""
         by_cand: dict[str, list[Mapping[str, Any]]] = {}
-        known = self._known()
+        memo, version, known = self._memo, self.runtime.version, None
+        if len(memo) > 4096:  # deployments come and go with the proxy's config: bounded
+            memo.clear()
         for d in deployments:
-            c = self.candidate_of(d, known)
+            key = (*deployment_keys(d), version)
+            if key in memo:
+                c = memo[key]
+            else:
+                known = self._known() if known is None else known
+                c = memo[key] = self.candidate_of(d, known)
             if c is not None:
                 by_cand.setdefault(c, []).append(d)
         return by_cand
@@ -199,7 +208,8 @@ class EnergyRouterCore:
         cand = scored.candidates[avail[j]]
         dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])
         dt = time.perf_counter() - t0
-        DECISIONS.labels(candidate=cand).inc()
+        counter = self._counted.get(cand) or self._counted.setdefault(cand, DECISIONS.labels(candidate=cand))
+        counter.inc()
         DECISION_SECONDS.observe(dt)
         note = bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len)
         return dep, _decision(scored, cand, dep, P_all, E_all, note, knob, propensity, dt, adapt)
@@ -320,8 +330,8 @@ def _decision(
     return Decision(
         candidate=cand,
         deployment_id=_dep_id(dep),
-        scores={names[i]: round(float(P[i]), 5) for i in range(len(names))},
-        energy_j={names[i]: round(float(E[i]), 3) for i in range(len(names))},
+        scores=dict(zip(names, np.round(P[: len(names)], 5).tolist())),
+        energy_j=dict(zip(names, np.round(E[: len(names)], 3).tolist())),
         energy_note=note,
         lambda_=None if knob.target_accuracy is not None else knob.lambda_,
         target_accuracy=knob.target_accuracy,

@@ -159,7 +159,7 @@ class Adaptation:
             info["prior_level"] = "none"
         weights = None
         if energy is not None:
-            info["checkpoint_j"] = {c: round(float(e), 3) for c, e in zip(scored.candidates, E)}
+            info["checkpoint_j"] = dict(zip(scored.candidates, np.round(E, 3).tolist()))
             E = energy.adjust(E, ekey)
             weights = explore_weights(energy.uncertainty(ekey)) if explore else None
             info["online_rows"] = int(energy.rows)

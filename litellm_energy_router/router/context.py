@@ -37,6 +37,7 @@ POOL_ALPHA = 2.0  # pseudo-rows at 0.5 in the pool's prior
 MAX_CONTEXTS = 20_000
 CLUSTER_BITS = 4  # 16 text clusters
 _PROJ = np.random.default_rng(20240522).standard_normal((SKETCH, CLUSTER_BITS)).astype(np.float32)
+_BIT = 1 << np.arange(CLUSTER_BITS)  # a sign per projection → the bucket's bit
 _AUTH_FIELDS = ("user_api_key_hash", "user_api_key_alias", "user_api_key_team_id", "user_api_key_user_id")
 
 
@@ -64,8 +65,7 @@ class Context:
 
 def text_cluster(text: str | None) -> str:
     """``cl:<b>``: the SimHash bucket of the text's byte-n-gram sketch."""
-    v = text_sketch(text or "") @ _PROJ
-    return "cl:" + str(int(np.dot(v > 0, 1 << np.arange(CLUSTER_BITS))))
+    return f"cl:{int((text_sketch(text or '') @ _PROJ > 0) @ _BIT)}"
 
 
 def system_prompt(messages: Any) -> str | None:
