@@ -133,6 +133,7 @@ def serve_production(
                 "checkpoint": str(ck),
                 "epsilon": a.epsilon,
                 "epsilon_new_context": a.epsilon_new,
+                "explore": a.explore,
                 "timeout_ms": 5000,
                 "context_refresh_s": 0,
                 "context_rows": True,

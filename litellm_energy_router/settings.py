@@ -109,6 +109,11 @@ class RouterSettings(_Section):
         description="exploration rate of a context without production rows, falling to epsilon over its first "
         "NEW_CONTEXT_ROWS (router/online.py); 0 = epsilon throughout",
     )
+    explore: Literal["energy", "aimed"] = Field(
+        "energy",
+        description="where explored requests go: energy = the candidates production has priced least; aimed = "
+        "half of it to those likely the best choice given a context's rows (router/online.py)",
+    )
     online: bool = Field(
         True, description="learn between retrains: Ê from settled rows, a prior per context (router/adapt.py)"
     )

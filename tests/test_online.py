@@ -30,6 +30,8 @@ from litellm_energy_router.router.online import (
     OnlineEnergy,
     explore_pick,
     explore_weights,
+    optimal_share,
+    p_sd,
 )
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import make_query, open_store
@@ -132,6 +134,61 @@ def test_exploration_covers_uncertain_candidates_with_exact_propensities():
     expected = (1 - eps) * np.array([1, 0, 0]) + eps * q
     assert np.allclose([props[j] for j in range(3)], expected)
     assert np.allclose(counts / counts.sum(), expected, atol=0.03)  # the logged propensity is what happens
+
+
+def test_aimed_exploration_goes_to_the_candidates_the_context_rows_have_not_ruled_out():
+    """``optimal_share``: the share of draws of P in which each candidate is the knob's choice. A candidate known
+    from many rows to be worse gets none, an unexplored one whose P may well be the best gets the most; with no
+    spread it is the decision itself; the weights keep the floor (exact, non-zero propensities)."""
+    from litellm_energy_router.knob import Knob
+    from litellm_energy_router.router.decide import decide
+
+    knob = Knob.point(lambda_=0.2)
+    P, E = np.array([0.60, 0.40, 0.55]), np.array([20.0, 10.0, 30.0])  # J
+    rows = np.array([200.0, 200.0, 0.0])  # the third: no row of this context yet
+    sd = p_sd(P, rows, 4.0)
+    assert sd[2] == pytest.approx(np.sqrt(0.55 * 0.45 / 5.0)) and sd[0] < 0.04
+    share = optimal_share(P, E, sd, lambda p, e: decide(p, e, knob))
+    assert share.sum() == pytest.approx(1.0) and share[1] == 0.0 and share[2] > 0.2
+    assert np.array_equal(optimal_share(P, E, np.zeros(3), lambda p, e: decide(p, e, knob)), [1.0, 0.0, 0.0])
+    q = explore_weights(np.ones(3), aimed=np.where(np.arange(3) == 0, 0.0, share))  # the greedy choice left out
+    assert q.min() > 0 and q[2] > q[0] == q[1] and q.sum() == pytest.approx(1.0)
+    assert np.array_equal(optimal_share(P, E, sd, lambda p, e: decide(p, e, knob)), share)  # fixed draws
+
+
+def test_aimed_exploration_in_serving_draws_by_its_logged_weights(planted_ckpt, sqlite_url, tmp_path, backend):
+    """``router.explore: aimed`` with the context's own rows: explored requests go to the candidates the app's
+    labels leave possibly best (the one it has 30 wrong answers of is not one of them), and every logged
+    propensity is the exact rate of its pick."""
+    import random
+
+    core = EnergyRouterCore(
+        settings(planted_ckpt, sqlite_url, tmp_path, context_rows=True, epsilon=1.0, explore="aimed")
+    )
+    core._rng = random.Random(3)
+    dl, md = deps(backend), {"user_api_key_alias": "app-A"}
+    store = open_store(sqlite_url)
+    store.write(*planted_rows(40)[1:], candidates=planted_rows(40)[0])
+    store.close()
+    ADAPT.bind(core.runtime.model)
+    ADAPT.refresh_table(sqlite_url)
+    _, first = core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})
+    ctx = Context.parse(first.adapt["context"])
+    bad = CANDS[-1]
+    for _ in range(30):
+        ADAPT.prior.update(ctx, bad, 0.0)
+    picks = [
+        core.choose_sync(dl, [{"role": "user", "content": NEAR}], request_kwargs={"metadata": md})[1]
+        for _ in range(300)
+    ]
+    counts = {c: sum(d.candidate == c for d in picks) for c in CANDS}
+    props = {d.candidate: d.propensity for d in picks}  # the same request: one rate per candidate
+    assert sum(props.values()) == pytest.approx(1.0, abs=1e-5)  # ε = 1: the exploration weights themselves
+    uniform = 1.0 / len(CANDS)  # the energy-only weights here: no production row prices any candidate yet
+    assert props[bad] < 0.7 * uniform  # ruled out: (nearly) the energy half alone
+    assert max(props.values()) > 1.3 * uniform
+    for c in CANDS:
+        assert counts[c] / 300 == pytest.approx(props[c], abs=0.07)  # the logged propensity is what happens
 
 
 def test_a_new_context_explores_more_until_it_has_production_rows(planted_ckpt, sqlite_url, tmp_path, backend):

@@ -202,9 +202,11 @@ class EnergyRouterCore:
         j_best = int(decide(P, E, knob, factors)[0])
         rows = (adapt or {}).get("context_production_rows")  # None: no online state, so no "new context" either
         eps = rs.epsilon if rows is None else context_epsilon(rs.epsilon, rs.epsilon_new_context, rows)
-        j, propensity = explore_pick(
-            self._rng, eps, j_best, explore[avail] if explore is not None else None, len(avail)
-        )
+        weights = None
+        if explore is not None and eps > 0:
+            aim = (lambda p, e: decide(p, e, knob, factors)) if rs.explore == "aimed" else None
+            weights = explore.weights(avail, P[0], E[0], j_best, aim)
+        j, propensity = explore_pick(self._rng, eps, j_best, weights, len(avail))
         cand = scored.candidates[avail[j]]
         dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])
         dt = time.perf_counter() - t0

@@ -47,7 +47,7 @@ from litellm_energy_router.router.context import (
     request_context,
 )
 from litellm_energy_router.router.length_model import SUPPORT_BLEND
-from litellm_energy_router.router.online import OnlineEnergy, explore_weights
+from litellm_energy_router.router.online import Explore, OnlineEnergy, p_sd
 
 log = logging.getLogger("litellm_energy_router")
 SUPPORT_LO, SUPPORT_HI = SUPPORT_BLEND  # cosine: no support at or below LO, full support from HI (docs/training.md)
@@ -126,12 +126,12 @@ class Adaptation:
         E: np.ndarray | None = None,
         explore: bool = True,
         own_rows: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict | None]:
-        """(``P'[K]``, ``Ê'[K]`` J, exploration weights ``[K]`` or None, the decision's ``adapt`` metadata) of one
-        scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the request (default ``scored.E``);
-        ``own_rows``: the context's own labels move P on any request (``router.context_rows``), else only as the
-        most specific level of the no-support blend;
-        ``explore``: compute the exploration weights (False: ε = 0, None)."""
+    ) -> tuple[np.ndarray, np.ndarray, Explore | None, dict | None]:
+        """(``P'[K]``, ``Ê'[K]`` J, what the exploration draws on (:class:`.online.Explore`) or None, the decision's
+        ``adapt`` metadata) of one scored request (:class:`.runtime.Scored`); ``E``: its Ê already bounded by the
+        request (default ``scored.E``); ``own_rows``: the context's own labels move P on any request
+        (``router.context_rows``), else only as the most specific level of the no-support blend;
+        ``explore``: compute the exploration's inputs (False: ε = 0, None)."""
         P, E = scored.P, (scored.E if E is None else E)
         if not self.enabled or ctx is None or scored.version != self.version:
             return P, E, None, None
@@ -141,30 +141,33 @@ class Adaptation:
         sim = note.get("support")
         w = support_weight(sim, note.get("output_tokens_source") == "task_mean")
         info: dict[str, Any] = {"context": str(ctx), "support": sim, "weight": round(w, 4), "unsure": w < 1.0}
+        sd = None  # the spread of P where a context's rows shaped it (aimed exploration)
         if prior is not None and prior.rows > 0 and own_rows:
             level = "pool"
             if w < 1.0:  # toward the levels above the context key (cluster, pool)
                 pi, _, level = prior.detail(ctx.cluster)
                 P = w * P + (1.0 - w) * pi
             P, own = prior.on_top(P, ctx.key)  # the context's own labelled rows, whatever the support
+            sd = p_sd(P, own, prior.n0) if ctx.key else None
             if own.any():
                 level, info["context_rows"] = "ctx", int(own.sum())
             if w < 1.0:
                 info["prior_level"] = level.split(":")[0]
         elif w < 1.0 and prior is not None and prior.rows > 0:
-            pi, _, level = prior.detail(ctx)
+            pi, rows, level = prior.detail(ctx)
             P = w * P + (1.0 - w) * pi
+            sd = (1.0 - w) * p_sd(pi, rows, prior.n0)  # the scorer's part counted as known
             info["prior_level"] = level.split(":")[0]
         elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
             info["prior_level"] = "none"
-        weights = None
+        u = None
         if energy is not None:
             info["checkpoint_j"] = dict(zip(scored.candidates, np.round(E, 3).tolist()))
             E = energy.adjust(E, ekey)
-            weights = explore_weights(energy.uncertainty(ekey)) if explore else None
+            u = energy.uncertainty(ekey) if explore else None
             info["online_rows"] = int(energy.rows)
             info["context_production_rows"] = round(energy.context_rows(ekey), 1)
-        return P, E, weights, info
+        return P, E, Explore(u, sd) if explore else None, info
 
     def observe(
         self,

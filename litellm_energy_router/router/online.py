@@ -17,7 +17,9 @@ rows toward the candidate's. ``adjust(E, context) -> E' = q' * E``. So for reque
 rows of a context Ê is within ``N0 / (n + N0)`` of the way back from the measured joules (at most; the
 candidate level closes part of the rest): with :data:`N0` = 4, 80 % of the gap closed after 16 rows, 90 %
 after 36. ``uncertainty(context)[K] = N0 / (n + N0)`` (1 for a candidate production has never priced) feeds
-the exploration (:func:`explore_weights`). Thread-safe (the writer thread updates, the event loop reads); numpy
+the exploration (:func:`explore_weights`), and so, where a context's labelled rows shaped ``P``, does the share of
+draws of ``P`` in which each candidate is the best choice (:func:`optimal_share`: exploration aimed at the
+candidates the context's rows have not ruled out). Thread-safe (the writer thread updates, the event loop reads); numpy
 only; memory bounded (:data:`MAX_KEYS` context keys, least recently updated dropped).
 """
 
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -161,15 +164,71 @@ def context_epsilon(epsilon: float, epsilon_new: float, rows: float) -> float:
     return epsilon + (epsilon_new - epsilon) * max(0.0, 1.0 - max(rows, 0.0) / NEW_CONTEXT_ROWS)
 
 
-def explore_weights(uncertainty: np.ndarray, floor: float = EXPLORE_FLOOR) -> np.ndarray:
+@dataclass(frozen=True)
+class Explore:
+    """What a request's exploration draws on, per candidate ``[K]``: the energy ``uncertainty``
+    (:meth:`OnlineEnergy.uncertainty`; None: no online energy state) and ``p_sd``, the standard deviation of its
+    ``P`` (:func:`p_sd`; None: ``P`` is the scorer's alone, no context's rows shaped it)."""
+
+    uncertainty: np.ndarray | None
+    p_sd: np.ndarray | None
+
+    def weights(
+        self,
+        avail: Sequence[int],
+        P: np.ndarray,
+        E: np.ndarray,
+        j_best: int,
+        choose: Callable[..., np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """:func:`explore_weights` over the ``avail`` candidates (``P``, ``E`` (J): theirs, as decided on; ``j_best``:
+        the decision among them), aimed by :func:`optimal_share` under ``choose`` (the knob's rule) where ``P``
+        has a spread (``router.explore: aimed``; None: by energy uncertainty alone)."""
+        u = self.uncertainty[avail] if self.uncertainty is not None else np.ones(len(avail))
+        aimed = None
+        if choose is not None and self.p_sd is not None:
+            aimed = optimal_share(P, E, self.p_sd[avail], choose)
+            aimed[j_best] = 0.0  # exploring is trying another: the greedy choice has its 1 - ε
+        return explore_weights(u, aimed=aimed)
+
+
+def p_sd(P: np.ndarray, rows: np.ndarray, n0: float) -> np.ndarray:
+    """``sqrt(P (1 - P) / (rows + n0 + 1))``: the spread of a context's ``P[K]`` built from ``rows[K]`` labelled rows
+    of its own and ``n0`` pseudo-rows of its parent (:func:`.context._shrink`)."""
+    P = np.clip(np.asarray(P, dtype=float), 0.0, 1.0)
+    return np.sqrt(P * (1.0 - P) / (np.asarray(rows, dtype=float) + n0 + 1.0))
+
+
+AIM_DRAWS = 64  # draws of P per decision in optimal_share
+_Z = np.random.default_rng(20261206).standard_normal((AIM_DRAWS, 32))  # fixed: the same inputs give the same share
+
+
+def optimal_share(P: np.ndarray, E: np.ndarray, sd: np.ndarray, choose: Callable[..., np.ndarray]) -> np.ndarray:
+    """``[K]``: the share of :data:`AIM_DRAWS` draws ``P + sd · z`` (clipped to [0, 1]; ``z`` fixed standard normal
+    draws) in which each candidate is the decision ``choose(P_draws[S, K], E[S, K])`` (the knob's rule) on ``E[K]``
+    (J): how likely each one is the best choice given what the context's rows leave unknown."""
+    K = len(P)
+    z = _Z[:, :K] if K <= _Z.shape[1] else np.random.default_rng(K).standard_normal((AIM_DRAWS, K))
+    draws = np.clip(np.asarray(P, dtype=float) + np.asarray(sd, dtype=float) * z, 0.0, 1.0)
+    return np.bincount(choose(draws, np.broadcast_to(E, draws.shape)), minlength=K) / AIM_DRAWS
+
+
+def explore_weights(
+    uncertainty: np.ndarray, floor: float = EXPLORE_FLOOR, aimed: np.ndarray | None = None
+) -> np.ndarray:
     """The exploration distribution over the available candidates: ``floor`` spread uniformly, the rest in
     proportion to each one's energy ``uncertainty`` (so the candidates production has priced least are tried
-    most). Sums to 1, every entry ≥ ``floor / K`` (logged propensities stay exact and never 0)."""
+    most) or, with ``aimed`` (:func:`optimal_share`, the greedy choice's share set to 0), half that way and half
+    by ``aimed`` (so the other candidates that may well be the best choice are tried most; all of it to the
+    energy share when no other one is). Sums to 1, every entry ≥ ``floor / K`` (logged propensities stay
+    exact and never 0)."""
     u = np.asarray(uncertainty, dtype=float)
     K = len(u)
     if K == 0:
         return u
     share = u / u.sum() if u.sum() > 0 else np.full(K, 1.0 / K)
+    if aimed is not None and len(aimed) == K and np.sum(aimed) > 0:
+        share = 0.5 * share + 0.5 * np.asarray(aimed, dtype=float) / np.sum(aimed)
     return floor / K + (1.0 - floor) * share
 
 
