@@ -22,6 +22,19 @@ def small_big_pool(api_base: str) -> list[dict]:
     return model_list(api_base, ["small", "big"], group="pool", ids=["dep-small", "dep-big"], candidates=False)
 
 
+def pool_deployments(backend, group: str = "pool", names=None) -> list[dict]:
+    """One deployment per candidate (``names``, default :data:`CANDS`) in model group ``group``, each at its own path
+    of the local ``backend`` (``backend.base(name)``), ids ``dep-<name>``, mapped to candidates by name (no tag)."""
+    return [
+        {
+            "model_name": group,
+            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+            "model_info": {"id": f"dep-{c}"},
+        }
+        for c in (names or CANDS)
+    ]
+
+
 def planted_rows(n: int = 60, seed: int = 0, names=None, prefix: str = "q"):
     """Queries containing "proof" are solved only by `large`; all others by every candidate.
     ``names`` renames (small, medium, large); ``prefix`` starts the query ids (``q0``, ``q1``...)."""
@@ -93,9 +106,26 @@ def release_litellm_logging_loop():
     later test's table, and the next call starts a fresh worker on its own loop."""
     module = sys.modules.get("litellm.litellm_core_utils.logging_worker")  # not imported: nothing to unbind
     worker = getattr(module, "GLOBAL_LOGGING_WORKER", None)
-    if worker is None or hasattr(worker, "_bound_loop"):  # rebinds itself
+    if worker is None:
+        return
+    if hasattr(worker, "_bound_loop"):  # rebinds itself, but carries a finished loop's pending logging onto the next
+        _drop_pending_logging(worker)
         return
     worker._queue = worker._worker_task = None
+
+
+def _drop_pending_logging(worker) -> None:
+    """Newer LiteLLM: close the logging coroutines a finished test left queued (or dequeued, not started), which
+    ``LoggingWorker._ensure_queue`` would otherwise run on the next test's loop with that test's callbacks."""
+    queue, dropped = getattr(worker, "_queue", None), []
+    while queue is not None and not queue.empty():
+        dropped.append(queue.get_nowait())
+    unstarted = getattr(worker, "_unstarted_dequeued_tasks", None)
+    if unstarted is not None:
+        dropped += list(unstarted())
+        worker._dequeued_tasks.clear()
+    for task in dropped:
+        task["coroutine"].close()
 
 
 def retrain_yaml(tmp_path: Path, url: str, min_new_rows: int, retrain_extra: str = "") -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from litellm import Router
-from router_fixtures import CANDS, drain_litellm_logging
+from router_fixtures import CANDS, drain_litellm_logging, pool_deployments
 
 from litellm_energy_router.budgets import Budget, BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
 from litellm_energy_router.demo.backend import LocalBackend
@@ -208,14 +208,7 @@ def test_two_writers_share_one_budget_within_one_refresh(pg_url, tmp_path):
 
 
 def _router(backend, s):
-    ml = [
-        {
-            "model_name": "pool",
-            "model_info": {"id": f"dep-{c}"},
-            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-        }
-        for c in CANDS
-    ]
+    ml = pool_deployments(backend)
     router = Router(model_list=ml, num_retries=2)
     strategy = EnergyRoutingStrategy(router, s)
     register_strategy(router, strategy)

@@ -9,7 +9,7 @@ import time
 import litellm
 import pytest
 from litellm import Router
-from router_fixtures import CANDS
+from router_fixtures import CANDS, pool_deployments
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.litellm_glue.callback import EnergyLogger
@@ -37,14 +37,7 @@ def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url, planted_ckpt):
                 "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
             }
         )
-        model_list = [
-            {
-                "model_name": "pool",
-                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                "model_info": {"id": f"dep-{c}"},
-            }
-            for c in CANDS
-        ]
+        model_list = pool_deployments(backend)
         router = Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
         logger = EnergyLogger(s)

@@ -22,7 +22,7 @@ from pathlib import Path
 import litellm
 import pytest
 from litellm import Router
-from router_fixtures import CANDS
+from router_fixtures import CANDS, pool_deployments
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
@@ -31,17 +31,6 @@ from litellm_energy_router.metrics import FALLBACKS
 from litellm_energy_router.settings import Settings
 
 TESTS = Path(__file__).parent
-
-
-def _model_list(backend):
-    return [
-        {
-            "model_name": "pool",
-            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-            "model_info": {"id": f"dep-{c}"},
-        }
-        for c in CANDS
-    ]
 
 
 def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
@@ -55,7 +44,7 @@ def test_student_checkpoint_serves_without_torch_or_transformers(planted_ckpt):
             from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
             s = Settings.model_validate({{"router": {{"checkpoint": {str(planted_ckpt)!r}, "timeout_ms": 5000}},
                                          "candidates": [{{"name": c}} for c in {CANDS!r}], "knob": {{"lambda": 0.05}}}})
-            router = Router(model_list={json.dumps(_model_list(backend))})
+            router = Router(model_list={json.dumps(pool_deployments(backend))})
             strategy = EnergyRoutingStrategy(router, s)
             from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
             register_strategy(router, strategy)
@@ -103,7 +92,7 @@ def test_first_request_is_answered_within_the_timeout_while_the_checkpoint_loads
     proof = [{"role": "user", "content": "Give a proof about chess number 11"}]
 
     async def go():
-        router = Router(model_list=_model_list(backend))
+        router = Router(model_list=pool_deployments(backend))
         strategy = EnergyRoutingStrategy(router, s)  # built inside the running loop: loads on a thread
         register_strategy(router, strategy)
         kw = {"metadata": {}}

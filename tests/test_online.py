@@ -11,7 +11,7 @@ import litellm
 import numpy as np
 import pytest
 from litellm import Router
-from router_fixtures import CANDS, planted_rows
+from router_fixtures import CANDS, planted_rows, pool_deployments
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.meter import RequestEnergy
@@ -67,14 +67,7 @@ def settings(ckpt, url, tmp_path, **router):
 
 
 def deps(backend, group="pool"):
-    return [
-        {
-            "model_name": group,
-            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-            "model_info": {"id": f"dep-{c}"},
-        }
-        for c in CANDS
-    ]
+    return pool_deployments(backend, group=group)
 
 
 class ScaledMeter:

@@ -11,7 +11,7 @@ import time
 import litellm
 import pytest
 from litellm_energy_router.training.ope import estimate_policy, evaluate_checkpoint_on_log, logged_rows, version_counts
-from router_fixtures import CANDS, planted_rows
+from router_fixtures import CANDS, planted_rows, pool_deployments
 from sqlalchemy import create_engine, inspect, text
 
 from litellm_energy_router.demo.backend import LocalBackend
@@ -97,14 +97,7 @@ def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp
                 "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
             }
         )
-        model_list = [
-            {
-                "model_name": "pool",
-                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                "model_info": {"id": f"dep-{c}"},
-            }
-            for c in CANDS
-        ]
+        model_list = pool_deployments(backend)
         router = litellm.Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
         logger = EnergyLogger(s)

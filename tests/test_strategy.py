@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
-from router_fixtures import CANDS
+from router_fixtures import CANDS, pool_deployments
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.knob import Knob, KnobError
@@ -41,14 +41,7 @@ def backend():
 
 
 def model_list(backend, group="pool"):
-    return [
-        {
-            "model_name": group,
-            "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-            "model_info": {"id": f"dep-{c}"},
-        }
-        for c in CANDS
-    ]
+    return pool_deployments(backend, group=group)
 
 
 def settings(ckpt, **router):

@@ -18,7 +18,7 @@ import litellm
 import pytest
 import yaml
 from proxy_process import ProxyProcess
-from router_fixtures import CANDS, drain_litellm_logging, train_planted
+from router_fixtures import CANDS, drain_litellm_logging, pool_deployments, train_planted
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.knob import KnobError, resolve_knob
@@ -64,16 +64,7 @@ def _settings(ckpt, knob):
 
 
 def _pool(backend):
-    return litellm.Router(
-        model_list=[
-            {
-                "model_name": "pool",
-                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
-                "model_info": {"id": f"dep-{c}"},
-            }
-            for c in CANDS
-        ]
-    )
+    return litellm.Router(model_list=pool_deployments(backend))
 
 
 @pytest.fixture
