@@ -35,6 +35,24 @@ def pool_deployments(backend, group: str = "pool", names=None) -> list[dict]:
     ]
 
 
+def loop_settings(ckpt, url: str, tmp_path: Path, router: dict | None = None, **sections):
+    """Settings of the whole loop on the planted pool: ``ckpt`` serving (timeout 5 s, ``router`` on top), λ 0.05, the
+    table at ``url``, the simulated meter, a spool under ``tmp_path``; ``sections``: more top-level sections."""
+    from litellm_energy_router.settings import Settings
+
+    return Settings.model_validate(
+        {
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 5000, **(router or {})},
+            "candidates": [{"name": c} for c in CANDS],
+            "knob": {"lambda": 0.05},
+            "table": {"url": url},
+            "energy": {"meter": "simulated"},
+            "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
+            **sections,
+        }
+    )
+
+
 def planted_rows(n: int = 60, seed: int = 0, names=None, prefix: str = "q"):
     """Queries containing "proof" are solved only by `large`; all others by every candidate.
     ``names`` renames (small, medium, large); ``prefix`` starts the query ids (``q0``, ``q1``...)."""

@@ -12,14 +12,13 @@ import litellm
 import pytest
 from litellm import Router
 from litellm.integrations.custom_logger import CustomLogger
-from router_fixtures import CANDS
+from router_fixtures import CANDS, loop_settings
 
 from litellm_energy_router.demo.backend import LocalBackend as Backend
 from litellm_energy_router.litellm_glue.callback import EnergyLogger
 from litellm_energy_router.litellm_glue.figures import headers
 from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
 from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
-from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store
 
 pytestmark = [pytest.mark.litellm_integration, pytest.mark.usefixtures("fresh_litellm_callbacks")]
@@ -43,19 +42,14 @@ def test_figures_reach_row_payload_and_ledger(tmp_path, sqlite_url, planted_ckpt
     csv.write_text("region,hour,g_co2e_per_kwh\n" + "".join(f"N,{h},{100 + h}\nS,{h},{600 - h}\n" for h in range(24)))
     backend = Backend(delay_s=0.01).start()
     try:
-        s = Settings.model_validate(
-            {
-                "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000},
-                "candidates": [{"name": c} for c in CANDS],
-                "knob": {"lambda": 0.05},
-                "table": {"url": sqlite_url},
-                "energy": {"meter": "simulated"},
-                "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
-                "carbon": {
-                    "intensity_csv": str(csv),
-                    "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.4, "region": "S"}},
-                },
-            }
+        s = loop_settings(
+            planted_ckpt,
+            sqlite_url,
+            tmp_path,
+            carbon={
+                "intensity_csv": str(csv),
+                "sites": {"north": {"pue": 1.1, "region": "N"}, "south": {"pue": 1.4, "region": "S"}},
+            },
         )
         model_list = [
             {

@@ -9,13 +9,12 @@ import time
 import litellm
 import pytest
 from litellm import Router
-from router_fixtures import CANDS, pool_deployments
+from router_fixtures import loop_settings, pool_deployments
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.litellm_glue.callback import EnergyLogger
 from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
 from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
-from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store
 
 # Real LiteLLM (Router / proxy / completion): also run at the oldest supported LiteLLM (make test-litellm-oldest).
@@ -27,16 +26,7 @@ def test_strategy_decisions_reach_the_table(tmp_path, sqlite_url, planted_ckpt):
     ckpt = planted_ckpt
     backend = LocalBackend(delay_s=0.01).start()
     try:
-        s = Settings.model_validate(
-            {
-                "router": {"checkpoint": str(ckpt), "timeout_ms": 5000},
-                "candidates": [{"name": c} for c in CANDS],
-                "knob": {"lambda": 0.05},
-                "table": {"url": sqlite_url},
-                "energy": {"meter": "simulated"},
-                "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
-            }
-        )
+        s = loop_settings(ckpt, sqlite_url, tmp_path)
         model_list = pool_deployments(backend)
         router = Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))

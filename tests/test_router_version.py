@@ -11,7 +11,7 @@ import time
 import litellm
 import pytest
 from litellm_energy_router.training.ope import estimate_policy, evaluate_checkpoint_on_log, logged_rows, version_counts
-from router_fixtures import CANDS, planted_rows, pool_deployments
+from router_fixtures import loop_settings, planted_rows, pool_deployments
 from sqlalchemy import create_engine, inspect, text
 
 from litellm_energy_router.demo.backend import LocalBackend
@@ -20,7 +20,6 @@ from litellm_energy_router.litellm_glue.callback import EnergyLogger
 from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
 from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
-from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import Run, open_store, schema
 
 pytestmark = pytest.mark.usefixtures("fresh_litellm_callbacks")
@@ -87,16 +86,7 @@ def test_router_version_reaches_the_row_through_router_strategy_and_callback(tmp
     version = read_manifest(resolve(planted_ckpt)).version
     backend = LocalBackend(delay_s=0.0).start()
     try:
-        s = Settings.model_validate(
-            {
-                "router": {"checkpoint": str(planted_ckpt), "timeout_ms": 5000, "epsilon": 0.3},
-                "candidates": [{"name": c} for c in CANDS],
-                "knob": {"lambda": 0.05},
-                "table": {"url": sqlite_url},
-                "energy": {"meter": "simulated"},
-                "writer": {"spool_dir": str(tmp_path / "spool"), "flush_interval_s": 0.1},
-            }
-        )
+        s = loop_settings(planted_ckpt, sqlite_url, tmp_path, router={"epsilon": 0.3})
         model_list = pool_deployments(backend)
         router = litellm.Router(model_list=model_list)
         register_strategy(router, EnergyRoutingStrategy(router, s))
