@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from litellm_energy_router.training.data import load_matrix  # noqa: E402
 from unseen_traffic import ensure_tables  # noqa: E402
 
 from litellm_energy_router.table import open_store  # noqa: E402
-from litellm_energy_router.training.data import load_matrix  # noqa: E402
 
 
 def _logit(p):
