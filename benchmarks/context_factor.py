@@ -49,16 +49,21 @@ def task_means(m) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     return tasks, A, J, np.array([(m.tasks == t).sum() for t in tasks], dtype=float)
 
 
-def predict(A_other, n_other, g, a_obs, rows, n0) -> dict[str, np.ndarray]:
-    """Each method's accuracy per candidate on the app, from ``rows`` labels of candidate ``g`` at rate ``a_obs``."""
+def fit(A_other, n_other) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(pooled accuracy ``[K]``, the factor's ``b[K]``, ``v[K]`` and prior variance of ``u``) of the other tasks."""
     pooled = (A_other * n_other[:, None]).sum(0) / n_other.sum()
-    own = lambda parent: (a_obs * rows + n0 * parent) / (rows + n0)  # noqa: E731 - the served one's own rows
-    shift = np.clip(pooled + (a_obs - pooled[g]) * rows / (rows + n0), 0, 1)
-    shift[g] = own(shift[g])
     L = _logit(A_other)
     b = L.mean(0)
     _, S, Vt = np.linalg.svd(L - b, full_matrices=False)
-    v, prior_var = Vt[0], S[0] ** 2 / len(A_other)
+    return pooled, b, Vt[0], S[0] ** 2 / len(A_other)
+
+
+def predict(fitted, g, a_obs, rows, n0) -> dict[str, np.ndarray]:
+    """Each method's accuracy per candidate on the app, from ``rows`` labels of candidate ``g`` at rate ``a_obs``."""
+    pooled, b, v, prior_var = fitted
+    own = lambda parent: (a_obs * rows + n0 * parent) / (rows + n0)  # noqa: E731 - the served one's own rows
+    shift = np.clip(pooled + (a_obs - pooled[g]) * rows / (rows + n0), 0, 1)
+    shift[g] = own(shift[g])
     obs_var = 1.0 / (rows * max(a_obs * (1 - a_obs), 0.02))
     u = prior_var * v[g] * (_logit(a_obs) - b[g]) / (prior_var * v[g] ** 2 + obs_var)
     factor = 1 / (1 + np.exp(-(b + u * v)))
@@ -71,13 +76,14 @@ def regrets(A, J, n, lam, rows, draws, n0, rng) -> dict[str, np.ndarray]:
     out = {k: np.zeros(len(A)) for k in ("pooled", "shift", "factor")}
     for h in range(len(A)):
         other = np.arange(len(A)) != h
-        value = A[h] - lam * J[h] / 100.0
-        pooled = (A[other] * n[other, None]).sum(0) / n[other].sum()
-        g = int(np.argmax(pooled - lam * J[h] / 100.0))
+        cost = lam * J[h] / 100.0
+        value = A[h] - cost
+        fitted = fit(A[other], n[other])
+        g = int(np.argmax(fitted[0] - cost))  # the candidate the pooled prior serves
         for _ in range(draws):
             a_obs = rng.binomial(rows, A[h, g]) / rows
-            for k, P in predict(A[other], n[other], g, a_obs, rows, n0).items():
-                out[k][h] += (value[int(np.argmax(P - lam * J[h] / 100.0))] - value.max()) / draws
+            for k, P in predict(fitted, g, a_obs, rows, n0).items():
+                out[k][h] += (value[int(np.argmax(P - cost))] - value.max()) / draws
     return out
 
 

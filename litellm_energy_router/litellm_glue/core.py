@@ -97,7 +97,11 @@ class EnergyRouterCore:
     def candidate_of(self, deployment: Mapping[str, Any] | None, known: set[str] | None = None) -> str | None:
         """The candidate a deployment serves, or ``None`` when it is not one of the router's (with no
         candidate known yet, e.g. while the checkpoint loads: its id or model string). ``known``: :meth:`_known`."""
-        dep_id, model, tag = deployment_keys(deployment)
+        return self._candidate_by_keys(deployment_keys(deployment), known)
+
+    def _candidate_by_keys(self, keys: tuple[str | None, str | None, str | None], known: set[str] | None) -> str | None:
+        """:meth:`candidate_of` from the deployment's :func:`.deployments.deployment_keys`."""
+        dep_id, model, tag = keys
         known = self._known() if known is None else known
         by = self.settings.router.match_by
         if not known and not tag:
@@ -129,12 +133,12 @@ class EnergyRouterCore:
         if len(memo) > 4096:  # deployments come and go with the proxy's config: bounded
             memo.clear()
         for d in deployments:
-            key = (*deployment_keys(d), version)
-            if key in memo:
-                c = memo[key]
+            keys = deployment_keys(d)
+            if (keys, version) in memo:
+                c = memo[keys, version]
             else:
                 known = self._known() if known is None else known
-                c = memo[key] = self.candidate_of(d, known)
+                c = memo[keys, version] = self._candidate_by_keys(keys, known)
             if c is not None:
                 by_cand.setdefault(c, []).append(d)
         return by_cand

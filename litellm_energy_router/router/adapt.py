@@ -47,7 +47,7 @@ from litellm_energy_router.router.context import (
     request_context,
 )
 from litellm_energy_router.router.length_model import SUPPORT_BLEND
-from litellm_energy_router.router.online import Explore, OnlineEnergy, p_sd
+from litellm_energy_router.router.online import Explore, OnlineEnergy
 
 log = logging.getLogger("litellm_energy_router")
 SUPPORT_LO, SUPPORT_HI = SUPPORT_BLEND  # cosine: no support at or below LO, full support from HI (docs/training.md)
@@ -141,14 +141,14 @@ class Adaptation:
         sim = note.get("support")
         w = support_weight(sim, note.get("output_tokens_source") == "task_mean")
         info: dict[str, Any] = {"context": str(ctx), "support": sim, "weight": round(w, 4), "unsure": w < 1.0}
-        sd = None  # the spread of P where a context's rows shaped it (aimed exploration)
+        spread = None  # what P's spread comes from where a context's rows shaped it (aimed exploration)
         if prior is not None and prior.rows > 0 and own_rows:
             level = "pool"
             if w < 1.0:  # toward the levels above the context key (cluster, pool)
                 pi, _, level = prior.detail(ctx.cluster)
                 P = w * P + (1.0 - w) * pi
             P, own = prior.on_top(P, ctx.key)  # the context's own labelled rows, whatever the support
-            sd = p_sd(P, own, prior.n0) if ctx.key else None
+            spread = (P, own, prior.n0, 1.0) if ctx.key else None
             if own.any():
                 level, info["context_rows"] = "ctx", int(own.sum())
             if w < 1.0:
@@ -156,7 +156,7 @@ class Adaptation:
         elif w < 1.0 and prior is not None and prior.rows > 0:
             pi, rows, level = prior.detail(ctx)
             P = w * P + (1.0 - w) * pi
-            sd = (1.0 - w) * p_sd(pi, rows, prior.n0)  # the scorer's part counted as known
+            spread = (pi, rows, prior.n0, 1.0 - w)  # the scorer's part counted as known
             info["prior_level"] = level.split(":")[0]
         elif w < 1.0:  # no labelled row read yet: nothing to blend toward, the scorer's P stands
             info["prior_level"] = "none"
@@ -167,7 +167,7 @@ class Adaptation:
             u = energy.uncertainty(ekey) if explore else None
             info["online_rows"] = int(energy.rows)
             info["context_production_rows"] = round(energy.context_rows(ekey), 1)
-        return P, E, Explore(u, sd) if explore else None, info
+        return P, E, Explore(u, spread) if explore else None, info
 
     def observe(
         self,

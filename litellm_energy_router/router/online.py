@@ -167,11 +167,20 @@ def context_epsilon(epsilon: float, epsilon_new: float, rows: float) -> float:
 @dataclass(frozen=True)
 class Explore:
     """What a request's exploration draws on, per candidate ``[K]``: the energy ``uncertainty``
-    (:meth:`OnlineEnergy.uncertainty`; None: no online energy state) and ``p_sd``, the standard deviation of its
-    ``P`` (:func:`p_sd`; None: ``P`` is the scorer's alone, no context's rows shaped it)."""
+    (:meth:`OnlineEnergy.uncertainty`; None: no online energy state) and ``spread``, what the standard deviation of
+    its ``P`` is computed from when exploration is aimed: ``(P, rows, n0, scale)`` for ``scale ·`` :func:`p_sd`
+    (None: ``P`` is the scorer's alone, no context's rows shaped it)."""
 
     uncertainty: np.ndarray | None
-    p_sd: np.ndarray | None
+    spread: tuple[np.ndarray, np.ndarray, float, float] | None = None
+
+    @property
+    def p_sd(self) -> np.ndarray | None:
+        """``[K]``: the standard deviation of ``P`` (None without a ``spread``)."""
+        if self.spread is None:
+            return None
+        P, rows, n0, scale = self.spread
+        return scale * p_sd(P, rows, n0)
 
     def weights(
         self,
@@ -186,7 +195,7 @@ class Explore:
         has a spread (``router.explore: aimed``; None: by energy uncertainty alone)."""
         u = self.uncertainty[avail] if self.uncertainty is not None else np.ones(len(avail))
         aimed = None
-        if choose is not None and self.p_sd is not None:
+        if choose is not None and self.spread is not None:
             aimed = optimal_share(P, E, self.p_sd[avail], choose)
             aimed[j_best] = 0.0  # exploring is trying another: the greedy choice has its 1 - ε
         return explore_weights(u, aimed=aimed)
