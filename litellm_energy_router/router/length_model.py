@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.student import HASH_CHARS, ngram_buckets
+from litellm_energy_router.router.student import HASH_CHARS, ngram_buckets, row_sum
 
 LENGTH_FILE = "length.npz"
 DIM, SKETCH = 2**12, 512
@@ -332,7 +332,7 @@ class LengthModel:
         mu, sup, cue = np.zeros((n, K)), np.zeros(n), np.zeros(n, dtype=bool)
         for i, (t, p) in enumerate(zip(texts, prompt_tokens)):
             idx, d = buckets(t or ""), dense_features(t or "", float(p))
-            mu[i] = self.W.take(idx, axis=0).sum(axis=0) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
+            mu[i] = row_sum(self.W, idx) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool((d[self._cue_cols] > 0).any())
             if len(self.ref):
                 sup[i] = self.support(text_sketch(t or ""))

@@ -56,36 +56,42 @@ def request_tokens(
     ``max_tokens`` bounds each request's figures."""
     n, K = len(texts), len(candidates)
     fb = est.unknown_task_tokens()
-    out = np.empty((n, K))
-    gap = np.zeros((n, K), dtype=bool)  # no row of the request's task for this candidate: the prior / length model
+    prior = np.array([fb[c] for c in candidates], dtype=np.float64)
+    out = np.tile(prior, (n, 1))
+    gap = np.ones((n, K), dtype=bool)  # no row of the request's task for this candidate: the prior / length model
+    source = ["prior"] * n
     for i, task in enumerate(tasks):
-        table = est.output_tokens.get(task or "", fb)
-        out[i] = [table.get(c, fb[c]) for c in candidates]
-        gap[i] = [table is fb or c not in table for c in candidates]
+        if est.knows_task(task):
+            table, source[i] = est.output_tokens[task], "task_mean"
+            out[i] = [table.get(c, fb[c]) for c in candidates]
+            gap[i] = [c not in table for c in candidates]
     if offset is not None:
         out = np.maximum(out + offset, 0.0)
-    lo, hi = out.copy(), out.copy()
-    source = ["task_mean" if est.knows_task(t) else "prior" for t in tasks]
+    lo, hi = out, out
     support = [None] * n
     unk = [i for i in range(n) if gap[i].any()]
     if unk and length is not None:
-        pred = length.predict(
-            [texts[i] for i in unk], [prompt_tokens[i] for i in unk], np.array([fb[c] for c in candidates])
-        )
-        g = gap[unk]
-        out[unk], lo[unk], hi[unk] = (
-            np.where(g, p, a[unk]) for p, a in ((pred.mean, out), (pred.lo, lo), (pred.hi, hi))
-        )
+        pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], prior)
+        if len(unk) == n and gap.all():  # no request of a known task (production traffic): the prediction throughout
+            out, lo, hi = pred.mean, pred.lo, pred.hi
+        else:
+            g = gap[unk]
+            out, lo, hi = out.copy(), out.copy(), out.copy()
+            out[unk], lo[unk], hi[unk] = (
+                np.where(g, p, a[unk]) for p, a in ((pred.mean, out), (pred.lo, lo), (pred.hi, hi))
+            )
         for j, i in enumerate(unk):
             support[i] = round(float(pred.support[j]), 4)
             if source[i] == "prior":
                 source[i] = pred.source(j)
     elif unk:
-        lo[unk] = np.where(gap[unk], out[unk] * PRIOR_BAND[0], lo[unk])
-        hi[unk] = np.where(gap[unk], out[unk] * PRIOR_BAND[1], hi[unk])
+        lo = np.where(gap, out * PRIOR_BAND[0], out)
+        hi = np.where(gap, out * PRIOR_BAND[1], out)
     caps = list(max_tokens) if max_tokens is not None else [None] * n
-    out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
-    notes = [_note(candidates, source[i], support[i], caps[i], lo[i], out[i], hi[i]) for i in range(n)]
+    if any(c is not None for c in caps):
+        out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
+    bands = np.round(np.stack([lo, out, hi], axis=2), 1).tolist()  # [n, K, 3]: one rounding pass, then Python floats
+    notes = [_note(candidates, source[i], support[i], caps[i], bands[i]) for i in range(n)]
     for i in unk:
         if source[i] == "task_mean":
             notes[i]["length_model_for" if length is not None else "prior_for"] = [
@@ -96,17 +102,9 @@ def request_tokens(
     return out, notes
 
 
-def _note(
-    candidates: Sequence[str],
-    source: str,
-    support: float | None,
-    cap: int | None,
-    lo: np.ndarray,
-    mean: np.ndarray,
-    hi: np.ndarray,
-) -> dict:
-    """One request's note: where its output tokens came from, and per candidate [80 % low, expected, 80 % high]."""
-    bands = np.round(np.stack([lo, mean, hi], axis=1), 1).tolist()  # one rounding pass, then Python floats
+def _note(candidates: Sequence[str], source: str, support: float | None, cap: int | None, bands: list) -> dict:
+    """One request's note: where its output tokens came from, and per candidate (``bands[K]``) [80 % low, expected,
+    80 % high]."""
     return {
         "output_tokens_source": source,
         "support": support,

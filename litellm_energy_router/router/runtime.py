@@ -267,8 +267,7 @@ class RouterRuntime:
             return [Scored(cands, P[i], E[i], model.version) for i in range(len(items))]
         n_tok = [estimate_prompt_tokens(t) for t in texts]
         E, T, notes = model.energy_detail(texts, tasks, n_tok)
-        est = model.manifest.energy
-        jo, jp = (np.array([j[c] for c in cands]) for j in (est.j_per_output_token, est.j_per_prompt_token))
+        jp, jo = model.token_rates
         return [Scored(cands, P[i], E[i], model.version, T[i], jo, notes[i], n_tok[i], jp) for i in range(len(items))]
 
     def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:

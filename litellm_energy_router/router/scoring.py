@@ -21,6 +21,8 @@ Nothing here imports torch, transformers or scikit-learn.
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -119,6 +121,15 @@ class CheckpointScorer:
     def candidates(self) -> list[str]:
         return list(self.manifest.candidates)
 
+    @functools.cached_property
+    def token_rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(J per prompt token, J per output token) per candidate, in candidate order (read-only arrays)."""
+        est, cands = self.manifest.energy, self.manifest.candidates
+        out = tuple(np.array([j[c] for c in cands]) for j in (est.j_per_prompt_token, est.j_per_output_token))
+        for a in out:
+            a.flags.writeable = False
+        return out
+
     @property
     def version(self) -> str:
         return self.manifest.version
@@ -148,8 +159,7 @@ class CheckpointScorer:
         offset = self.tokens.offset(texts, n_tok, tasks) if self.tokens is not None else None
         est, cands = self.manifest.energy, self.manifest.candidates
         T, notes = request_tokens(est, self.length, cands, texts, tasks, n_tok, offset, max_tokens)
-        jp = np.array([est.j_per_prompt_token[c] for c in cands])
-        jo = np.array([est.j_per_output_token[c] for c in cands])
+        jp, jo = self.token_rates
         return np.asarray(n_tok, dtype=float)[:, None] * jp[None, :] + T * jo[None, :], T, notes
 
     def load_part(self, entry: dict | None, default_file: str, load: Callable[[Path], Any], what: str) -> Any:

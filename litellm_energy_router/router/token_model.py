@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from litellm_energy_router.router.encoder import query_block
-from litellm_energy_router.router.student import ngram_buckets
+from litellm_energy_router.router.student import ngram_buckets, row_sum
 
 TOKENS_FILE = "tokens.npz"
 
@@ -65,5 +65,5 @@ class TokenModel:
             t = self.tasks.get(task or "")
             if t is not None and self.W[t].any():
                 idx = self.rows([text])[0]
-                out[i] = self.W[t][idx].sum(axis=0) / np.sqrt(max(len(idx), 1)) + lp[i] * self.W[t][-1]
+                out[i] = row_sum(self.W[t], idx) / np.sqrt(max(len(idx), 1)) + lp[i] * self.W[t][-1]
         return out
