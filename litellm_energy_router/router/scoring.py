@@ -22,7 +22,6 @@ Nothing here imports torch, transformers or scikit-learn.
 from __future__ import annotations
 
 import functools
-
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
