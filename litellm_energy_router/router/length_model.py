@@ -206,9 +206,17 @@ def sketch(idx: np.ndarray) -> np.ndarray:
     """Unit signed-hash sketch (:data:`SKETCH` dims) of a bucket set, for the support similarity."""
     if not len(idx):
         return np.zeros(SKETCH)
-    sign = np.where((idx * 2654435761 >> 13) & 1, 1.0, -1.0)
-    v = np.bincount(idx % SKETCH, weights=sign, minlength=SKETCH)  # sums of ±1: exact, as np.add.at was
-    return v / max(float(np.linalg.norm(v)), 1e-12)
+    sign = _SIGN[idx] if 0 <= int(idx.min()) and int(idx.max()) < DIM else _sign(idx)
+    v = np.bincount(idx & (SKETCH - 1), weights=sign, minlength=SKETCH)  # sums of ±1: exact, as np.add.at was
+    return v / max(math.sqrt(float(v @ v)), 1e-12)
+
+
+def _sign(idx: np.ndarray) -> np.ndarray:
+    """The ±1 of each bucket id in :func:`sketch`."""
+    return np.where((idx * 2654435761 >> 13) & 1, 1.0, -1.0)
+
+
+_SIGN = _sign(np.arange(DIM))  # the signs of every length-model bucket, read by :func:`sketch` instead of computed
 
 
 def text_sketch(text: str) -> np.ndarray:

@@ -60,9 +60,12 @@ def _suffix_buckets(tail: str, chars: int, ngrams: tuple[int, ...], dim: int) ->
     """The buckets of the last ``chars`` characters of ``tail`` (all of them, or an ASCII tail's suffix)."""
     hs = _hashes(tail, max(_MAX_N, *ngrams) if ngrams else _MAX_N)
     skip = max(len(tail) - chars, 0)  # ASCII when > 0: characters are bytes
-    parts = [hs[n - 2][skip:] & np.uint64(dim - 1) for n in ngrams if n >= 2]
+    parts = [hs[n - 2][skip:] for n in ngrams if n >= 2]
     if dim <= 2**16:  # 16-bit ids: numpy sorts them by radix (kind="stable"), touching only the ids
-        ids = np.concatenate(parts).astype(np.uint16) if parts else np.zeros(0, dtype=np.uint16)
+        # the cast keeps a hash's low 16 bits (the bucket of dim 2**16), the mask the low bits of a smaller dim
+        ids = np.concatenate(parts, dtype=np.uint16, casting="unsafe") if parts else np.zeros(0, dtype=np.uint16)
+        if dim < 2**16:
+            ids &= np.uint16(dim - 1)
         ids.sort(kind="stable")
         keep = np.empty(len(ids), dtype=bool)
         keep[:1] = True
@@ -71,7 +74,7 @@ def _suffix_buckets(tail: str, chars: int, ngrams: tuple[int, ...], dim: int) ->
     else:  # unique by marking a boolean array of dim
         seen = np.zeros(dim, dtype=bool)
         for p in parts:
-            seen[p.astype(np.intp)] = True
+            seen[(p & np.uint64(dim - 1)).astype(np.intp)] = True
         out = np.flatnonzero(seen)
     out.flags.writeable = False  # shared by every caller of the cache
     return out
