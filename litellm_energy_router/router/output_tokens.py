@@ -54,17 +54,8 @@ def request_tokens(
     columns listed in the note's ``length_model_for``. Any other request (no task tag, or a tag never seen):
     ``length``'s prediction, or the estimate's conservative prior without one; never the other tasks' mean.
     ``max_tokens`` bounds each request's figures."""
-    n, K = len(texts), len(candidates)
-    fb = est.unknown_task_tokens()
-    prior = np.array([fb[c] for c in candidates], dtype=np.float64)
-    out = np.tile(prior, (n, 1))
-    gap = np.ones((n, K), dtype=bool)  # no row of the request's task for this candidate: the prior / length model
-    source = ["prior"] * n
-    for i, task in enumerate(tasks):
-        if est.knows_task(task):
-            table, source[i] = est.output_tokens[task], "task_mean"
-            out[i] = [table.get(c, fb[c]) for c in candidates]
-            gap[i] = [c not in table for c in candidates]
+    n = len(texts)
+    prior, out, gap, source = _task_means(est, candidates, tasks)
     if offset is not None:
         out = np.maximum(out + offset, 0.0)
     lo, hi = out, out
@@ -100,6 +91,24 @@ def request_tokens(
         elif source[i] == "prior":
             notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
     return out, notes
+
+
+def _task_means(
+    est, candidates: Sequence[str], tasks: Sequence[str | None]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(the estimate's prior ``[K]``, output tokens ``[n, K]``: a known task's per-task mean, else the prior, ``gap``
+    ``[n, K]``: no row of the request's task for the candidate, the source per request)."""
+    fb = est.unknown_task_tokens()
+    prior = np.array([fb[c] for c in candidates], dtype=np.float64)
+    out = np.tile(prior, (len(tasks), 1))
+    gap = np.ones(out.shape, dtype=bool)
+    source = ["prior"] * len(tasks)
+    for i, task in enumerate(tasks):
+        if est.knows_task(task):
+            table, source[i] = est.output_tokens[task], "task_mean"
+            out[i] = [table.get(c, fb[c]) for c in candidates]
+            gap[i] = [c not in table for c in candidates]
+    return prior, out, gap, source
 
 
 def _note(candidates: Sequence[str], source: str, support: float | None, cap: int | None, bands: list) -> dict:
