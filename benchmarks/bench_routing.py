@@ -63,69 +63,47 @@ def build_checkpoint(d: Path) -> Path:
     return ck
 
 
-async def main_async(args) -> None:
-    import litellm
-    from litellm import Router
-
-    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
-    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRoutingStrategy
-
-    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
-    litellm.suppress_debug_info = True
-    tmp = Path(tempfile.mkdtemp())
-    ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(tmp)
-    from litellm_energy_router.router.checkpoint import read_manifest
-
-    cands = read_manifest(ck).candidates
+def texts_of(tmp: Path, candidate: str) -> list[str]:
+    """The bundled RouterBench prompts (one split), as the decisions and calls send them."""
     store = open_store(f"sqlite:///{tmp / 'texts.db'}")
     import_routerbench(store, bundled_files()[-1:], load_profile())
-    texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
+    texts = [r["text"] for r in store.iter_runs() if r["candidate"] == candidate]
     store.close()
-    backend = LocalBackend().start()
-    model_list = [
-        {
-            "model_name": "pool",
-            "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
-            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
-        }
-        for j, c in enumerate(cands)
-    ]
+    return texts
 
-    def make_core(scorer):
-        return EnergyRouterCore(
-            Settings.model_validate(
-                {
-                    "router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer},
-                    "knob": {"lambda": 0.3},
-                }
-            )
-        )
 
-    core, lm_core = make_core("auto"), make_core("lm")
-    for c in (core, lm_core):
-        c.runtime.wait_ready()  # built inside the event loop: they load on a thread
-    print(f"scorers: serving default {core.runtime.model.name}, reference {lm_core.runtime.model.name}")
-    deps = model_list
+def make_core(ck: Path, scorer: str):
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore
 
-    def msgs(i):
-        return [{"role": "user", "content": f"{texts[i % len(texts)]} #{i}"}]
+    settings = {"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000, "scorer": scorer}}
+    return EnergyRouterCore(Settings.model_validate({**settings, "knob": {"lambda": 0.3}}))
 
-    async def decisions(c, label):
+
+class Calls:
+    """The prompts as chat messages (``#i`` keeps every call uncached) and the ways of sending them."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def msgs(self, i: int) -> list[dict]:
+        return [{"role": "user", "content": f"{self.texts[i % len(self.texts)]} #{i}"}]
+
+    async def decisions(self, c, deps, n: int, label: str) -> list[float]:
+        """Seconds per ``choose`` one at a time (printed with a burst of 64 concurrent ones); returns the single."""
         for i in range(20):  # warm-up
-            await c.choose(deps, msgs(i))
-        single = []
-        for i in range(args.decisions):
+            await c.choose(deps, self.msgs(i))
+        single, burst = [], []
+        for i in range(n):
             t0 = time.perf_counter()
-            await c.choose(deps, msgs(1000 + i))
+            await c.choose(deps, self.msgs(1000 + i))
             single.append(time.perf_counter() - t0)
-        burst = []
 
         async def one(i):
             t0 = time.perf_counter()
-            await c.choose(deps, msgs(5000 + i))
+            await c.choose(deps, self.msgs(5000 + i))
             burst.append(time.perf_counter() - t0)
 
-        for r in range(args.decisions // 64 or 1):
+        for r in range(n // 64 or 1):
             await asyncio.gather(*[one(r * 64 + i) for i in range(64)])
         print(
             f"decision single ({label}): p50 {pct(single, 50):.2f} ms  p99 {pct(single, 99):.2f} ms  (n={len(single)})"
@@ -135,79 +113,119 @@ async def main_async(args) -> None:
         )
         return single
 
-    lm_single = await decisions(lm_core, "lm")
-    single = await decisions(core, c_label := core.runtime.model.name)
-
-    shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
-    energy = Router(model_list=model_list)
-    register_strategy(energy, EnergyRoutingStrategy(energy, core=core))
-    energy_lm = Router(model_list=model_list)
-    register_strategy(energy_lm, EnergyRoutingStrategy(energy_lm, core=lm_core))
-
-    async def seq(router, n, offset):
+    async def seq(self, router, n: int, offset: int) -> float:
         t0 = time.perf_counter()
         for i in range(n):
-            await router.acompletion(model="pool", messages=msgs(offset + i))
+            await router.acompletion(model="pool", messages=self.msgs(offset + i))
         return time.perf_counter() - t0
 
-    async def conc(router, n, offset, width=64):
+    async def conc(self, router, n: int, offset: int, width: int = 64) -> float:
         sem = asyncio.Semaphore(width)
 
         async def call(i):
             async with sem:
-                await router.acompletion(model="pool", messages=msgs(offset + i))
+                await router.acompletion(model="pool", messages=self.msgs(offset + i))
 
         t0 = time.perf_counter()
         await asyncio.gather(*[call(i) for i in range(n)])
         return time.perf_counter() - t0
 
-    async def interleaved(run, routers, n, block, offset):
-        """Per-call seconds of each router; blocks alternate (order rotating) so load drift hits all alike."""
-        tot = dict.fromkeys(routers, 0.0)
-        names = list(routers)
-        for b, start in enumerate(range(0, n, block)):
-            size = min(block, n - start)
-            for name in names[b % len(names) :] + names[: b % len(names)]:
-                tot[name] += await run(routers[name], size, offset)
-                offset += size
-        return {k: v / n for k, v in tot.items()}
 
+async def interleaved(run, routers: dict, n: int, block: int, offset: int) -> dict[str, float]:
+    """Per-call seconds of each router; blocks alternate (order rotating) so load drift hits all alike."""
+    tot = dict.fromkeys(routers, 0.0)
+    names = list(routers)
+    for b, start in enumerate(range(0, n, block)):
+        size = min(block, n - start)
+        for name in names[b % len(names) :] + names[: b % len(names)]:
+            tot[name] += await run(routers[name], size, offset)
+            offset += size
+    return {k: v / n for k, v in tot.items()}
+
+
+async def acompletion_ratios(calls: Calls, model_list: list[dict], core, lm_core, n: int, label: str) -> tuple:
+    """(sequential per-call s by router: ``shuffle``, ``energy``, ``lm``; the decision times inside the strategy's
+    calls, s); prints the sequential and 64-concurrent comparisons."""
+    from litellm import Router
+
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
+
+    shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
+    energy, energy_lm = Router(model_list=model_list), Router(model_list=model_list)
+    register_strategy(energy, EnergyRoutingStrategy(energy, core=core))
+    register_strategy(energy_lm, EnergyRoutingStrategy(energy_lm, core=lm_core))
     for r in (shuffle, energy, energy_lm):  # warm-up
-        await seq(r, 50, 0)
+        await calls.seq(r, 50, 0)
     in_loop = timed_choose(core)  # the same decision timed inside acompletion (LiteLLM's own work between them)
-    sq = await interleaved(seq, {"shuffle": shuffle, "energy": energy, "lm": energy_lm}, args.calls, 50, 20_000)
+    sq = await interleaved(calls.seq, {"shuffle": shuffle, "energy": energy, "lm": energy_lm}, n, 50, 20_000)
     del core.choose  # the class method again
-    cc = await interleaved(conc, {"shuffle": shuffle, "energy": energy}, args.calls, 250, 80_000)
-    s_seq, e_seq, l_seq, s_con, e_con = sq["shuffle"], sq["energy"], sq["lm"], cc["shuffle"], cc["energy"]
+    cc = await interleaved(calls.conc, {"shuffle": shuffle, "energy": energy}, n, 250, 80_000)
+    for kind, d in (("sequential", sq), ("64 concurrent", cc)):
+        s, e = d["shuffle"], d["energy"]
+        print(
+            f"acompletion {kind} ({label}): simple-shuffle {s * 1000:.2f} ms/call, energy {e * 1000:.2f} ms/call, "
+            f"ratio {e / s:.3f}"
+        )
+    print(f"decision inside acompletion, sequential ({label}): p50 {pct(in_loop, 50):.2f} ms  (n={len(in_loop)})")
+    return sq, in_loop
+
+
+async def proxy_part(ck: Path, cands: list[str], backend, texts: list[str], label: str) -> str:
+    """The proxy-process comparison (:mod:`proxy_footprint`), printed; returns its key=value fields."""
+    from proxy_footprint import run_proxy
+
+    plain = await asyncio.to_thread(run_proxy, None, cands, backend.base, texts)
+    ours = await asyncio.to_thread(run_proxy, ck, cands, backend.base, texts)
     print(
-        f"acompletion sequential ({c_label}): simple-shuffle {s_seq * 1000:.2f} ms/call, energy {e_seq * 1000:.2f} ms/call, ratio {e_seq / s_seq:.3f}"
+        f"proxy process: plain LiteLLM {plain['rss_mib']:.0f} MiB, with the energy router ({label}) "
+        f"{ours['rss_mib']:.0f} MiB (+{ours['rss_mib'] - plain['rss_mib']:.0f} MiB)"
     )
     print(
-        f"acompletion 64 concurrent ({c_label}): simple-shuffle {s_con * 1000:.2f} ms/call, energy {e_con * 1000:.2f} ms/call, ratio {e_con / s_con:.3f}"
+        f"start to first answered request: plain {plain['first_routed_s']:.1f} s; start to first routed request: "
+        f"{ours['first_routed_s']:.1f} s ({ours['fail_open_before_ready']} answered fail-open before)"
     )
-    print(f"decision inside acompletion, sequential ({c_label}): p50 {pct(in_loop, 50):.2f} ms  (n={len(in_loop)})")
+    return (
+        f" proxy_rss_mib={ours['rss_mib']:.0f} plain_rss_mib={plain['rss_mib']:.0f}"
+        f" first_routed_s={ours['first_routed_s']:.1f} plain_first_s={plain['first_routed_s']:.1f}"
+    )
+
+
+async def main_async(args) -> None:
+    import litellm
+
+    from litellm_energy_router.router.checkpoint import read_manifest
+
+    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+    litellm.suppress_debug_info = True
+    tmp = Path(tempfile.mkdtemp())
+    ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(tmp)
+    cands = read_manifest(ck).candidates
+    texts = texts_of(tmp, cands[0])
+    backend = LocalBackend().start()
+    model_list = [
+        {
+            "model_name": "pool",
+            "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
+            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
+        }
+        for j, c in enumerate(cands)
+    ]
+    core, lm_core = make_core(ck, "auto"), make_core(ck, "lm")
+    for c in (core, lm_core):
+        c.runtime.wait_ready()  # built inside the event loop: they load on a thread
+    label = core.runtime.model.name
+    print(f"scorers: serving default {label}, reference {lm_core.runtime.model.name}")
+    calls = Calls(texts)
+    lm_single = await calls.decisions(lm_core, model_list, args.decisions, "lm")
+    single = await calls.decisions(core, model_list, args.decisions, label)
+    sq, in_loop = await acompletion_ratios(calls, model_list, core, lm_core, args.calls, label)
+    s_seq, e_seq = sq["shuffle"], sq["energy"]
     print(
-        f"acompletion sequential (lm): energy {l_seq * 1000:.2f} ms/call, ratio {l_seq / s_seq:.3f}; "
+        f"acompletion sequential (lm): energy {sq['lm'] * 1000:.2f} ms/call, ratio {sq['lm'] / s_seq:.3f}; "
         f"lm decision single p50 {pct(lm_single, 50):.2f} ms"
     )
-    tail = ""
-    if not args.no_proxy:
-        from proxy_footprint import run_proxy
-
-        plain = await asyncio.to_thread(run_proxy, None, cands, backend.base, texts)
-        ours = await asyncio.to_thread(run_proxy, ck, cands, backend.base, texts)
-        print(
-            f"proxy process: plain LiteLLM {plain['rss_mib']:.0f} MiB, with the energy router ({c_label}) {ours['rss_mib']:.0f} MiB "
-            f"(+{ours['rss_mib'] - plain['rss_mib']:.0f} MiB)"
-        )
-        print(
-            f"start to first answered request: plain {plain['first_routed_s']:.1f} s; start to first routed request: "
-            f"{ours['first_routed_s']:.1f} s ({ours['fail_open_before_ready']} answered fail-open before)"
-        )
-        tail = (
-            f" proxy_rss_mib={ours['rss_mib']:.0f} plain_rss_mib={plain['rss_mib']:.0f}"
-            f" first_routed_s={ours['first_routed_s']:.1f} plain_first_s={plain['first_routed_s']:.1f}"
-        )
+    tail = "" if args.no_proxy else await proxy_part(ck, cands, backend, texts, label)
     backend.stop()
     print(
         f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}"
