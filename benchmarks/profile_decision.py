@@ -59,15 +59,11 @@ def stage(name: str, f, n: int) -> float:
     return float(np.median(per))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--checkpoint")
-    ap.add_argument("--cprofile", action="store_true")
-    ap.add_argument("--cold", action="store_true", help="also choose() after writing 64 MB before each call")
-    args = ap.parse_args()
+def setup(checkpoint: str | None):
+    """(core, prompts, deployments) for the decisions: the checkpoint (built when not given), 300 uncached prompts."""
     tmp = Path(tempfile.mkdtemp())
-    if args.checkpoint:
-        ck = Path(args.checkpoint)
+    if checkpoint:
+        ck = Path(checkpoint)
     else:
         from bench_routing import build_checkpoint
 
@@ -78,7 +74,6 @@ def main() -> None:
     texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
     store.close()
     texts = [f"{t} #{i}" for i, t in enumerate(texts[:300])]
-    n = len(texts)
     deps = [
         {
             "model_name": "pool",
@@ -87,13 +82,15 @@ def main() -> None:
         }
         for j, c in enumerate(cands)
     ]
-    core = EnergyRouterCore(
-        Settings.model_validate(
-            {"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000}, "knob": {"lambda": 0.3}}
-        )
-    )
+    settings = {"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000}, "knob": {"lambda": 0.3}}
+    core = EnergyRouterCore(Settings.model_validate(settings))
     core.runtime.wait_ready()
-    sc, rk = core.runtime.model, {"metadata": {}}
+    return core, texts, deps
+
+
+def stages(core, texts: list[str], deps: list[dict], rk: dict) -> dict[str, float]:
+    """Each stage of a decision timed alone (printed), µs by stage name."""
+    n, sc, cands = len(texts), core.runtime.model, core.runtime.model.candidates
     L, est = sc.length, sc.manifest.energy
     prior = np.array([est.unknown_task_tokens()[c] for c in cands])
     msgs = [[{"role": "user", "content": t}] for t in texts]
@@ -124,31 +121,50 @@ def main() -> None:
     )
     dec = [core.decide(scored[i], deps, core.knob(rk), time.perf_counter(), None, rk) for i in range(n)]
     s["figures"] = stage("accounting figures", lambda i: core.accounting.estimate(dec[i][1], dec[i][0]), n)
+    return s
 
-    async def choose_all() -> list[float]:
+
+async def choose_p50(core, deps: list[dict], msgs: list, rk: dict) -> float:
+    """``choose()`` end to end, p50 µs over the prompts (after one pass as warm-up)."""
+    for _ in range(2):  # the first pass warms up
         out = []
-        for i in range(n):
+        for m in msgs:
             t0 = time.perf_counter_ns()
-            await core.choose(deps, msgs[i], None, rk)
+            await core.choose(deps, m, None, rk)
             out.append((time.perf_counter_ns() - t0) / 1000)
-        return out
+    return float(np.median(out))
 
-    asyncio.run(choose_all())
-    p50 = float(np.median(asyncio.run(choose_all())))
+
+def top_functions(core, deps: list[dict], msgs: list, rk: dict) -> None:
+    """cProfile's top functions by own time over 1,000 decisions."""
+    pr = cProfile.Profile()
+
+    async def many() -> None:
+        for i in range(1000):
+            await core.choose(deps, msgs[i % len(msgs)], None, rk)
+
+    pr.enable()
+    asyncio.run(many())
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--cold", action="store_true", help="also choose() after writing 64 MB before each call")
+    args = ap.parse_args()
+    core, texts, deps = setup(args.checkpoint)
+    rk = {"metadata": {}}
+    s = stages(core, texts, deps, rk)
+    msgs = [[{"role": "user", "content": t}] for t in texts]
+    p50 = asyncio.run(choose_p50(core, deps, msgs, rk))
     print(f"  {'choose() end to end, p50':46s} {p50:8.1f} µs")
     shared = asyncio.run(shared_pass_ab(core, deps, msgs, rk))
     cold = asyncio.run(cold_choose(core, deps, msgs, rk)) if args.cold else None
     if args.cprofile:
-        pr = cProfile.Profile()
-
-        async def many() -> None:
-            for i in range(1000):
-                await core.choose(deps, msgs[i % n], None, rk)
-
-        pr.enable()
-        asyncio.run(many())
-        pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+        top_functions(core, deps, msgs, rk)
     print(
         f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
         f"student_us={s['student']:.0f} shared_ngram_pass_ratio={shared:.3f}"
