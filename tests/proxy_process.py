@@ -20,6 +20,13 @@ LITELLM = [
 ]
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` of a child the tests interrupt: SIGINT back to its default. A test run started in the
+    background by a non-interactive shell (``cmd &``, e.g. ``nohup .ci/run &``) ignores SIGINT, and children
+    inherit that, so the child would never see the Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,6 +72,7 @@ class ProxyProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=self.cwd,
+            preexec_fn=default_sigint,
         )
         if wait_ready:
             self.wait_live()

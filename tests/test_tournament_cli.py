@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from proxy_process import default_sigint
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.demo.task_answers import TaskAnswers
@@ -45,6 +46,7 @@ def start(cfg: Path, url: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=default_sigint,
     )
 
 
