@@ -175,6 +175,76 @@ def writer_throughput(url: str, rows: int, spool: Path, ledger: bool = False) ->
     return rows / dt
 
 
+def logger_settings(d: Path, name: str, meter: str) -> Settings:
+    """The callback's settings: a SQLite table ``<d>/<name>.db`` and a spool beside it."""
+    return Settings.model_validate(
+        {
+            "table": {"url": f"sqlite:///{d / f'{name}.db'}"},
+            "candidates": CANDIDATES,
+            "energy": {"meter": meter},
+            "writer": {"spool_dir": str(d / f"spool-{name}")},
+        }
+    )
+
+
+def hook_part(be: LocalBackend, d: Path, args: argparse.Namespace) -> tuple[list[float], int]:
+    """1.: (event-loop seconds per event, rows found in the table), printed."""
+    settings = logger_settings(d, "cb", args.meter)
+    templates = asyncio.run(capture_events(be.base_url, 50))
+    logger = EnergyLogger(settings)
+    costs = asyncio.run(hook_cost(logger, templates, args.events))
+    assert logger.flush(120)
+    store = open_store(settings.table.url)
+    found = store.count_runs()
+    store.close()
+    logger.close()
+    p50, p99 = pct(costs, 0.5) * 1e3, pct(costs, 0.99) * 1e3
+    print(f"meter: {args.meter}")
+    print(
+        f"callback event-loop time per request: p50 {p50:.4f} ms, p99 {p99:.4f} ms, mean "
+        f"{statistics.fmean(costs) * 1e3:.4f} ms over {len(costs)} events (goal p50 <= 0.2 ms)"
+    )
+    return costs, found
+
+
+def burst_part(be: LocalBackend, d: Path, args: argparse.Namespace) -> None:
+    """2.: the router burst without / with / without the callback, printed."""
+    base1 = asyncio.run(router_burst(be.base_url, args.requests, None))
+    logger = EnergyLogger(logger_settings(d, "burst", args.meter))
+    with_cb = asyncio.run(router_burst(be.base_url, args.requests, logger))
+    logger.close()
+    base2 = asyncio.run(router_burst(be.base_url, args.requests, None))
+    base = (base1 + base2) / 2  # without / with / without: warm-up order effects cancel
+    print(
+        f"router burst {args.requests} requests, 64 concurrent: {base1:.2f} s and {base2:.2f} s without, "
+        f"{with_cb:.2f} s with the callback; ratio {with_cb / base:.3f} (shared machine: +-10 % noise)"
+    )
+
+
+def postgres_part(d: Path, args: argparse.Namespace) -> str:
+    """3. on PostgreSQL (a fresh database, dropped after), printed; returns the ledger comparison's fields."""
+    try:
+        admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            c.execute(text("select 1"))
+    except Exception as e:  # noqa: BLE001
+        print(f"writer throughput postgresql: skipped ({type(e).__name__}: unreachable at {args.pg})")
+        return ""
+    name = f"er_bench_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(args.pg).set(database=name).render_as_string(hide_password=False)
+        pg = writer_throughput(url, args.rows, d / "spool4")
+        print(f"writer throughput postgresql: {pg:.0f} rows/s ({args.rows} rows)")
+        return ledger_comparison(admin, args.pg, args.rows, d) if args.ledger_compare else ""
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=5000)
@@ -192,78 +262,14 @@ def main() -> None:
         "--pg", default=os.environ.get("ENERGY_ROUTER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
     )
     args = ap.parse_args()
-    ledger_cmp = ""
     with tempfile.TemporaryDirectory() as d, LocalBackend(delay_s=0.005) as be:
         d = Path(d)
-        url = f"sqlite:///{d / 'cb.db'}"
-        settings = Settings.model_validate(
-            {
-                "table": {"url": url},
-                "candidates": CANDIDATES,
-                "energy": {"meter": args.meter},
-                "writer": {"spool_dir": str(d / "spool")},
-            }
-        )
-        templates = asyncio.run(capture_events(be.base_url, 50))
-        logger = EnergyLogger(settings)
-        costs = asyncio.run(hook_cost(logger, templates, args.events))
-        assert logger.flush(120)
-        store = open_store(url)
-        found = store.count_runs()
-        store.close()
-        logger.close()
-        p50, p99 = pct(costs, 0.5) * 1e3, pct(costs, 0.99) * 1e3
-        print(f"meter: {args.meter}")
-        print(
-            f"callback event-loop time per request: p50 {p50:.4f} ms, p99 {p99:.4f} ms, mean "
-            f"{statistics.fmean(costs) * 1e3:.4f} ms over {len(costs)} events (goal p50 <= 0.2 ms)"
-        )
-
-        base1 = asyncio.run(router_burst(be.base_url, args.requests, None))
-        logger2 = EnergyLogger(
-            Settings.model_validate(
-                {
-                    "table": {"url": f"sqlite:///{d / 'burst.db'}"},
-                    "candidates": CANDIDATES,
-                    "energy": {"meter": args.meter},
-                    "writer": {"spool_dir": str(d / "spool2")},
-                }
-            )
-        )
-        with_cb = asyncio.run(router_burst(be.base_url, args.requests, logger2))
-        logger2.close()
-        base2 = asyncio.run(router_burst(be.base_url, args.requests, None))
-        base = (base1 + base2) / 2  # without / with / without: warm-up order effects cancel
-        print(
-            f"router burst {args.requests} requests, 64 concurrent: {base1:.2f} s and {base2:.2f} s without, "
-            f"{with_cb:.2f} s with the callback; ratio {with_cb / base:.3f} (shared machine: +-10 % noise)"
-        )
-
+        costs, found = hook_part(be, d, args)
+        burst_part(be, d, args)
         sq = writer_throughput(f"sqlite:///{d / 'w.db'}", args.rows, d / "spool3")
         print(f"writer throughput sqlite: {sq:.0f} rows/s ({args.rows} rows)")
-        try:
-            admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
-            with admin.connect() as c:
-                c.execute(text("select 1"))
-        except Exception as e:  # noqa: BLE001
-            print(f"writer throughput postgresql: skipped ({type(e).__name__}: unreachable at {args.pg})")
-        else:
-            name = f"er_bench_{uuid.uuid4().hex[:10]}"
-            with admin.connect() as c:
-                c.execute(text(f'CREATE DATABASE "{name}"'))
-            try:
-                pg = writer_throughput(
-                    make_url(args.pg).set(database=name).render_as_string(hide_password=False), args.rows, d / "spool4"
-                )
-                print(f"writer throughput postgresql: {pg:.0f} rows/s ({args.rows} rows)")
-                if args.ledger_compare:
-                    ledger_cmp = ledger_comparison(admin, args.pg, args.rows, d)
-            finally:
-                with admin.connect() as c:
-                    c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
-                    c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-                admin.dispose()
-    print(f"callback_p50_ms={p50:.4f} rows_expected={len(costs)} rows_found={found}{ledger_cmp}")
+        ledger_cmp = postgres_part(d, args)
+    print(f"callback_p50_ms={pct(costs, 0.5) * 1e3:.4f} rows_expected={len(costs)} rows_found={found}{ledger_cmp}")
 
 
 def ledger_comparison(admin: Any, pg: str, rows: int, d: Path) -> str:
