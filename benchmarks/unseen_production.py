@@ -122,28 +122,10 @@ def serve_production(
     from litellm_energy_router.demo.serve import serve
     from litellm_energy_router.router.adapt import ADAPT
     from litellm_energy_router.router.runtime import RouterRuntime
-    from litellm_energy_router.settings import Settings
 
     url_d = _table_without(url, task, tmp / "table.db")
     ck = _serving_checkpoint(train, tmp, profile)
-    settings = Settings.model_validate(
-        {
-            "table": {"url": url_d},
-            "router": {
-                "checkpoint": str(ck),
-                "epsilon": a.epsilon,
-                "epsilon_new_context": a.epsilon_new,
-                "explore": a.explore,
-                "timeout_ms": 5000,
-                "context_refresh_s": 0,
-                "context_rows": True,
-            },
-            "knob": {"lambda": a.lam},
-            "energy": {"meter": "estimate", "profile": str(profile_path) if profile_path else None},
-            "privacy": {"store_text": True},
-            "writer": {"spool_dir": str(tmp / "spool"), "flush_interval_s": 0.2, "task": task},
-        }
-    )
+    settings = _serving_settings(url_d, ck, task, tmp, a, profile_path)
     rt = RouterRuntime(ck, background=False)
     ADAPT.reset()
     ADAPT.enabled = True
@@ -176,6 +158,31 @@ def serve_production(
     finally:
         rt.close()
         ADAPT.reset()
+
+
+def _serving_settings(url: str, ck: Path, task: str, tmp: Path, a: Any, profile_path: Path | None) -> Any:
+    """The served process's settings: the checkpoint ``ck`` at the operator's λ and ε, the context's own rows, the
+    estimate meter, production rows of ``task`` written to ``url``."""
+    from litellm_energy_router.settings import Settings
+
+    return Settings.model_validate(
+        {
+            "table": {"url": url},
+            "router": {
+                "checkpoint": str(ck),
+                "epsilon": a.epsilon,
+                "epsilon_new_context": a.epsilon_new,
+                "explore": a.explore,
+                "timeout_ms": 5000,
+                "context_refresh_s": 0,
+                "context_rows": True,
+            },
+            "knob": {"lambda": a.lam},
+            "energy": {"meter": "estimate", "profile": str(profile_path) if profile_path else None},
+            "privacy": {"store_text": True},
+            "writer": {"spool_dir": str(tmp / "spool"), "flush_interval_s": 0.2, "task": task},
+        }
+    )
 
 
 def app_of(task: str) -> str:
