@@ -72,6 +72,18 @@ def texts_of(tmp: Path, candidate: str) -> list[str]:
     return texts
 
 
+def pool_model_list(cands: list[str], base) -> list[dict]:
+    """One deployment per candidate in model group ``pool``, tagged with its candidate, at ``base(f"c{j}")``."""
+    return [
+        {
+            "model_name": "pool",
+            "litellm_params": {"model": f"openai/c{j}", "api_base": base(f"c{j}"), "api_key": "k"},
+            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
+        }
+        for j, c in enumerate(cands)
+    ]
+
+
 def make_core(ck: Path, scorer: str):
     from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore
 
@@ -203,14 +215,7 @@ async def main_async(args) -> None:
     cands = read_manifest(ck).candidates
     texts = texts_of(tmp, cands[0])
     backend = LocalBackend().start()
-    model_list = [
-        {
-            "model_name": "pool",
-            "litellm_params": {"model": f"openai/c{j}", "api_base": backend.base(f"c{j}"), "api_key": "k"},
-            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
-        }
-        for j, c in enumerate(cands)
-    ]
+    model_list = pool_model_list(cands, backend.base)
     core, lm_core = make_core(ck, "auto"), make_core(ck, "lm")
     for c in (core, lm_core):
         c.runtime.wait_ready()  # built inside the event loop: they load on a thread

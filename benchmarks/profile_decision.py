@@ -30,18 +30,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from litellm_energy_router.profiling.routerbench import (  # noqa: E402
-    bundled_files,
-    import_routerbench,
-)
 
-from litellm_energy_router.energy import load_profile  # noqa: E402
-from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore  # noqa: E402
 from litellm_energy_router.router import length_model as lm  # noqa: E402
 from litellm_energy_router.router.checkpoint import read_manifest  # noqa: E402
 from litellm_energy_router.router.output_tokens import request_tokens  # noqa: E402
-from litellm_energy_router.settings import Settings  # noqa: E402
-from litellm_energy_router.table import open_store  # noqa: E402
 from litellm_energy_router.tokens import count_prompt_tokens, estimate_prompt_tokens  # noqa: E402
 
 
@@ -60,32 +52,17 @@ def stage(name: str, f, n: int) -> float:
 
 
 def setup(checkpoint: str | None):
-    """(core, prompts, deployments) for the decisions: the checkpoint (built when not given), 300 uncached prompts."""
-    tmp = Path(tempfile.mkdtemp())
-    if checkpoint:
-        ck = Path(checkpoint)
-    else:
-        from bench_routing import build_checkpoint
+    """(core, prompts, deployments) for the decisions: the checkpoint (built when not given), 300 uncached prompts;
+    the core and prompts as :mod:`bench_routing` makes them, deployments at an address never called."""
+    from bench_routing import build_checkpoint, make_core, pool_model_list, texts_of
 
-        ck = build_checkpoint(tmp)
+    tmp = Path(tempfile.mkdtemp())
+    ck = Path(checkpoint) if checkpoint else build_checkpoint(tmp)
     cands = read_manifest(ck).candidates
-    store = open_store(f"sqlite:///{tmp / 'texts.db'}")
-    import_routerbench(store, bundled_files()[-1:], load_profile())
-    texts = [r["text"] for r in store.iter_runs() if r["candidate"] == cands[0]]
-    store.close()
-    texts = [f"{t} #{i}" for i, t in enumerate(texts[:300])]
-    deps = [
-        {
-            "model_name": "pool",
-            "litellm_params": {"model": f"openai/c{j}", "api_base": "http://127.0.0.1:9", "api_key": "k"},
-            "model_info": {"id": f"dep-{j}", "energy_router_candidate": c},
-        }
-        for j, c in enumerate(cands)
-    ]
-    settings = {"router": {"checkpoint": str(ck), "cache_size": 0, "timeout_ms": 10_000}, "knob": {"lambda": 0.3}}
-    core = EnergyRouterCore(Settings.model_validate(settings))
+    texts = [f"{t} #{i}" for i, t in enumerate(texts_of(tmp, cands[0])[:300])]
+    core = make_core(ck, "auto")
     core.runtime.wait_ready()
-    return core, texts, deps
+    return core, texts, pool_model_list(cands, lambda name: "http://127.0.0.1:9")
 
 
 def stages(core, texts: list[str], deps: list[dict], rk: dict) -> dict[str, float]:

@@ -63,7 +63,7 @@ def request_tokens(
     unk = [i for i in range(n) if gap[i].any()]
     if unk and length is not None:
         pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], prior)
-        if len(unk) == n and gap.all():  # no request of a known task (production traffic): the prediction throughout
+        if gap.all():  # no request of a known task (production traffic): the prediction throughout
             out, lo, hi = pred.mean, pred.lo, pred.hi
         else:
             g = gap[unk]
