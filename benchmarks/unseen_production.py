@@ -217,8 +217,7 @@ def full_rows_router(
 
     both = concat_rows(train, pool)
     est = fit_energy_estimate(both, profile)
-    jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
-    jo = np.array([est.j_per_output_token[c] for c in train.candidates])
+    jp, jo = est.rates(train.candidates)
     m = with_tag(ev, task)
     T, _ = request_tokens(est, lm, m.candidates, m.texts, list(m.tasks), m.prompt_tokens)
     return make_baseline("task_prior", seed=0).fit(both).predict_proba(m), m.prompt_tokens[:, None] * jp + T * jo
@@ -234,8 +233,7 @@ def refit_after_production(
         pairs = load_pairs(s, candidates=train.candidates)
     prior = make_baseline("task_prior", seed=0).fit(concat_rows(train, partial_only(pairs, train)))
     est = fit_energy_from_pairs(pairs, profile)
-    jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
-    jo = np.array([est.j_per_output_token[c] for c in train.candidates])
+    jp, jo = est.rates(train.candidates)
     P, E = {}, {}
     for tag, name in (("shown", task), ("hidden", UNKNOWN_TASK)):
         m = with_tag(ev, name)

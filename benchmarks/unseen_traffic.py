@@ -176,8 +176,7 @@ def static_methods(train: TableMatrix, ev: TableMatrix, profile, log) -> dict[st
         f"    fitted on {train.n} queries in {time.time() - t0:.0f} s (length model: {info.get('model')}; pseudo-rows "
         f"by leave-task-out CV: {fits['prior'].params['alpha']})"
     )
-    jp = np.array([est.j_per_prompt_token[c] for c in train.candidates])
-    jo = np.array([est.j_per_output_token[c] for c in train.candidates])
+    jp, jo = est.rates(train.candidates)
     out = {}
     for tag, name in (("shown", ev.tasks[0]), ("hidden", UNKNOWN_TASK)):
         m = with_tag(ev, name)

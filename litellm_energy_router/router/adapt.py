@@ -99,12 +99,8 @@ class Adaptation:
             self.energy = None
             if est is not None:
                 prior = est.unknown_task_tokens()
-                self.energy = OnlineEnergy(
-                    cands,
-                    [est.j_per_output_token[c] for c in cands],
-                    [est.j_per_prompt_token[c] for c in cands],
-                    [prior[c] for c in cands],
-                )
+                jp, jo = est.rates(cands)
+                self.energy = OnlineEnergy(cands, jo, jp, [prior[c] for c in cands])
             n0 = context_n0(model)
             if self.prior is None or list(self.prior.candidates) != cands or self.prior.n0 != n0:
                 self.prior, self.last_run_id = ContextPrior(cands, n0=n0), -1

@@ -65,8 +65,7 @@ class EnergyEstimate(BaseModel):
         output tokens (the checkpoint's token model, :mod:`.token_model`); the sum is floored at 0."""
         import numpy as np
 
-        jp = np.array([self.j_per_prompt_token[c] for c in candidates])
-        jo = np.array([self.j_per_output_token[c] for c in candidates])
+        jp, jo = self.rates(candidates)
         out = np.empty((len(prompt_tokens), len(candidates)))
         fallback = self.unknown_task_tokens()
         for i, task in enumerate(tasks):
@@ -75,6 +74,12 @@ class EnergyEstimate(BaseModel):
         if offset_tokens is not None:
             out = np.maximum(out + np.asarray(offset_tokens, dtype=float), 0.0)
         return np.asarray(prompt_tokens, dtype=float)[:, None] * jp[None, :] + out * jo[None, :]
+
+    def rates(self, candidates: Sequence[str]) -> tuple[Any, Any]:
+        """(J per prompt token, J per output token) as numpy arrays in the order of ``candidates``."""
+        import numpy as np
+
+        return tuple(np.array([j[c] for c in candidates]) for j in (self.j_per_prompt_token, self.j_per_output_token))
 
     def unknown_task_tokens(self) -> dict[str, float]:
         """Candidate → output tokens for a task the table does not hold: the prior (older checkpoints: the mean)."""

@@ -123,8 +123,7 @@ class CheckpointScorer:
     @functools.cached_property
     def token_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """(J per prompt token, J per output token) per candidate, in candidate order (read-only arrays)."""
-        est, cands = self.manifest.energy, self.manifest.candidates
-        out = tuple(np.array([j[c] for c in cands]) for j in (est.j_per_prompt_token, est.j_per_output_token))
+        out = self.manifest.energy.rates(self.manifest.candidates)
         for a in out:
             a.flags.writeable = False
         return out
