@@ -9,7 +9,8 @@ prompts), then ``choose()`` end to end. ``--cprofile`` adds cProfile's top funct
 decisions; ``--cold`` adds ``choose()`` after evicting the CPU caches before each call. Without ``--checkpoint``
 it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
 ``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w> shared_ngram_pass_ratio=<r>`` (and
-``cold_choose_p50_us=<c>`` with ``--cold``).
+``cold_choose_p50_us=<c>`` with ``--cold``). ``unlike_table_choose_p50_us``: ``choose()`` on 60 chat requests unlike the
+table's prompts, whose support scan cannot stop early.
 """
 
 from __future__ import annotations
@@ -139,14 +140,53 @@ def main() -> None:
     p50 = asyncio.run(choose_p50(core, deps, msgs, rk))
     print(f"  {'choose() end to end, p50':46s} {p50:8.1f} µs")
     shared = asyncio.run(shared_pass_ab(core, deps, msgs, rk))
+    far = asyncio.run(unlike_the_table(core, deps, rk))
     cold = asyncio.run(cold_choose(core, deps, msgs, rk)) if args.cold else None
     if args.cprofile:
         top_functions(core, deps, msgs, rk)
     print(
         f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
-        f"student_us={s['student']:.0f} shared_ngram_pass_ratio={shared:.3f}"
+        f"student_us={s['student']:.0f} shared_ngram_pass_ratio={shared:.3f} unlike_table_choose_p50_us={far:.0f}"
         + (f" cold_choose_p50_us={cold:.0f}" if cold is not None else "")
     )
+
+
+#: chat requests nothing like the table's benchmark prompts (the traffic of docs/unseen_traffic.md), one per (verb, topic)
+FAR_VERBS = (
+    "Draft a friendly note to my landlord about",
+    "Give me three weekend ideas involving",
+    "Rewrite this tagline so it sounds warmer: we sell",
+    "What should I pack for a trip centred on",
+    "Plan a dinner menu around",
+)
+FAR_TOPICS = (
+    "a leaking kitchen tap",
+    "old film cameras",
+    "sourdough starters",
+    "a rainy week in Lisbon",
+    "vintage bicycles",
+    "houseplants that survive neglect",
+    "a quiet board game night",
+    "learning the cello at forty",
+    "birdwatching gear",
+    "a community garden",
+    "home espresso",
+    "a coastal hiking trail",
+)
+
+
+async def unlike_the_table(core, deps: list[dict], rk: dict) -> float:
+    """``choose()`` p50 (µs) on chat requests unlike the table (support below the blend's threshold on the bench's
+    checkpoint: the support scan reads every reference row instead of stopping early), printed with the scan alone."""
+    texts = [f"{v} {t}? (#{i})" for i, (v, t) in enumerate((v, t) for v in FAR_VERBS for t in FAR_TOPICS)]
+    L, msgs = core.runtime.model.length, [[{"role": "user", "content": t}] for t in texts]
+    sk = [lm.text_sketch(t) for t in texts]
+    if L is not None and len(L.ref):
+        sup = [L.support(v) for v in sk]
+        stage(f"support scan, unlike the table (median {np.median(sup):.2f})", lambda i: L.support(sk[i]), len(texts))
+    p50 = await choose_p50(core, deps, msgs, rk)
+    print(f"  {'choose() p50, requests unlike the table':46s} {p50:8.1f} µs")
+    return p50
 
 
 async def cold_choose(core, deps, msgs, rk) -> float:
