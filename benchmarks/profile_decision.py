@@ -52,6 +52,11 @@ def stage(name: str, f, n: int) -> float:
     return float(np.median(per))
 
 
+def messages(texts: list[str]) -> list[list[dict]]:
+    """Each prompt as a one-message chat request."""
+    return [[{"role": "user", "content": t}] for t in texts]
+
+
 def setup(checkpoint: str | None):
     """(core, prompts, deployments) for the decisions: the checkpoint (built when not given), 300 uncached prompts;
     the core and prompts as :mod:`bench_routing` makes them, deployments at an address never called."""
@@ -71,7 +76,7 @@ def stages(core, texts: list[str], deps: list[dict], rk: dict) -> dict[str, floa
     n, sc, cands = len(texts), core.runtime.model, core.runtime.model.candidates
     L, est = sc.length, sc.manifest.energy
     prior = np.array([est.unknown_task_tokens()[c] for c in cands])
-    msgs = [[{"role": "user", "content": t}] for t in texts]
+    msgs = messages(texts)
     ntok = [estimate_prompt_tokens(t) for t in texts]
     sk = [lm.sketch(lm.buckets(t)).astype(np.float32) for t in texts]
     scored = [core.runtime.score_sync(t) for t in texts]
@@ -136,7 +141,7 @@ def main() -> None:
     core, texts, deps = setup(args.checkpoint)
     rk = {"metadata": {}}
     s = stages(core, texts, deps, rk)
-    msgs = [[{"role": "user", "content": t}] for t in texts]
+    msgs = messages(texts)
     p50 = asyncio.run(choose_p50(core, deps, msgs, rk))
     print(f"  {'choose() end to end, p50':46s} {p50:8.1f} µs")
     shared = asyncio.run(shared_pass_ab(core, deps, msgs, rk))
@@ -179,7 +184,7 @@ async def unlike_the_table(core, deps: list[dict], rk: dict) -> float:
     """``choose()`` p50 (µs) on chat requests unlike the table (support below the blend's threshold on the bench's
     checkpoint: the support scan reads every reference row instead of stopping early), printed with the scan alone."""
     texts = [f"{v} {t}? (#{i})" for i, (v, t) in enumerate((v, t) for v in FAR_VERBS for t in FAR_TOPICS)]
-    L, msgs = core.runtime.model.length, [[{"role": "user", "content": t}] for t in texts]
+    L, msgs = core.runtime.model.length, messages(texts)
     sk = [lm.text_sketch(t) for t in texts]
     if L is not None and len(L.ref):
         sup = [L.support(v) for v in sk]
