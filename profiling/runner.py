@@ -221,6 +221,7 @@ class Tournament:
             gpu=self.config.energy.gpu or cand.hardware,
             status="success" if grade.score is not None else "failure",
             call_id=job.call_id,
+            context=job.context,
             grade_note=grade.note,
         )
         if grade.score is None:

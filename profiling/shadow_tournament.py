@@ -83,21 +83,30 @@ class OpenQuestion(Task):
         return await ctx.judge.rate(item.prompt, answer)
 
 
-def existing_query_ids(store: TableStore, ids: Iterable[str]) -> set[str]:
-    """Which of ``ids`` already have a query row."""
+def existing_queries(store: TableStore, ids: Iterable[str]) -> dict[str, str | None]:
+    """Which of ``ids`` already have a query row: query id → the context its production run stored (None: no
+    production run, or one without a context)."""
     wanted = sorted(set(ids))
     engine = getattr(store, "engine", None)
     if engine is None:
-        return {r["query_id"] for r in store.iter_runs() if r["query_id"] in set(wanted)}
-    from sqlalchemy import select
+        found: dict[str, str | None] = {}
+        for r in store.iter_runs():
+            if r["query_id"] in set(wanted):
+                prod = r.get("context") if r.get("source") == "production" else None
+                found[r["query_id"]] = found.get(r["query_id"]) or prod
+        return found
+    from sqlalchemy import and_, select
 
     from litellm_energy_router.table import schema
 
-    found: set[str] = set()
+    q, r = schema.queries, schema.runs
+    found = {}
     with engine.connect() as conn:
         for i in range(0, len(wanted), 500):
-            chunk = wanted[i : i + 500]
-            found.update(x for (x,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk))))
+            on = and_(r.c.query_id == q.c.id, r.c.source == "production")
+            stmt = select(q.c.id, r.c.context).select_from(q.outerjoin(r, on)).where(q.c.id.in_(wanted[i : i + 500]))
+            for qid, ctx in conn.execute(stmt):
+                found[qid] = found.get(qid) or ctx
     return found
 
 
@@ -105,9 +114,11 @@ def shadow_jobs(
     entries: list[ShadowEntry], store: TableStore, privacy: PrivacySettings, max_tokens: int | None = None
 ) -> list[Job]:
     """Jobs for queued production queries. A query row is written only when the callback has not
-    written it yet (as a production query, honouring the privacy settings)."""
+    written it yet (as a production query, honouring the privacy settings). Each job's runs carry the context
+    its production run stored (what the proxy attributed from LiteLLM's authenticated fields; never read from the
+    queue file), so a shadow tournament teaches the context prior of the app whose traffic it ran."""
     task = OpenQuestion()
-    have = existing_query_ids(store, (e.query_id for e in entries))
+    have = existing_queries(store, (e.query_id for e in entries))
     jobs = []
     for e in entries:
         item = TaskItem(e.task, e.query_id, e.text, None, {}, key=e.query_id)
@@ -124,5 +135,7 @@ def shadow_jobs(
                 created=e.created,
             )
         )
-        jobs.append(Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id))
+        jobs.append(
+            Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id, context=have.get(e.query_id))
+        )
     return jobs

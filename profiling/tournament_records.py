@@ -17,13 +17,15 @@ from .tasks import Task, TaskItem
 @dataclass(frozen=True)
 class Job:
     """One query to put to every candidate. ``query`` is the row to upsert with each run (None when
-    the query row exists already, e.g. a production query in a shadow tournament)."""
+    the query row exists already, e.g. a production query in a shadow tournament); ``context``: the hashed
+    context keys every run of it carries (a shadow run: its production query's, ``router/context.py``)."""
 
     task: Task
     item: TaskItem
     query: Query | None
     max_tokens: int
     call_id: str | None = None
+    context: str | None = None
 
 
 @dataclass

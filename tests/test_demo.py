@@ -91,6 +91,9 @@ def test_quick_demo_logs_every_served_query(quick_demo):
     shadow = [r for r in rows if r["source"] == "shadow"]
     assert len(shadow) == s["shadow_rows"] == 100 * 6
     assert {r["query_id"] for r in shadow} == {r["query_id"] for r in prod}
+    # each carries its production row's context (the context prior learns the app's traffic from them)
+    ctx = {r["query_id"]: r["context"] for r in prod}
+    assert all(r["context"] == ctx[r["query_id"]] for r in shadow) and all(ctx.values())
 
 
 @pytest.mark.slow

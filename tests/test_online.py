@@ -258,14 +258,18 @@ def test_prior_fitted_from_tournament_and_production_rows(any_url):
                 "context": str(ctx),
             }
         )
+        # a shadow tournament ran the app's query on the other candidate: its run carries the app's context
+        runs.append({"query_id": f"prod-{i}", "candidate": "large", "source": "shadow", "score": 0.0})
+        runs[-1]["context"] = str(ctx) if i < 20 else None  # ten written without one: task and cluster only
     store.write(qs, runs, candidates=[{"name": c} for c in ("small", "large")])
     cp = ContextPrior(["small", "large"])
-    assert cp.fit_rows(store.iter_runs()) == 90
+    assert cp.fit_rows(store.iter_runs()) == 120
     store.close()
     task = cp.detail(Context("task:synthetic", "cl:99"))
     assert task[2] == "task:synthetic" and task[0][1] > 0.7 and task[0][0] < 0.3
     p, own, level = cp.detail(ctx)
-    assert level == ctx.key and own[0] == 30 and p[0] > 0.9
+    assert level == ctx.key and own.tolist() == [30, 20] and p[0] > 0.9 and p[1] < 0.2
+    assert cp.detail(Context("task:production", "cl:99"))[1].tolist() == [0, 10]
 
 
 def test_no_support_blends_toward_the_prior_and_says_so(planted_ckpt, sqlite_url, tmp_path, backend):

@@ -250,7 +250,16 @@ def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_pa
     store.write(
         candidates=[Candidate(name="small")],
         queries=[make_query("prod-1", "chat", texts["prod-1"], store_text=False, salt="pepper", source="production")],
-        runs=[Run(query_id="prod-1", candidate="small", source="production", latency_s=1.0, status="success")],
+        runs=[
+            Run(
+                query_id="prod-1",
+                candidate="small",
+                source="production",
+                latency_s=1.0,
+                status="success",
+                context="ctx:00aa11bb22cc33dd|cl:3",  # what the proxy attributed to the request
+            )
+        ],
     )
     queue = tmp_path / "shadow.jsonl"
     lines = [
@@ -270,6 +279,8 @@ def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_pa
         assert r["score"] == (1.0 if want else 0.0) and r["call_id"] == f"call-{r['query_id']}"
         assert r["query_source"] == "production" and r["text"] is None  # privacy kept; production row untouched
         assert r["text_hash"] == text_hash(texts[r["query_id"]], "pepper")
+        # the production run's context (prod-2 has no production run yet: none)
+        assert r["context"] == ("ctx:00aa11bb22cc33dd|cl:3" if r["query_id"] == "prod-1" else None)
     assert len(list(store.iter_runs(sources=["production"]))) == 1
     again = run(cfg, store, source="shadow", jobs=shadow_jobs(read_queue(queue), store, privacy))
     assert again.written == 0 and len(backend.answers.log) - n == 6

@@ -90,11 +90,14 @@ def label_production(
         store.close()
 
 
-def served_matrices(recs: list[Any], candidates: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(prompt tokens[n], completion tokens[n, K], correctness Y[n, K], estimated J E[n, K]) of the records."""
+def served_matrices(
+    recs: list[Any], candidates: list[str], profile: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt tokens[n], completion tokens[n, K], correctness Y[n, K], estimated J E[n, K]) of the records
+    (``profile``: the energy profile, default the bundled one)."""
     from litellm_energy_router.tokens import count_prompt_tokens
 
-    profile = load_profile()
+    profile = profile or load_profile()
     pt = np.array([count_prompt_tokens(r.prompt) for r in recs], dtype=np.int64)
     ct = np.array([[count_prompt_tokens(r.answers[c][1]) for c in candidates] for r in recs], dtype=np.int64)
     Y = np.array([[r.answers[c][0] for c in candidates] for r in recs], dtype=np.float64)
@@ -106,6 +109,39 @@ def served_matrices(recs: list[Any], candidates: list[str]) -> tuple[np.ndarray,
         dtype=np.float64,
     )
     return pt, ct, Y, E
+
+
+def write_shadow_rows(
+    db: str, prod_rows: list[dict[str, Any]], mats: tuple, candidates: list[str], profile: Any = None
+) -> int:
+    """Replayed shadow rows: for each production row (as the table holds it) and its query's row of ``mats``
+    (:func:`served_matrices`), one run per candidate (``source=shadow``, recorded correctness, estimated J)
+    carrying the production row's context, as a shadow tournament writes them. Returns the rows written."""
+    pt, ct, Y, E = mats
+    profile = profile or load_profile()
+    hw = {c: profile.get(c).hardware for c in candidates}
+    runs = [
+        Run(
+            query_id=r["query_id"],
+            candidate=c,
+            source="shadow",
+            score=float(Y[i, k]),
+            prompt_tokens=int(pt[i]),
+            completion_tokens=int(ct[i, k]),
+            energy_j=float(E[i, k]),
+            energy_method="estimate",
+            gpu=hw[c],
+            context=r.get("context"),
+        )
+        for i, r in enumerate(prod_rows)
+        for k, c in enumerate(candidates)
+    ]
+    store = open_store(db)
+    try:
+        store.write(runs=runs)
+    finally:
+        store.close()
+    return len(runs)
 
 
 def serving_settings(cfg: DemoConfig) -> Any:
@@ -202,28 +238,6 @@ def label_served(
     """Step 4: feedback on every production row, replayed shadow rows for every candidate. Returns the
     production rows (in served order), the shadow rows written and the served queries' matrices."""
     rows = label_production(cfg.db, calls, lambda i, c: grade(serve_recs[i].prompt, c))
-    pt, ct, Y, E = served_matrices(serve_recs, candidates)
-    n_shadow = int(round(cfg.shadow_fraction * len(calls)))
-    shadow_q = [rows[c.call_id]["query_id"] for c in calls[:n_shadow]]
-    hw = {c: load_profile().get(c).hardware for c in candidates}
-    runs = [
-        Run(
-            query_id=q,
-            candidate=c,
-            source="shadow",
-            score=float(Y[i, k]),
-            prompt_tokens=int(pt[i]),
-            completion_tokens=int(ct[i, k]),
-            energy_j=float(E[i, k]),
-            energy_method="estimate",
-            gpu=hw[c],
-        )
-        for i, q in enumerate(shadow_q)
-        for k, c in enumerate(candidates)
-    ]
-    store = open_store(cfg.db)
-    try:
-        store.write(runs=runs)
-    finally:
-        store.close()
-    return [rows[c.call_id] for c in calls], len(runs), (pt, ct, Y, E)
+    prod, mats = [rows[c.call_id] for c in calls], served_matrices(serve_recs, candidates)
+    n = int(round(cfg.shadow_fraction * len(calls)))
+    return prod, write_shadow_rows(cfg.db, prod[:n], tuple(a[:n] for a in mats), candidates), mats

@@ -8,7 +8,8 @@ it every request has a **text cluster** ``cl:<b>``: a SimHash bucket (:data:`CLU
 fixed random projections of the request's hashed byte-n-gram sketch, :func:`.length_model.sketch`), the same
 in every process and after every retrain. Levels, most specific first: context key → cluster → pool. A request
 with nothing but its model group known has no context key (the model group alone is the pool): cluster → pool.
-Tournament rows have the context ``task:<task>`` → cluster → pool (:func:`table_context`).
+Tournament rows have the context ``task:<task>`` → cluster → pool; shadow rows the context of the production query
+they shadow (:func:`table_context`).
 
 **ContextPrior**: per level key and candidate, the (weighted) count ``n`` and sum of correctness scores (in
 [0, 1]). ``prior(context)[K]``: the pool's mean (``POOL_ALPHA`` pseudo-rows at 0.5), then each level from the
@@ -106,9 +107,10 @@ def request_context(
 
 
 def table_context(row: Mapping[str, Any]) -> Context | None:
-    """The context of a table row: a production row's stored ``context``; any other row ``task:<task>`` and
-    the cluster of its text (None: a row with neither)."""
-    if row.get("source") == "production":
+    """The context of a table row: a production row's stored ``context``, and a shadow row's (the context of the
+    production query it shadows, copied by the shadow tournament); any other row ``task:<task>`` and the cluster of
+    its text (None: a row with neither)."""
+    if row.get("source") == "production" or (row.get("source") == "shadow" and row.get("context")):
         return Context.parse(row.get("context"))
     text, task = row.get("text"), row.get("task")
     if not text:
