@@ -250,7 +250,14 @@ class ShadowSettings(_Section):
     """
 
     fraction: float = Field(0.0, ge=0, le=1, description="share of production queries queued")
-    queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file")
+    new_context_requests: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="also queue the first N requests of each context key (an app) this process serves: a shadow "
+        "tournament of them labels every candidate for the app (docs/unseen_traffic.md); 0 = off",
+    )
+    queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file (0600: it holds text)")
 
 
 class AccountingSettings(_Section):

@@ -4,12 +4,16 @@ the writer, including rows that took the spool path."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
+
+import pytest
 
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter, query_id_for
+from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue, sampled
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
-from litellm_energy_router.shadow_queue import ShadowQueue, sampled
 from litellm_energy_router.table import open_store
 
 
@@ -25,6 +29,7 @@ def test_queue_format(tmp_path):
     q = ShadowQueue(tmp_path / "sub" / "shadow.jsonl", 1.0)
     assert q.maybe_enqueue("prod-1", "production", "What is 2+2?\nünïcode", "1", created=123.5)
     q.enqueue("prod-2", "production", "x", None)
+    assert stat.S_IMODE((tmp_path / "sub" / "shadow.jsonl").stat().st_mode) == 0o600  # it holds query text
     lines = [json.loads(x) for x in (tmp_path / "sub" / "shadow.jsonl").read_text().splitlines()]
     assert lines[0] == {
         "query_id": "prod-1",
@@ -93,3 +98,54 @@ def test_profiler_reads_our_queue(tmp_path):
     assert [(e.query_id, e.task, e.text, e.call_id, e.created) for e in entries] == [
         (f"prod-c{i}", "production", f"text {i}", f"c{i}", 50.0 + i) for i in range(3)
     ]
+
+
+def test_first_requests_of_each_new_context_are_queued(tmp_path):
+    """``new_context_requests``: the first N requests of each context key, whatever the fraction; never a request
+    without a key (its text cluster alone), nor one of a key past its first N; counted per key."""
+    path = tmp_path / "shadow.jsonl"
+    q = ShadowQueue(path, 0.0, new_context_requests=3)
+    a, b = "ctx:00aa11bb22cc33dd|cl:3", "ctx:ffee00112233aabb|cl:3"
+    offered = [("a", a)] * 5 + [("b", b)] * 2 + [("cl", "cl:3"), ("none", None), ("bad", "ctx:1|ctx:2|cl:1")]
+    got = [q.maybe_enqueue(f"prod-{n}{i}", "production", "t", f"{n}{i}", context=c) for i, (n, c) in enumerate(offered)]
+    assert got == [True] * 3 + [False] * 2 + [True] * 2 + [False] * 3
+    assert [e["call_id"] for e in map(json.loads, path.read_text().splitlines())] == ["a0", "a1", "a2", "b5", "b6"]
+    with pytest.raises(ValueError, match="new_context_requests = -1"):
+        ShadowQueue(path, 0.0, new_context_requests=-1)
+
+
+def test_an_existing_world_readable_queue_is_narrowed(tmp_path):
+    path = tmp_path / "shadow.jsonl"
+    path.write_text("")
+    os.chmod(path, 0o644)
+    ShadowQueue(path, 1.0).maybe_enqueue("prod-1", "production", "secret prompt", "1")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_writer_queues_a_new_apps_first_requests(sqlite_url, tmp_path):
+    """Through the callback's writer: each row's stored context decides (``shadow.new_context_requests``)."""
+    path = tmp_path / "shadow.jsonl"
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05)
+    shadow = ShadowQueue(path, 0.0, new_context_requests=2)
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), shadow=shadow)
+    ctx = {"a": "ctx:00aa11bb22cc33dd|cl:3", "b": "ctx:ffee00112233aabb|cl:5", "-": "cl:5"}
+    for i, app in enumerate("aaaab--b"):
+        row = PendingRow(
+            call_id=f"{app}{i}",
+            candidate="mistralai/mistral-7b-chat",
+            status="success",
+            text=f"query {i}",
+            start_s=10.0 + i,
+            end_s=11.0 + i,
+            first_token_s=None,
+            prompt_tokens=3,
+            completion_tokens=2,
+            propensity=None,
+            deployment_id="d",
+            backend_id=None,
+        )
+        row.context = ctx[app]
+        w.submit(row)
+    w.close()
+    got = [json.loads(x)["call_id"] for x in path.read_text().splitlines()]
+    assert got == ["a0", "a1", "b4", "b7"]

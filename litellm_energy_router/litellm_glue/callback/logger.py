@@ -34,6 +34,7 @@ from litellm_energy_router.litellm_glue.callback.pending_row import (
     CandidateMap,
     extract_row,
 )
+from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
 from litellm_energy_router.litellm_glue.callback.writer import TableWriter
 from litellm_energy_router.litellm_glue.decision import (
     decision_from_kwargs,
@@ -42,7 +43,6 @@ from litellm_energy_router.litellm_glue.decision import (
 from litellm_energy_router.litellm_glue.figures import add_to_logging_payload
 from litellm_energy_router.metrics import CALLBACK_ERRORS, RateLimitedWarning
 from litellm_energy_router.settings import Settings, load_settings
-from litellm_energy_router.shadow_queue import ShadowQueue
 
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
@@ -71,12 +71,11 @@ class EnergyLogger(CustomLogger):
         self.meter = meter if meter is not None else open_request_meter(s.energy)
         self.cmap = CandidateMap(s.candidates)
         shadow = None
-        if s.shadow.fraction > 0:
-            shadow = ShadowQueue(s.shadow.queue_path, s.shadow.fraction)
+        if s.shadow.fraction > 0 or s.shadow.new_context_requests > 0:
+            shadow = ShadowQueue(s.shadow.queue_path, s.shadow.fraction, s.shadow.new_context_requests)
             if not s.privacy.store_text:
                 log.warning(
-                    "energy-router: shadow.fraction=%s writes query text to %s although privacy.store_text is false",
-                    s.shadow.fraction,
+                    "energy-router: shadow sampling writes query text to %s although privacy.store_text is false",
                     s.shadow.queue_path,
                 )
         writer_kwargs.setdefault("accounting", RowAccounting(CarbonModel(s.carbon), keep_ledger=s.accounting.ledger))

@@ -19,13 +19,13 @@ from litellm_energy_router.litellm_glue.callback.pending_row import (
     CandidateMap,
     PendingRow,
 )
+from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
 from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
 from litellm_energy_router.metrics import (
     CALL_IDS_REASSIGNED,
     REJECTED_ROWS,
     observe_row,
 )
-from litellm_energy_router.shadow_queue import ShadowQueue
 from litellm_energy_router.table import Query, Run, text_hash
 from litellm_energy_router.table.production import query_id_for, stored_call_id
 
@@ -127,7 +127,7 @@ class RecordBuilder:
             return
         try:
             cid = stored_call_id(row.call_id)
-            self.shadow.maybe_enqueue(query_id_for(cid), self.task, row.text, cid, row.start_s)
+            self.shadow.maybe_enqueue(query_id_for(cid), self.task, row.text, cid, row.start_s, row.context)
         except OSError as e:
             log.warning("energy-router: shadow queue %s not writable: %s", self.shadow.path, e)
 

@@ -39,11 +39,11 @@ from litellm_energy_router.litellm_glue.callback.private_files import (
 )
 from litellm_energy_router.litellm_glue.callback.record import RecordBuilder
 from litellm_energy_router.litellm_glue.callback.settle import EnergySettler
+from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
 from litellm_energy_router.litellm_glue.callback.sink import TableSink, Tally
 from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
 from litellm_energy_router.metrics import WRITER_QUEUE_DEPTH
 from litellm_energy_router.router.adapt import ADAPT
-from litellm_energy_router.shadow_queue import ShadowQueue
 from litellm_energy_router.table import open_store
 
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")

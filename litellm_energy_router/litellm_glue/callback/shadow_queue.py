@@ -1,0 +1,106 @@
+"""Shadow sampling: queue a fraction of production queries for a later shadow tournament (every
+candidate + grader/judge; run by the profiler).
+
+The queue file format is fixed by :class:`~litellm_energy_router.settings.ShadowSettings` — JSON
+Lines, append-only, one object per query::
+
+    {"query_id": str, "task": str, "text": str, "call_id": str | null, "created": float (Unix s)}
+
+Sampling is a deterministic function of the call id (SHA-256 -> [0, 1) < ``fraction``), so a query
+replayed from the writer's spool is never sampled twice with different outcomes. With
+``new_context_requests`` = N, the first N requests this process serves for each context key (an app: its
+authenticated key, team, tags or system prompt, :mod:`.router.context`) are queued as well, whatever the
+fraction: a shadow tournament of them labels every candidate for the app, which the context prior learns from
+(docs/unseen_traffic.md). The counts live in the process (at most :data:`MAX_KEYS` keys, least recent dropped):
+after a restart a context may get up to N more.
+
+The file holds query text: it is created 0600 (an existing one with wider permissions is narrowed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from litellm_energy_router.litellm_glue.callback.private_files import append_durably
+from litellm_energy_router.router.context import Context
+
+MAX_KEYS = 20_000  # context keys counted for ``new_context_requests``
+
+
+def sampled(key: str, fraction: float) -> bool:
+    """True for about ``fraction`` of keys, always the same answer for one key."""
+    if fraction <= 0:
+        return False
+    if fraction >= 1:
+        return True
+    h = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+class ShadowQueue:
+    """Appends sampled queries to the JSONL queue at ``path`` (thread-safe; one line per write, 0600):
+    ``fraction`` of them (by call id), and the first ``new_context_requests`` of each context key."""
+
+    def __init__(self, path: str | Path, fraction: float, new_context_requests: int = 0) -> None:
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"shadow.fraction = {fraction}: must be in [0, 1]")
+        if new_context_requests < 0:
+            raise ValueError(f"shadow.new_context_requests = {new_context_requests}: must be >= 0")
+        self.path = Path(path)
+        self.fraction = float(fraction)
+        self.new_context_requests = int(new_context_requests)
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[str, int] = OrderedDict()  # context key -> requests offered
+        self.enqueued = 0
+
+    def maybe_enqueue(
+        self,
+        query_id: str,
+        task: str,
+        text: str,
+        call_id: str | None,
+        created: float | None = None,
+        context: str | None = None,
+    ) -> bool:
+        """Queue the query when its call id (else query id) is sampled, or when it is among the first
+        ``new_context_requests`` offered of its ``context`` (the row's stored context: keys of
+        :class:`~litellm_energy_router.router.context.Context`). Returns whether it was queued."""
+        new = self._new_context(context)
+        if not (sampled(call_id or query_id, self.fraction) or new):
+            return False
+        self.enqueue(query_id, task, text, call_id, created)
+        return True
+
+    def _new_context(self, context: str | None) -> bool:
+        """Counts one request of ``context``'s key; True while the key has had at most ``new_context_requests``
+        (a request with no context key, only its text cluster: never)."""
+        ctx = Context.parse(context) if self.new_context_requests else None
+        if ctx is None or ctx.key is None:
+            return False
+        with self._lock:
+            n = self._seen.pop(ctx.key, 0) + 1
+            self._seen[ctx.key] = n
+            while len(self._seen) > MAX_KEYS:
+                self._seen.popitem(last=False)
+        return n <= self.new_context_requests
+
+    def enqueue(self, query_id: str, task: str, text: str, call_id: str | None, created: float | None = None) -> None:
+        line = json.dumps(
+            {
+                "query_id": query_id,
+                "task": task,
+                "text": text,
+                "call_id": call_id,
+                "created": float(created if created is not None else time.time()),
+            },
+        )
+        with self._lock:
+            if self.path.parent and not self.path.parent.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            append_durably(self.path, (line + "\n").encode("utf-8"))
+            self.enqueued += 1
