@@ -146,18 +146,33 @@ def serve_production(
                     concurrency=8,
                     metadata={"user_api_key_alias": app_of(task)},
                 )
-                label_production(url_d, calls, lambda i, c, off=done: recs[off + i].answers[c][0])
-                ADAPT.refresh_table(url_d)  # the labels, as the process's next refresh reads them
+                rows = label_production(url_d, calls, lambda i, c, off=done: recs[off + i].answers[c][0])
+                shadow_j = _shadow(url_d, rows, calls, step, pool.candidates, a.shadow, profile)
+                ADAPT.refresh_table(url_d)  # the labels (and shadow rows), as the process's next refresh reads them
                 served = np.bincount([pool.candidates.index(c.candidate) for c in calls], minlength=pool.K).tolist()
                 log(
                     f"    (d) served {n} production requests (written {counts['written']}, per candidate {served}, "
-                    f"replay misses {backend.answers.unknown}, online rows {ADAPT.energy.rows if ADAPT.energy else 0})"
+                    f"replay misses {backend.answers.unknown}, online rows {ADAPT.energy.rows if ADAPT.energy else 0}, "
+                    f"shadow {shadow_j[0]} queries x {pool.K} candidates, {shadow_j[1]:.0f} J estimated)"
                 )
                 done = n
                 yield n, url_d, rt
     finally:
         rt.close()
         ADAPT.reset()
+
+
+def _shadow(url: str, rows: dict, calls: list, step: list, candidates: list[str], share: float, profile: Any) -> tuple:
+    """Replayed shadow rows (every candidate, recorded correctness, estimated J, the production row's context) for
+    the first ``share`` of this step's requests, as a shadow tournament of them writes; (queries, their J)."""
+    from litellm_energy_router.demo.steps import served_matrices, write_shadow_rows
+
+    picked = [c for c in calls if c.index < round(share * len(step))]  # calls come in index order
+    if not picked:
+        return 0, 0.0
+    mats = served_matrices([step[c.index] for c in picked], candidates, profile)
+    write_shadow_rows(url, [rows[c.call_id] for c in picked], mats, candidates, profile)
+    return len(picked), float(mats[3].sum())
 
 
 def _serving_settings(url: str, ck: Path, task: str, tmp: Path, a: Any, profile_path: Path | None) -> Any:

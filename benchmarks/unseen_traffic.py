@@ -337,6 +337,13 @@ def main() -> None:
         "--epsilon-new", type=float, default=0.0, help="(d): router.epsilon_new_context of the served router (0: off)"
     )
     ap.add_argument("--explore", choices=("energy", "aimed"), default="energy", help="(d): router.explore")
+    ap.add_argument(
+        "--shadow",
+        type=float,
+        default=0.0,
+        help="(d): share of each step's requests also run on every candidate (a shadow tournament: recorded "
+        "correctness, estimated J, the request's context; 0: none)",
+    )
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--max-judged", type=int, default=0, help="judge at most this many queries per task (0: all)")
     ap.add_argument("--max-steps", type=int, default=len(NS), help="(d): at most this many N steps")
