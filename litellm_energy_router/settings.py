@@ -254,8 +254,9 @@ class ShadowSettings(_Section):
         0,
         ge=0,
         le=100_000,
-        description="also queue the first N requests of each context key (an app) this process serves: a shadow "
-        "tournament of them labels every candidate for the app (docs/unseen_traffic.md); 0 = off",
+        description="also queue the first N requests of each context key (an app) this process serves, at most N "
+        "per authenticated key: a shadow tournament of them labels every candidate for the app "
+        "(docs/unseen_traffic.md); 0 = off",
     )
     queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file (0600: it holds text)")
 

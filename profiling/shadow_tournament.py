@@ -16,6 +16,7 @@ without its newline (an append in progress) is left for the next run.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
@@ -27,6 +28,8 @@ from litellm_energy_router.table import TableStore, make_query
 
 from .runner import Job
 from .tasks import Grade, GradeContext, HFSource, Task, TaskError, TaskItem
+
+log = logging.getLogger(__name__)
 
 
 class QueueError(UserError, ValueError):
@@ -83,30 +86,36 @@ class OpenQuestion(Task):
         return await ctx.judge.rate(item.prompt, answer)
 
 
-def existing_queries(store: TableStore, ids: Iterable[str]) -> dict[str, str | None]:
-    """Which of ``ids`` already have a query row: query id → the context its production run stored (None: no
-    production run, or one without a context)."""
+def existing_queries(store: TableStore, ids: Iterable[str]) -> dict[str, tuple[float, str | None]]:
+    """Which of ``ids`` already have a query row: query id → (its ``created``, Unix s; the context its earliest
+    production run stored, None: no production run, or one without a context)."""
     wanted = sorted(set(ids))
+    found: dict[str, tuple[float, str | None]] = {}
     engine = getattr(store, "engine", None)
     if engine is None:
-        found: dict[str, str | None] = {}
         for r in store.iter_runs():
             if r["query_id"] in set(wanted):
                 prod = r.get("context") if r.get("source") == "production" else None
-                found[r["query_id"]] = found.get(r["query_id"]) or prod
+                old = found.get(r["query_id"], (r["query_created"], None))
+                found[r["query_id"]] = (old[0], old[1] or prod)
         return found
     from sqlalchemy import and_, select
 
     from litellm_energy_router.table import schema
 
     q, r = schema.queries, schema.runs
-    found = {}
+    on = and_(r.c.query_id == q.c.id, r.c.source == "production")
     with engine.connect() as conn:
         for i in range(0, len(wanted), 500):
-            on = and_(r.c.query_id == q.c.id, r.c.source == "production")
-            stmt = select(q.c.id, r.c.context).select_from(q.outerjoin(r, on)).where(q.c.id.in_(wanted[i : i + 500]))
-            for qid, ctx in conn.execute(stmt):
-                found[qid] = found.get(qid) or ctx
+            stmt = (
+                select(q.c.id, q.c.created, r.c.context)
+                .select_from(q.outerjoin(r, on))
+                .where(q.c.id.in_(wanted[i : i + 500]))
+                .order_by(q.c.id, r.c.id)
+            )
+            for qid, created, ctx in conn.execute(stmt):
+                old = found.get(qid, (float(created), None))
+                found[qid] = (old[0], old[1] or ctx)
     return found
 
 
@@ -116,15 +125,23 @@ def shadow_jobs(
     """Jobs for queued production queries. A query row is written only when the callback has not
     written it yet (as a production query, honouring the privacy settings). Each job's runs carry the context
     its production run stored (what the proxy attributed from LiteLLM's authenticated fields; never read from the
-    queue file), so a shadow tournament teaches the context prior of the app whose traffic it ran."""
+    queue file), so a shadow tournament teaches the context prior of the app whose traffic it ran; an entry queued
+    before its production row was written gets none (run the tournament after the writer has flushed). An entry
+    whose query id holds a query of another time (``created``: the request's start, the same in the queue and the
+    table) is another request's, whose id was used twice: skipped, never run or labelled under that query."""
     task = OpenQuestion()
     have = existing_queries(store, (e.query_id for e in entries))
-    jobs = []
+    jobs, other, bare = [], 0, 0
     for e in entries:
+        known = have.get(e.query_id)
+        if known is not None and abs(known[0] - e.created) > 1e-3:
+            other += 1  # the table's query of that id is another request's (a call id used twice): not this one
+            continue
+        bare += known is None or known[1] is None
         item = TaskItem(e.task, e.query_id, e.text, None, {}, key=e.query_id)
         query = (
             None
-            if e.query_id in have
+            if known is not None
             else make_query(
                 e.query_id,
                 e.task,
@@ -135,7 +152,10 @@ def shadow_jobs(
                 created=e.created,
             )
         )
-        jobs.append(
-            Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id, context=have.get(e.query_id))
-        )
+        ctx = known[1] if known is not None else None
+        jobs.append(Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id, context=ctx))
+    if other:
+        log.warning("shadow queue: %d entries skipped: their query id holds another request's row", other)
+    if bare:
+        log.info("shadow queue: %d entries without a production run's context (not written yet, or none)", bare)
     return jobs

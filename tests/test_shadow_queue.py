@@ -110,6 +110,13 @@ def test_first_requests_of_each_new_context_are_queued(tmp_path):
     got = [q.maybe_enqueue(f"prod-{n}{i}", "production", "t", f"{n}{i}", context=c) for i, (n, c) in enumerate(offered)]
     assert got == [True] * 3 + [False] * 2 + [True] * 2 + [False] * 3
     assert [e["call_id"] for e in map(json.loads, path.read_text().splitlines())] == ["a0", "a1", "a2", "b5", "b6"]
+    # one authenticated key: N over all its contexts, however it varies its system prompt (part of the key)
+    owned = [f"ctx:{i:016x}|cl:1" for i in range(6)]
+    got = [
+        q.maybe_enqueue(f"prod-k{i}", "production", "t", f"k{i}", context=c, owner="key-1") for i, c in enumerate(owned)
+    ]
+    assert got == [True] * 3 + [False] * 3
+    assert q.maybe_enqueue("prod-o", "production", "t", "o", context=owned[0], owner="key-2")  # its own budget
     with pytest.raises(ValueError, match="new_context_requests = -1"):
         ShadowQueue(path, 0.0, new_context_requests=-1)
 
@@ -144,7 +151,7 @@ def test_writer_queues_a_new_apps_first_requests(sqlite_url, tmp_path):
             deployment_id="d",
             backend_id=None,
         )
-        row.context = ctx[app]
+        row.context, row.key_hash = ctx[app], f"key-{app}"
         w.submit(row)
     w.close()
     got = [json.loads(x)["call_id"] for x in path.read_text().splitlines()]

@@ -242,14 +242,21 @@ def test_config_errors_are_one_line(backend, tmp_path):
         config(backend, cands=("small", "small"))
 
 
-def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_path):
-    store = open_store(sqlite_url)
+def test_shadow_tournament_labels_production_queries(backend, any_url, tmp_path):
+    store = open_store(any_url)
     privacy = PrivacySettings(store_text=False, salt="pepper")
     # the serving callback already wrote prod-1 (hashed text, no text) with its production run
     texts = {"prod-1": "Explain why the sea is salty.", "prod-2": "Give me three tips for a job interview."}
     store.write(
         candidates=[Candidate(name="small")],
-        queries=[make_query("prod-1", "chat", texts["prod-1"], store_text=False, salt="pepper", source="production")],
+        queries=[
+            # created: the request's start, as the callback stores it and queues it
+            make_query(
+                "prod-1", "chat", texts["prod-1"], store_text=False, salt="pepper", source="production", created=1.7e9
+            ),
+            # prod-3's id names another request's query (a call id used twice): its entry is not run
+            make_query("prod-3", "chat", "someone else's question", source="production", created=1.6e9),
+        ],
         runs=[
             Run(
                 query_id="prod-1",
@@ -265,15 +272,17 @@ def test_shadow_tournament_labels_production_queries(backend, sqlite_url, tmp_pa
     lines = [
         {"query_id": q, "task": "chat", "text": t, "call_id": f"call-{q}", "created": 1.7e9} for q, t in texts.items()
     ]
-    queue.write_text("\n".join(json.dumps(x) for x in [*lines, lines[0]]) + '\n{"query_id": "prod-3", "ta')
+    other = {"query_id": "prod-3", "task": "chat", "text": "my question", "call_id": "call-prod-3", "created": 1.7e9}
+    queue.write_text("\n".join(json.dumps(x) for x in [*lines, lines[0], other]) + '\n{"query_id": "prod-4", "ta')
     entries = read_queue(queue)
-    assert [e.query_id for e in entries] == ["prod-1", "prod-2"]  # duplicate dropped, half-written line left
+    assert [e.query_id for e in entries] == ["prod-1", "prod-2", "prod-3"]  # duplicate dropped, half-written left
     cfg = config(backend)
     n = len(backend.answers.log)
     summary = run(cfg, store, source="shadow", jobs=shadow_jobs(entries, store, privacy))
     assert summary.complete
     shadow = [r for r in store.iter_runs(sources=["shadow"])]
     assert len(shadow) == 6 and len(backend.answers.log) - n == 6
+    assert {r["query_id"] for r in shadow} == {"prod-1", "prod-2"}  # prod-3's entry is another request's: not run
     for r in shadow:
         want = backend.answers.correct(r["candidate"], texts[r["query_id"]], "open")
         assert r["score"] == (1.0 if want else 0.0) and r["call_id"] == f"call-{r['query_id']}"

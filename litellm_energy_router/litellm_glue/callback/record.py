@@ -127,7 +127,9 @@ class RecordBuilder:
             return
         try:
             cid = stored_call_id(row.call_id)
-            self.shadow.maybe_enqueue(query_id_for(cid), self.task, row.text, cid, row.start_s, row.context)
+            self.shadow.maybe_enqueue(
+                query_id_for(cid), self.task, row.text, cid, row.start_s, context=row.context, owner=row.key_hash
+            )
         except OSError as e:
             log.warning("energy-router: shadow queue %s not writable: %s", self.shadow.path, e)
 

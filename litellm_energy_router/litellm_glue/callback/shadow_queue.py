@@ -11,8 +11,9 @@ replayed from the writer's spool is never sampled twice with different outcomes.
 ``new_context_requests`` = N, the first N requests this process serves for each context key (an app: its
 authenticated key, team, tags or system prompt, :mod:`.router.context`) are queued as well, whatever the
 fraction: a shadow tournament of them labels every candidate for the app, which the context prior learns from
-(docs/unseen_traffic.md). The counts live in the process (at most :data:`MAX_KEYS` keys, least recent dropped):
-after a restart a context may get up to N more.
+(docs/unseen_traffic.md). An authenticated key gets at most N queued this way over all its contexts (the system
+prompt is the caller's to vary). The counts live in the process (at most :data:`MAX_KEYS` keys, least recent
+dropped): each worker of a proxy counts its own, and after a restart a context may get up to N more.
 
 The file holds query text: it is created 0600 (an existing one with wider permissions is narrowed).
 """
@@ -66,28 +67,41 @@ class ShadowQueue:
         call_id: str | None,
         created: float | None = None,
         context: str | None = None,
+        owner: str | None = None,
     ) -> bool:
         """Queue the query when its call id (else query id) is sampled, or when it is among the first
         ``new_context_requests`` offered of its ``context`` (the row's stored context: keys of
-        :class:`~litellm_energy_router.router.context.Context`). Returns whether it was queued."""
-        new = self._new_context(context)
+        :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash) has
+        had fewer than that many queued this way (a caller that varies its system prompt, part of the context key, gets no
+        more). Returns whether it was queued."""
+        new = self._new_context(context, owner)
         if not (sampled(call_id or query_id, self.fraction) or new):
             return False
         self.enqueue(query_id, task, text, call_id, created)
         return True
 
-    def _new_context(self, context: str | None) -> bool:
-        """Counts one request of ``context``'s key; True while the key has had at most ``new_context_requests``
-        (a request with no context key, only its text cluster: never)."""
+    def _new_context(self, context: str | None, owner: str | None) -> bool:
+        """Counts one request of ``context``'s key; True while the key has had at most ``new_context_requests`` and
+        ``owner`` fewer queued that way (a request with no context key, only its text cluster: never)."""
         ctx = Context.parse(context) if self.new_context_requests else None
         if ctx is None or ctx.key is None:
             return False
         with self._lock:
-            n = self._seen.pop(ctx.key, 0) + 1
-            self._seen[ctx.key] = n
-            while len(self._seen) > MAX_KEYS:
-                self._seen.popitem(last=False)
-        return n <= self.new_context_requests
+            if self._count(ctx.key) > self.new_context_requests:
+                return False
+            if owner is not None:
+                if self._seen.get(f"owner:{owner}", 0) >= self.new_context_requests:
+                    return False
+                self._count(f"owner:{owner}")
+        return True
+
+    def _count(self, key: str) -> int:
+        """One more for ``key`` (most recent last; the least recent of :data:`MAX_KEYS` dropped); its count."""
+        n = self._seen.pop(key, 0) + 1
+        self._seen[key] = n
+        while len(self._seen) > MAX_KEYS:
+            self._seen.popitem(last=False)
+        return n
 
     def enqueue(self, query_id: str, task: str, text: str, call_id: str | None, created: float | None = None) -> None:
         line = json.dumps(
