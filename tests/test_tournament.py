@@ -374,3 +374,53 @@ def test_example_config_parses(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY")
     with pytest.raises(ConfigError, match=r"judge.litellm_params.api_key.*OPENAI_API_KEY"):
         load_tournament_config(Path(__file__).parents[1] / "config_examples" / "tournament.yaml")
+
+
+def test_a_new_apps_first_requests_teach_its_context_prior_through_a_shadow_tournament(
+    backend, planted_ckpt, any_url, tmp_path, fresh_litellm_callbacks
+):
+    """The loop end to end: a real Router + strategy + EnergyLogger with ``shadow.new_context_requests: 3`` queue the
+    first three requests of each app; ``shadow_jobs`` + the runner (judge-graded) run them on every candidate under
+    the app's context; the context prior fitted from the table then holds every candidate's rows for that app."""
+    from collections import Counter
+
+    import litellm
+    from litellm import Router
+    from router_fixtures import CANDS, loop_settings, pool_deployments
+
+    from litellm_energy_router.litellm_glue.callback import EnergyLogger
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRoutingStrategy
+    from litellm_energy_router.router.context import Context, ContextPrior
+
+    queue = tmp_path / "shadow.jsonl"
+    s = loop_settings(planted_ckpt, any_url, tmp_path, shadow={"new_context_requests": 3, "queue_path": str(queue)})
+    logger = EnergyLogger(s)
+    litellm.callbacks = [logger]
+    router = Router(model_list=pool_deployments(backend))
+    register_strategy(router, EnergyRoutingStrategy(router, core=EnergyRouterCore(s)))
+    try:
+        for i, app in enumerate("AAAAABB"):
+            msgs = [{"role": "user", "content": f"Tell me about rivers, question {i}"}]
+            router.completion(model="pool", messages=msgs, metadata={"user_api_key_alias": f"app-{app}"})
+        deadline = time.monotonic() + 60
+        while logger.writer.submitted < 7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert logger.flush(30)
+    finally:
+        logger.close()
+    entries = read_queue(queue)
+    assert len(entries) == 5  # app-A's first three, app-B's two
+    store = open_store(any_url)
+    summary = run(config(backend), store, source="shadow", jobs=shadow_jobs(entries, store, PrivacySettings()))
+    assert summary.complete and summary.written == 5 * 3
+    prod = {r["query_id"]: r["context"] for r in store.iter_runs(sources=["production"])}
+    shadow = list(store.iter_runs(sources=["shadow"]))
+    assert all(r["context"] == prod[r["query_id"]] for r in shadow)
+    prior = ContextPrior(CANDS)
+    prior.fit_rows(store.iter_runs())
+    store.close()
+    served = Counter(Context.parse(c).key for c in prod.values())  # app-A: 5 requests, app-B: 2
+    assert sorted(served.values()) == [2, 5]
+    for key, n in served.items():  # each app's own level holds every candidate's judged rows of its shadowed ones
+        assert prior.detail(Context(key, "cl:0"))[1].tolist() == [min(n, 3)] * 3
