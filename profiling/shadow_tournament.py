@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
@@ -119,23 +120,35 @@ def existing_queries(store: TableStore, ids: Iterable[str]) -> dict[str, tuple[f
     return found
 
 
+DEFER_S = 3600.0  # an entry younger than this whose production row is not in the table yet waits for a later run
+
+
 def shadow_jobs(
-    entries: list[ShadowEntry], store: TableStore, privacy: PrivacySettings, max_tokens: int | None = None
+    entries: list[ShadowEntry],
+    store: TableStore,
+    privacy: PrivacySettings,
+    max_tokens: int | None = None,
+    now: float | None = None,
 ) -> list[Job]:
     """Jobs for queued production queries. A query row is written only when the callback has not
     written it yet (as a production query, honouring the privacy settings). Each job's runs carry the context
     its production run stored (what the proxy attributed from LiteLLM's authenticated fields; never read from the
-    queue file), so a shadow tournament teaches the context prior of the app whose traffic it ran; an entry queued
-    before its production row was written gets none (run the tournament after the writer has flushed). An entry
+    queue file), so a shadow tournament teaches the context prior of the app whose traffic it ran. An entry whose
+    query the table does not hold yet (the writer may still be flushing or spooling it) waits for a later run while
+    it is younger than :data:`DEFER_S` (``now``: Unix s, default the clock); an older one runs without a context. An entry
     whose query id holds a query of another time (``created``: the request's start, the same in the queue and the
     table) is another request's, whose id was used twice: skipped, never run or labelled under that query."""
     task = OpenQuestion()
     have = existing_queries(store, (e.query_id for e in entries))
-    jobs, other, bare = [], 0, 0
+    jobs, other, waiting, bare = [], 0, 0, 0
+    now = time.time() if now is None else now
     for e in entries:
         known = have.get(e.query_id)
         if known is not None and abs(known[0] - e.created) > 1e-3:
             other += 1  # the table's query of that id is another request's (a call id used twice): not this one
+            continue
+        if known is None and now - e.created < DEFER_S:
+            waiting += 1
             continue
         bare += known is None or known[1] is None
         item = TaskItem(e.task, e.query_id, e.text, None, {}, key=e.query_id)
@@ -156,6 +169,8 @@ def shadow_jobs(
         jobs.append(Job(task, item, query, max_tokens or task.max_tokens, call_id=e.call_id, context=ctx))
     if other:
         log.warning("shadow queue: %d entries skipped: their query id holds another request's row", other)
+    if waiting:
+        log.info("shadow queue: %d recent entries wait for their production row (a later run takes them)", waiting)
     if bare:
         log.info("shadow queue: %d entries without a production run's context (not written yet, or none)", bare)
     return jobs

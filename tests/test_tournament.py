@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from litellm_energy_router.profiling.config import parse_tournament_config
 from litellm_energy_router.profiling.runner import Tournament, build_jobs
-from litellm_energy_router.profiling.shadow_tournament import read_queue, shadow_jobs
+from litellm_energy_router.profiling.shadow_tournament import DEFER_S, ShadowEntry, read_queue, shadow_jobs
 from litellm_energy_router.profiling.vllm_offline import OfflineDriver
 
 from litellm_energy_router.demo.backend import LocalBackend
@@ -293,6 +293,11 @@ def test_shadow_tournament_labels_production_queries(backend, any_url, tmp_path)
     assert len(list(store.iter_runs(sources=["production"]))) == 1
     again = run(cfg, store, source="shadow", jobs=shadow_jobs(read_queue(queue), store, privacy))
     assert again.written == 0 and len(backend.answers.log) - n == 6
+    # queued a moment ago and not in the table yet (the writer may still be flushing it): a later run takes it
+    fresh = ShadowEntry(query_id="prod-9", task="chat", text="just asked", call_id="c9", created=time.time())
+    assert shadow_jobs([fresh], store, privacy) == []
+    later = shadow_jobs([fresh], store, privacy, now=fresh.created + DEFER_S + 1)
+    assert [(j.item.query_id, j.context) for j in later] == [("prod-9", None)]
     store.close()
 
 
