@@ -1,4 +1,5 @@
-"""Synthetic tournament rows with a planted rule, and a seconds-long router trained on them."""
+"""Synthetic tournament rows with a planted rule, and a seconds-long router trained on them; served rows for the
+callback's writer."""
 
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ from litellm_energy_router.table import make_query
 CANDS = ["small", "medium", "large"]
 ENERGY = {"small": 10.0, "medium": 30.0, "large": 90.0}
 TOPICS = ["apples", "rivers", "music", "trains", "clouds", "bread", "chess", "paint", "glass", "birds"]
+
+
+def served_row(i: int, **over):
+    """The ``i``-th served request's row for the callback's writer (a :class:`PendingRow`): call id ``call-<i>``,
+    mistral-7b, success, text ``question <i>``, 1 s from ``1000 + i`` (Unix s), 10 prompt and 5 output tokens; ``over``:
+    fields to change."""
+    from litellm_energy_router.litellm_glue.callback import PendingRow
+
+    fields = {
+        "call_id": f"call-{i}",
+        "candidate": "mistralai/mistral-7b-chat",
+        "status": "success",
+        "text": f"question {i}",
+        "start_s": 1000.0 + i,
+        "end_s": 1001.0 + i,
+        "first_token_s": None,
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "propensity": None,
+        "deployment_id": "d",
+        "backend_id": None,
+    }
+    return PendingRow(**{**fields, **over})
 
 
 def small_big_pool(api_base: str) -> list[dict]:

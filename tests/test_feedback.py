@@ -10,32 +10,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from router_fixtures import served_row
 
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.feedback import FeedbackError, apply_feedback, feedback_app
-from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
+from litellm_energy_router.litellm_glue.callback import TableWriter
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.table import open_store
 from litellm_energy_router.threaded_app import ThreadedApp
 
 EXE = str(Path(sys.executable).with_name("energy-router"))
-
-
-def _row(i: int, status: str = "success") -> PendingRow:
-    return PendingRow(
-        call_id=f"call-{i}",
-        candidate="mistralai/mistral-7b-chat",
-        status=status,
-        text=f"q{i}",
-        start_s=100.0 + i,
-        end_s=101.0 + i,
-        first_token_s=None,
-        prompt_tokens=10,
-        completion_tokens=5,
-        propensity=0.5,
-        deployment_id="d",
-        backend_id=None,
-    )
 
 
 @pytest.fixture
@@ -57,6 +41,10 @@ def _snapshot(store):
         r["call_id"]: (r["score"], r["energy_j"], r["latency_s"], r["propensity"], r["updated"])
         for r in store.iter_runs()
     }
+
+
+def _row(i: int, status: str = "success"):
+    return served_row(i, status=status, text=f"q{i}", start_s=100.0 + i, end_s=101.0 + i, propensity=0.5)
 
 
 def test_apply_feedback(table):

@@ -9,30 +9,13 @@ import stat
 import time
 
 import pytest
+from router_fixtures import served_row
 
 from litellm_energy_router.energy.estimate import EstimateMeter
-from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter, query_id_for
+from litellm_energy_router.litellm_glue.callback import TableWriter, query_id_for
 from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue, sampled
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.table import open_store
-
-
-def served(call_id: str, i: int, status: str = "success") -> PendingRow:
-    """A served request's row (the ``i``-th: its text and times)."""
-    return PendingRow(
-        call_id=call_id,
-        candidate="mistralai/mistral-7b-chat",
-        status=status,
-        text=f"query {i}",
-        start_s=10.0 + i,
-        end_s=11.0 + i,
-        first_token_s=None,
-        prompt_tokens=3,
-        completion_tokens=2,
-        propensity=None,
-        deployment_id="d",
-        backend_id=None,
-    )
 
 
 def test_sampling_fraction_is_deterministic():
@@ -66,7 +49,19 @@ def test_writer_queues_each_sampled_success_once(sqlite_url, tmp_path):
     w = TableWriter(
         sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), shadow=ShadowQueue(path, 0.5), start=False
     )
-    rows = [served(f"c{i}", i, "failure" if i % 10 == 0 else "success") for i in range(200)]
+    rows = [
+        served_row(
+            i,
+            call_id=f"c{i}",
+            status="failure" if i % 10 == 0 else "success",
+            text=f"query {i}",
+            start_s=10.0 + i,
+            end_s=11.0 + i,
+            prompt_tokens=3,
+            completion_tokens=2,
+        )
+        for i in range(200)
+    ]
     for r in rows:
         w.submit(r)  # the thread is not running yet: 180 of them spill to the spool as pending rows
     deadline = time.monotonic() + 30
@@ -139,7 +134,7 @@ def test_writer_queues_a_new_apps_first_requests(sqlite_url, tmp_path):
     w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), shadow=shadow)
     ctx = {"a": "ctx:00aa11bb22cc33dd|cl:3", "b": "ctx:ffee00112233aabb|cl:5", "-": "cl:5"}
     for i, app in enumerate("aaaab--b"):
-        row = served(f"{app}{i}", i)
+        row = served_row(i, call_id=f"{app}{i}")
         row.context, row.key_hash = ctx[app], f"key-{app}"
         w.submit(row)
     w.close()

@@ -12,14 +12,14 @@ import time
 import litellm
 import pytest
 from prometheus_client import REGISTRY
-from router_fixtures import small_big_pool
+from router_fixtures import served_row, small_big_pool
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from tcp_proxy import TCPProxy
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.energy.estimate import EstimateMeter
-from litellm_energy_router.litellm_glue.callback import EnergyLogger, PendingRow, TableWriter
+from litellm_energy_router.litellm_glue.callback import EnergyLogger, TableWriter
 from litellm_energy_router.settings import PrivacySettings, Settings, WriterSettings
 from litellm_energy_router.table import open_store
 
@@ -112,30 +112,13 @@ def test_postgres_outage_mid_burst(pg_url, tmp_path):
     assert not list((tmp_path / "spool").glob("spool-*.jsonl"))  # nothing left behind
 
 
-def _row(i: int) -> PendingRow:
-    return PendingRow(
-        call_id=f"call-{i}",
-        candidate="mistralai/mistral-7b-chat",
-        status="success",
-        text=f"t{i}",
-        start_s=1000.0 + i,
-        end_s=1001.0 + i,
-        first_token_s=None,
-        prompt_tokens=10,
-        completion_tokens=5,
-        propensity=None,
-        deployment_id="d",
-        backend_id=None,
-    )
-
-
 def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):
     spool_dir = tmp_path / "spool"
     # a process spooled rows (one line torn by the crash) and died before replaying them
     writer_cfg = WriterSettings(spool_dir=spool_dir, flush_interval_s=0.05)
     tw = TableWriter(sqlite_url, EstimateMeter(), writer=writer_cfg, privacy=PrivacySettings(), start=False)
-    recs = [tw.builder.record(_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
-    recs.append({"k": "pending", **_row(50).to_json()})
+    recs = [tw.builder.record(served_row(i), EstimateMeter().energy_for_request(tw_usage(i))) for i in range(50)]
+    recs.append({"k": "pending", **served_row(50).to_json()})
     tw.spool.close()
     lines = "".join(json.dumps(r) + "\n" for r in recs) + '{"k": "row", "q": {"id": "tor'  # torn write
     (spool_dir / "spool-deadhost-1-1-000001.jsonl").write_text(lines)
@@ -163,7 +146,7 @@ def test_spool_left_by_dead_process_is_replayed_once(sqlite_url, tmp_path):
 def tw_usage(i: int):
     from litellm_energy_router.energy import RequestUsage
 
-    r = _row(i)
+    r = served_row(i)
     return RequestUsage(r.call_id, r.candidate, r.start_s, r.end_s, None, r.prompt_tokens, r.completion_tokens)
 
 
@@ -175,14 +158,14 @@ def test_table_down_at_start_then_up(tmp_path):
     cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
     w = TableWriter(url, EstimateMeter(), writer=cfg, privacy=PrivacySettings())
     for i in range(120):
-        w.submit(_row(i))
+        w.submit(served_row(i))
     assert w.flush(10)
     assert w.spooled == 120 and w.written == 0
     assert REGISTRY.get_sample_value("energy_router_spool_backlog_rows") >= 120  # the gauge follows the outage
     target.parent.mkdir()
     assert w.wait_replayed(20)
     for i in range(120, 150):
-        w.submit(_row(i))
+        w.submit(served_row(i))
     w.close()
     assert REGISTRY.get_sample_value("energy_router_spool_backlog_rows") == 0
     store = open_store(url)
@@ -195,7 +178,7 @@ def test_full_queue_spills_without_blocking(sqlite_url, tmp_path):
     w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), start=False)
     t = time.perf_counter()
     for i in range(100):
-        w.submit(_row(i))  # the writer thread is not running: the queue fills after 10
+        w.submit(served_row(i))  # the writer thread is not running: the queue fills after 10
     assert time.perf_counter() - t < 1.0
     deadline = time.monotonic() + 30
     while w.spooled < 90 and time.monotonic() < deadline:  # spilled by a thread of its own
@@ -228,7 +211,7 @@ def test_unforeseen_store_error_keeps_rows(sqlite_url, tmp_path):
     cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
     w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Flaky)
     for i in range(30):
-        w.submit(_row(i))
+        w.submit(served_row(i))
     assert w.flush(10)
     assert w.wait_replayed(10)
     w.close()

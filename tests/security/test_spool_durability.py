@@ -20,32 +20,16 @@ from contextlib import contextmanager
 
 import pytest
 from prometheus_client import REGISTRY
+from router_fixtures import served_row
 from sqlalchemy import create_engine, text
 
 from litellm_energy_router.energy.estimate import EstimateMeter
 from litellm_energy_router.feedback import apply_feedback
-from litellm_energy_router.litellm_glue.callback import PendingRow, TableWriter
+from litellm_energy_router.litellm_glue.callback import TableWriter
 from litellm_energy_router.settings import PrivacySettings, WriterSettings
 from litellm_energy_router.table import Run, make_query, open_store
 
 CAND = "mistralai/mistral-7b-chat"
-
-
-def _row(i: int) -> PendingRow:
-    return PendingRow(
-        call_id=f"call-{i}",
-        candidate=CAND,
-        status="success",
-        text=f"question {i}",
-        start_s=1000.0 + i,
-        end_s=1001.0 + i,
-        first_token_s=None,
-        prompt_tokens=10,
-        completion_tokens=5,
-        propensity=None,
-        deployment_id="d",
-        backend_id=None,
-    )
 
 
 def _records(lo: int, hi: int) -> list[dict]:
@@ -134,7 +118,7 @@ def test_cap_drops_oldest_rows_and_counts_them(tmp_path):
     before = _metric("energy_router_spool_dropped_rows_total")
     w = TableWriter(url, EstimateMeter(), writer=cfg, privacy=PrivacySettings())
     for i in range(n):
-        w.submit(_row(i))
+        w.submit(served_row(i))
     assert w.flush(60)
     assert _spool_bytes(spool) <= 2**20
     dropped = _metric("energy_router_spool_dropped_rows_total") - before
@@ -156,7 +140,7 @@ def test_full_queue_never_waits_for_the_spool(sqlite_url, tmp_path):
 
     def serve() -> None:
         for i in range(100):
-            w.submit(_row(i))
+            w.submit(served_row(i))
         done.set()
 
     with w.spool._lock:
@@ -209,7 +193,7 @@ def test_spool_write_failure_is_counted_logged_and_loses_nothing(tmp_path, caplo
     w = TableWriter(url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), start=path == "batches")
     with _disk_full_after(64 * 1024):
         for i in range(1000):
-            w.submit(_row(i))
+            w.submit(served_row(i))
         _wait_metric_above("energy_router_spool_write_errors_total", before)
         if path == "batches":
             w.flush(1)
@@ -231,7 +215,7 @@ def test_replaying_the_same_spool_twice_keeps_one_row_and_its_feedback(any_url, 
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o700)
     lines = [json.dumps(r) for r in _records(0, 40)]
-    lines += [json.dumps({"k": "pending", **_row(i).to_json()}) for i in range(40, 50)]
+    lines += [json.dumps({"k": "pending", **served_row(i).to_json()}) for i in range(40, 50)]
     data = "\n".join(lines) + "\n"
     cfg = WriterSettings(spool_dir=spool, flush_interval_s=0.05)
     for attempt in range(2):
