@@ -90,12 +90,12 @@ class OpenQuestion(Task):
 def existing_queries(store: TableStore, ids: Iterable[str]) -> dict[str, tuple[float, str | None]]:
     """Which of ``ids`` already have a query row: query id → (its ``created``, Unix s; the context its earliest
     production run stored, None: no production run, or one without a context)."""
-    wanted = sorted(set(ids))
+    want = set(ids)
     found: dict[str, tuple[float, str | None]] = {}
     engine = getattr(store, "engine", None)
     if engine is None:
         for r in store.iter_runs():
-            if r["query_id"] in set(wanted):
+            if r["query_id"] in want:
                 prod = r.get("context") if r.get("source") == "production" else None
                 old = found.get(r["query_id"], (r["query_created"], None))
                 found[r["query_id"]] = (old[0], old[1] or prod)
@@ -105,7 +105,7 @@ def existing_queries(store: TableStore, ids: Iterable[str]) -> dict[str, tuple[f
     from litellm_energy_router.table import schema
 
     q, r = schema.queries, schema.runs
-    on = and_(r.c.query_id == q.c.id, r.c.source == "production")
+    on, wanted = and_(r.c.query_id == q.c.id, r.c.source == "production"), sorted(want)
     with engine.connect() as conn:
         for i in range(0, len(wanted), 500):
             stmt = (

@@ -238,6 +238,7 @@ def label_served(
     """Step 4: feedback on every production row, replayed shadow rows for every candidate. Returns the
     production rows (in served order), the shadow rows written and the served queries' matrices."""
     rows = label_production(cfg.db, calls, lambda i, c: grade(serve_recs[i].prompt, c))
-    prod, mats = [rows[c.call_id] for c in calls], served_matrices(serve_recs, candidates)
+    profile = load_profile()
+    prod, mats = [rows[c.call_id] for c in calls], served_matrices(serve_recs, candidates, profile)
     n = int(round(cfg.shadow_fraction * len(calls)))
-    return prod, write_shadow_rows(cfg.db, prod[:n], tuple(a[:n] for a in mats), candidates), mats
+    return prod, write_shadow_rows(cfg.db, prod[:n], tuple(a[:n] for a in mats), candidates, profile), mats

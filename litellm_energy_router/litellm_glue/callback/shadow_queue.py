@@ -72,8 +72,8 @@ class ShadowQueue:
         """Queue the query when its call id (else query id) is sampled, or when it is among the first
         ``new_context_requests`` offered of its ``context`` (the row's stored context: keys of
         :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash) has
-        had fewer than that many queued this way (a caller that varies its system prompt, part of the context key, gets no
-        more). Returns whether it was queued."""
+        had fewer than that many queued this way (a caller that varies its system prompt, part of the context key,
+        gets no more). Returns whether it was queued."""
         new = self._new_context(context, owner)
         if not (sampled(call_id or query_id, self.fraction) or new):
             return False
