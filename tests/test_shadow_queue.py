@@ -118,6 +118,21 @@ def test_first_requests_of_each_new_context_are_queued(tmp_path):
         ShadowQueue(path, 0.0, new_context_requests=-1)
 
 
+def test_a_failed_write_gives_its_new_context_slot_back(tmp_path):
+    """A request whose queue write failed (here: the queue path is a directory) used none of its context's or its
+    key's first N: once the queue is writable, the next N requests of that context are queued."""
+    (tmp_path / "blocked").mkdir()
+    q = ShadowQueue(tmp_path / "blocked", 0.0, new_context_requests=2)
+    ctx = "ctx:00aa11bb22cc33dd|cl:3"
+    for i in range(3):
+        with pytest.raises(OSError):
+            q.maybe_enqueue(f"prod-f{i}", "production", "t", f"f{i}", context=ctx, owner="key-1")
+    q.path = tmp_path / "shadow.jsonl"
+    got = [q.maybe_enqueue(f"prod-{i}", "production", "t", str(i), context=ctx, owner="key-1") for i in range(4)]
+    assert got == [True, True, False, False]
+    assert q.enqueued == 2
+
+
 def test_an_existing_world_readable_queue_is_narrowed(tmp_path):
     path = tmp_path / "shadow.jsonl"
     path.write_text("")

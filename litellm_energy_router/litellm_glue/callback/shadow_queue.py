@@ -74,26 +74,39 @@ class ShadowQueue:
         :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash) has
         had fewer than that many queued this way (a caller that varies its system prompt, part of the context key,
         gets no more). Returns whether it was queued."""
-        new = self._new_context(context, owner)
-        if not (sampled(call_id or query_id, self.fraction) or new):
+        slots = self._new_context(context, owner)
+        if not (sampled(call_id or query_id, self.fraction) or slots):
             return False
-        self.enqueue(query_id, task, text, call_id, created)
+        try:
+            self.enqueue(query_id, task, text, call_id, created)
+        except BaseException:
+            self._give_back(slots)  # a write that failed used no new-context slot: a later request gets it
+            raise
         return True
 
-    def _new_context(self, context: str | None, owner: str | None) -> bool:
-        """Counts one request of ``context``'s key; True while the key has had at most ``new_context_requests`` and
-        ``owner`` fewer queued that way (a request with no context key, only its text cluster: never)."""
+    def _new_context(self, context: str | None, owner: str | None) -> tuple[str, ...]:
+        """Counts one request of ``context``'s key; the keys whose new-context slot it takes (the context's, and
+        ``owner``'s when given) while the key has had at most ``new_context_requests`` and ``owner`` fewer queued
+        that way, else ``()`` (a request with no context key, only its text cluster: always)."""
         ctx = Context.parse(context) if self.new_context_requests else None
         if ctx is None or ctx.key is None:
-            return False
+            return ()
         with self._lock:
             if self._count(ctx.key) > self.new_context_requests:
-                return False
-            if owner is not None:
-                if self._seen.get(f"owner:{owner}", 0) >= self.new_context_requests:
-                    return False
-                self._count(f"owner:{owner}")
-        return True
+                return ()
+            if owner is None:
+                return (ctx.key,)
+            if self._seen.get(f"owner:{owner}", 0) >= self.new_context_requests:
+                return ()
+            self._count(f"owner:{owner}")
+        return ctx.key, f"owner:{owner}"
+
+    def _give_back(self, keys: tuple[str, ...]) -> None:
+        """One less for each of ``keys`` (slots taken by :meth:`_new_context` for a request that was not queued)."""
+        with self._lock:
+            for k in keys:
+                if self._seen.get(k, 0) > 0:
+                    self._seen[k] -= 1
 
     def _count(self, key: str) -> int:
         """One more for ``key`` (most recent last; the least recent of :data:`MAX_KEYS` dropped); its count."""
