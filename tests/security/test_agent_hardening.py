@@ -4,63 +4,25 @@ Every test is an attack or a fault, run over real HTTP against a running agent: 
 (NaN, inf, negative, huge, far-off timestamps, odd ids) get 400 naming the field and leave attribution
 untouched; oversized or deeply nested bodies are refused; 100k distinct request ids stay under the cap
 (drops counted); stale requests expire; a non-loopback bind needs a real token, and missing or wrong
-tokens get 401; TLS with a self-signed certificate made here, verified by the client.
+tokens get 401. TLS: test_agent_tls.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import datetime
-import ipaddress
 import json
 import math
 import os
 import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from agent_fixtures import AUTH, EXE, JSON, TOKEN, metric, one_line_error, poll
 from aiohttp import web
 
-from litellm_energy_router.agent.client import AgentMeter
-from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent, serve
-from litellm_energy_router.energy import MeterError, RequestUsage
+from litellm_energy_router.agent.server import AgentConfig, BindError, EnergyAgent
 from litellm_energy_router.energy.simulated import SimulatedMeter
-from litellm_energy_router.settings import ConfigError, load_settings
 from litellm_energy_router.threaded_app import ThreadedApp
-
-EXE = str(Path(sys.executable).with_name("energy-router"))
-TOKEN = "agent-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-JSON = {**AUTH, "Content-Type": "application/json"}
-
-
-def poll(fn, timeout=15.0, every=0.05):
-    """``fn()`` until it returns something truthy (returned), or ``None`` after ``timeout`` s."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every)
-    return None
-
-
-def metric(url: str, name: str, headers=AUTH) -> float | None:
-    """One sample of the agent's /metrics (``name`` with its labels, as exposed), or ``None``."""
-    for line in httpx.get(f"{url}/metrics", headers=headers).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return None
-
-
-def one_line_error(r: httpx.Response) -> str:
-    err = r.json()["error"]
-    assert "\n" not in err
-    return err
 
 
 @pytest.fixture
@@ -323,174 +285,6 @@ def test_missing_or_wrong_tokens_get_401_everywhere(agent_url, auth):
     assert httpx.get(f"{agent_url}/v1/energy/sneaky", headers=AUTH).status_code == 404
     assert httpx.get(f"{agent_url}/healthz").status_code == 200
     assert metric(agent_url, 'energy_router_agent_http_rejected_total{status="401"}') >= 4
-
-
-# -- TLS ------------------------------------------------------------------------------------------------
-def make_cert(d: Path, name: str = "agent") -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 / localhost and its key (PEM files in ``d``)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"energy-router {name} test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    c, k = d / f"{name}.crt", d / f"{name}.key"
-    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return c, k
-
-
-class Served:
-    """``serve(agent)`` (the production entry point, TLS included) on its own loop and thread."""
-
-    def __init__(self, agent: EnergyAgent) -> None:
-        self.agent, self.port, self.error = agent, None, None
-
-    def __enter__(self) -> "Served":
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def on_ready(p: int) -> None:
-            self.port = p
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.task = self.loop.create_task(serve(self.agent, ready=on_ready))
-            try:
-                self.loop.run_until_complete(self.task)
-            except BaseException as e:  # noqa: BLE001 - cancelled at exit, or failed to start
-                self.error = e
-            finally:
-                ready.set()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(30) and self.port, f"agent did not start: {self.error!r}"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.task.cancel)
-        self.thread.join(10)
-        self.loop.close()
-
-
-def test_tls_client_verifies_and_plain_http_to_the_tls_port_fails(tmp_path):
-    cert, key = make_cert(tmp_path)
-    other, _ = make_cert(tmp_path, "other")
-    cfg = AgentConfig(port=0, token=TOKEN, sample_hz=20, tls_cert=str(cert), tls_key=str(key))
-    with Served(EnergyAgent(SimulatedMeter(power_w=300.0), cfg)) as s:
-        url = f"https://127.0.0.1:{s.port}"
-        client = AgentMeter(url, token=TOKEN, ca_bundle=str(cert))
-        assert poll(lambda: client.read().total_j > 0)
-        time.sleep(0.6)  # history before the request
-        t0 = time.time() - 0.4
-        u = RequestUsage("tls-1", "m", t0, t0 + 0.2, t0 + 0.05, 30, 10)
-        e = poll(lambda: client.energy_for_request(u))
-        assert e is not None and e.method == "agent" and e.energy_j > 0
-        client.close()
-        with pytest.raises(httpx.HTTPError):  # plain HTTP to the TLS port
-            httpx.get(f"http://127.0.0.1:{s.port}/healthz", timeout=5)
-        plain = AgentMeter(f"http://127.0.0.1:{s.port}", token=TOKEN)
-        with pytest.raises(MeterError):
-            plain.read()
-        for ca in (None, str(other)):  # unverified certificate: refused, the token is never sent
-            bad = AgentMeter(url, token=TOKEN, ca_bundle=ca)
-            with pytest.raises(MeterError, match="CERTIFICATE_VERIFY_FAILED"):
-                bad.read()
-            assert bad.energy_for_request(u, final=True).energy_j is None
-        assert httpx.get(f"{url}/metrics", headers=AUTH, verify=False).status_code == 200
-
-
-def test_tls_misconfiguration_is_refused_in_one_line(tmp_path):
-    cert, key = make_cert(tmp_path)
-    cases = [
-        ({"tls_cert": str(cert)}, "tls_key"),
-        ({"tls_key": str(key)}, "tls_cert"),
-        ({"tls_cert": str(tmp_path / "nope.crt"), "tls_key": str(key)}, "nope.crt"),
-        ({"tls_cert": str(key), "tls_key": str(cert)}, "agent.key"),
-    ]
-    for kw, named in cases:
-        with pytest.raises(BindError) as ei:
-            EnergyAgent(SimulatedMeter(), AgentConfig(token=TOKEN, **kw))
-        assert named in str(ei.value) and "\n" not in str(ei.value)
-    env = {k: v for k, v in os.environ.items() if "AGENT_TOKEN" not in k}
-    r = subprocess.run(
-        [EXE, "agent", "--port", "0", "--meter", "simulated", "--tls-cert", str(cert)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert r.returncode == 2 and "tls_key" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    with pytest.raises(MeterError, match="agent_ca_bundle"):  # a CA bundle for a plain-HTTP URL: TLS was intended
-        AgentMeter("http://gpu-node:9400", token=TOKEN, ca_bundle=str(cert))
-    with pytest.raises(MeterError, match="nope.pem"):
-        AgentMeter("https://gpu-node:9400", token=TOKEN, ca_bundle=str(tmp_path / "nope.pem"))
-
-
-def test_cli_agent_over_tls_with_settings(tmp_path):
-    cert, key = make_cert(tmp_path)
-    cfg = tmp_path / "er.yaml"
-    cfg.write_text(
-        f"energy_router:\n energy:\n  agent_tls_cert: {cert}\n  agent_tls_key: {key}\n  agent_ca_bundle: {cert}\n"
-    )
-    env = {**{k: v for k, v in os.environ.items() if "AGENT_TOKEN" not in k}, "ENERGY_ROUTER_AGENT_TOKEN": TOKEN}
-    p = subprocess.Popen(
-        [EXE, "agent", "--port", "0", "--meter", "simulated", "--config", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        line = p.stdout.readline()
-        assert "energy agent listening on https://127.0.0.1:" in line, p.stderr.read() if p.poll() is not None else line
-        url = line.split()[4]
-        s = load_settings(cfg, environ={})
-        client = AgentMeter(url, token=TOKEN, ca_bundle=str(s.energy.agent_ca_bundle))
-        assert poll(lambda: client.read().total_j > 0)
-        client.close()
-    finally:
-        p.terminate()
-        p.wait(10)
-
-
-def test_agent_settings_are_validated(tmp_path):
-    bad = [
-        ("agent_tls_cert: /x.crt", "agent_tls_key"),
-        ("agent_max_requests: 0", "agent_max_requests"),
-        ("agent_stale_s: -1", "agent_stale_s"),
-        ("agent_max_body_bytes: 10", "agent_max_body_bytes"),
-        ("agent_max_clock_skew_s: .nan", "agent_max_clock_skew_s"),
-    ]
-    for text, named in bad:
-        f = tmp_path / "c.yaml"
-        f.write_text(f"energy_router:\n energy:\n  {text}\n")
-        with pytest.raises(ConfigError) as ei:
-            load_settings(f, environ={})
-        assert named in str(ei.value) and "\n" not in str(ei.value)
 
 
 # -- vLLM counters ---------------------------------------------------------------------------------------
