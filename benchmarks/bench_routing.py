@@ -18,7 +18,9 @@ Without ``--checkpoint`` it builds the default ``energy-router train`` architect
 max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
 length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
 proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d> in_loop_decision_p50_ms=<e>`` (the
-decision timed inside the sequential ``acompletion`` calls).
+decision timed inside the sequential ``acompletion`` calls), then ``glue_ratio=<g>`` with ``--glue``: the strategy's
+per-call time with a decision made in advance over ``simple-shuffle``'s (the plugin path and the decision's metadata
+without scoring).
 """
 
 from __future__ import annotations
@@ -183,6 +185,31 @@ async def acompletion_ratios(calls: Calls, model_list: list[dict], core, lm_core
     return sq, in_loop
 
 
+async def glue_ratio(calls: Calls, model_list: list[dict], core, n: int) -> float:
+    """Sequential per-call time of the strategy with a decision made once in advance (the plugin path and the
+    decision's metadata, no scoring) over ``simple-shuffle``'s, interleaved like :func:`acompletion_ratios`."""
+    from litellm import Router
+
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
+
+    dep, decision = await core.choose(model_list, calls.msgs(0))
+    fixed = type(core)(core.settings, runtime=core.runtime)
+
+    async def made(deployments, *a, **k):
+        return dep, decision
+
+    fixed.choose = made
+    shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
+    glue = Router(model_list=model_list)
+    register_strategy(glue, EnergyRoutingStrategy(glue, core=fixed))
+    for r in (shuffle, glue):
+        await calls.seq(r, 50, 0)
+    d = await interleaved(calls.seq, {"shuffle": shuffle, "glue": glue}, n, 50, 140_000)
+    print(f"acompletion sequential, a decision made in advance: ratio {d['glue'] / d['shuffle']:.3f} vs simple-shuffle")
+    return d["glue"] / d["shuffle"]
+
+
 async def proxy_part(ck: Path, cands: list[str], backend, texts: list[str], label: str) -> str:
     """The proxy-process comparison (:mod:`proxy_footprint`), printed; returns its key=value fields."""
     from proxy_footprint import run_proxy
@@ -231,27 +258,42 @@ async def main_async(args) -> None:
         f"lm decision single p50 {pct(lm_single, 50):.2f} ms"
     )
     tail = "" if args.no_proxy else await proxy_part(ck, cands, backend, texts, label)
+    glue = f" glue_ratio={await glue_ratio(calls, model_list, core, args.calls):.3f}" if args.glue else ""
     backend.stop()
     print(
         f"ratio_vs_shuffle={e_seq / s_seq:.3f} decision_p50_ms={pct(single, 50):.2f} decision_p99_ms={pct(single, 99):.2f}"
-        f"{tail} in_loop_decision_p50_ms={pct(in_loop, 50):.2f}"
+        f"{tail} in_loop_decision_p50_ms={pct(in_loop, 50):.2f}{glue}"
     )
 
 
 def timed_choose(core) -> list[float]:
     """Seconds of each ``core.choose`` call from now on (the list fills as the routers run)."""
     out: list[float] = []
-    plain = core.choose
+    core.choose = timed(core.choose, out)
+    return out
 
-    async def choose(*a, **k):
+
+def timed(f, out: list[float]):
+    """``f`` (a function or a coroutine function) appending the seconds of each call to ``out``."""
+    if asyncio.iscoroutinefunction(f):
+
+        async def timed_async(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return await f(*a, **k)
+            finally:
+                out.append(time.perf_counter() - t0)
+
+        return timed_async
+
+    def timed_sync(*a, **k):
         t0 = time.perf_counter()
         try:
-            return await plain(*a, **k)
+            return f(*a, **k)
         finally:
             out.append(time.perf_counter() - t0)
 
-    core.choose = choose
-    return out
+    return timed_sync
 
 
 def main() -> None:
@@ -260,6 +302,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--decisions", type=int, default=300)
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-process part")
+    ap.add_argument("--glue", action="store_true", help="also the strategy with a decision made in advance")
     asyncio.run(main_async(ap.parse_args()))
 
 

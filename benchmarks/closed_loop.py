@@ -43,10 +43,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from closed_loop_scores import Scores, gain, load_eval, score_checkpoint, table_lines, task_lines
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench, iter_records, parse_files
-from litellm_energy_router.training.data import TableMatrix, holdout_split, load_matrix
-from litellm_energy_router.training.evaluate import evaluate
+from litellm_energy_router.training.data import holdout_split
 from litellm_energy_router.training.ope import version_counts
 from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
 from litellm_energy_router.training.train_config import TrainSection
@@ -55,20 +54,12 @@ from litellm_energy_router.demo.backend import LocalBackend, ReplayAnswers
 from litellm_energy_router.demo.loop import label_production
 from litellm_energy_router.demo.serve import serve
 from litellm_energy_router.energy.profile import load_profile
-from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.checkpoint import point_to, read_manifest, resolve
-from litellm_energy_router.router.decide import DEFAULT_E_REF_J, decide
-from litellm_energy_router.router.scoring import load_scorer
 from litellm_energy_router.settings import Settings
 from litellm_energy_router.table import open_store
 
 ALL_SOURCES = ["import", "tournament", "shadow", "production"]
 ARMS = ("loop", "ignored", "tournament")
-LABEL = {
-    "loop": "loop (production rows used)",
-    "ignored": "(a) production ignored",
-    "tournament": "(b) tournament rows of the task",
-}
 
 
 @dataclass
@@ -249,80 +240,7 @@ class Arm:
 # -- evaluation ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Scores:
-    acc: np.ndarray  # [n] correctness of the chosen candidate per held-out query
-    joules: np.ndarray  # [n] its estimated J
-    aiq_new: float
-    aiq_pooled: float
-    version: str
-
-
-def load_eval(url: str) -> TableMatrix:
-    store = open_store(url)
-    try:
-        return load_matrix(store)
-    finally:
-        store.close()
-
-
-def score_checkpoint(pointer: Path, m: TableMatrix, new_mask: np.ndarray, lam: float) -> Scores:
-    """The serving checkpoint on the held-out queries, scored without a task tag (as serving does)."""
-    model = load_scorer(pointer)
-    cols = [m.candidates.index(c) for c in model.candidates]
-    Y, E = m.Y[:, cols], m.E[:, cols]
-    texts, none = list(m.texts), [None] * len(m)
-    P = model.score(texts, none)
-    Eh = model.energy(texts, none, prompt_tokens=list(m.prompt_tokens))
-    ch = decide(P, Eh, Knob.point(lambda_=lam, e_ref_j=DEFAULT_E_REF_J))
-    idx = np.arange(len(m))
-
-    def aiq(k: np.ndarray) -> float:
-        return evaluate(Y[k], E[k], {"r": (P[k], Eh[k])}, model.candidates).method("r").aiq
-
-    return Scores(
-        Y[idx, ch], E[idx, ch], aiq(new_mask), aiq(np.ones(len(m), dtype=bool)), read_manifest(resolve(pointer)).version
-    )
-
-
-def table_lines(scores: dict[str, Scores], status: dict[str, str], new_mask: np.ndarray, task: str) -> list[str]:
-    lines = [
-        f"| arm | retrain | {task} acc | {task} J/q | {task} AIQ | pooled acc | pooled J/q | pooled AIQ |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, s in scores.items():
-        n = new_mask
-        lines.append(
-            f"| {LABEL.get(arm, arm)} | {status.get(arm, '-')} | {s.acc[n].mean():.3f} | {s.joules[n].mean():.1f} | "
-            f"{s.aiq_new:.4f} | {s.acc.mean():.3f} | {s.joules.mean():.1f} | {s.aiq_pooled:.4f} |"
-        )
-    return lines
-
-
-def gain(
-    a: Scores, b: Scores, new_mask: np.ndarray, n_boot: int, seed: int = 0
-) -> tuple[float, float, tuple[float, ...]]:
-    """New-task accuracy difference a − b and J ratio a / b, with paired bootstrap 95 % intervals."""
-    acc_a, acc_b = a.acc[new_mask], b.acc[new_mask]
-    j_a, j_b = a.joules[new_mask], b.joules[new_mask]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(acc_a), size=(n_boot, len(acc_a)))
-    d = acc_a[idx].mean(axis=1) - acc_b[idx].mean(axis=1)
-    r = j_a[idx].mean(axis=1) / j_b[idx].mean(axis=1)
-    lo_d, hi_d = np.percentile(d, [2.5, 97.5])
-    lo_r, hi_r = np.percentile(r, [2.5, 97.5])
-    return float(acc_a.mean() - acc_b.mean()), float(j_a.mean() / j_b.mean()), (lo_d, hi_d, lo_r, hi_r)
-
-
 # -- the run ------------------------------------------------------------------------------------------------
-
-
-def _task_lines(m: TableMatrix, task: str) -> list[str]:
-    out = []
-    for name, k in ((task, m.tasks == task), ("other tasks", m.tasks != task)):
-        acc = ", ".join(f"{c.split('/')[-1]} {m.Y[k, j].mean():.2f}" for j, c in enumerate(m.candidates))
-        out.append(f"  held-out {name} ({int(k.sum())} queries), accuracy per candidate (cheapest first): {acc}")
-    return out
 
 
 def _first_router(cfg: LoopConfig, workdir: Path, base_db: Path) -> Path:
@@ -365,7 +283,7 @@ def run(cfg: LoopConfig, workdir: Path) -> dict[str, Any]:
         f"closed loop: table of {len(split.base)} queries without {cfg.task}; {len(split.served)} {cfg.task} queries "
         f"served in steps of {cfg.retrain_every}; λ={cfg.lam:g}, ε={cfg.epsilon:g}; energy ESTIMATED (profile x tokens)"
     )
-    for line in _task_lines(m_eval, cfg.task):
+    for line in task_lines(m_eval, cfg.task):
         print(line)
     ck = _first_router(cfg, workdir, base_db)
     candidates = list(read_manifest(ck).candidates)

@@ -1,6 +1,6 @@
 """Where one serving decision's time goes, measured on this machine.
 
-    python benchmarks/profile_decision.py [--checkpoint DIR] [--cprofile] [--cold]
+    python benchmarks/profile_decision.py [--checkpoint DIR] [--cprofile] [--cold] [--in-loop]
 
 Calls each stage of a serving-student decision (``EnergyRouterCore.choose``: text and knob, prompt tokens, the
 student's P, the output-length model's parts, the decision, the accounting figures) directly on the uncached
@@ -9,7 +9,8 @@ prompts), then ``choose()`` end to end. ``--cprofile`` adds cProfile's top funct
 decisions; ``--cold`` adds ``choose()`` after evicting the CPU caches before each call. Without ``--checkpoint``
 it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
 ``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w> shared_ngram_pass_ratio=<r>`` (and
-``cold_choose_p50_us=<c>`` with ``--cold``). ``unlike_table_choose_p50_us``: ``choose()`` on 60 chat requests unlike the
+``cold_choose_p50_us=<c>`` with ``--cold``; ``in_loop_choose_p50_us=<l>`` with ``--in-loop``: each stage timed inside
+``choose()`` back to back and between sequential ``Router.acompletion`` calls against a local backend, side by side). ``unlike_table_choose_p50_us``: ``choose()`` on 60 chat requests unlike the
 table's prompts, whose support scan cannot stop early.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import logging
 import os
 import pstats
 import sys
@@ -137,6 +139,7 @@ def main() -> None:
     ap.add_argument("--checkpoint")
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--cold", action="store_true", help="also choose() after writing 64 MB before each call")
+    ap.add_argument("--in-loop", action="store_true", help="also each stage between sequential acompletion calls")
     args = ap.parse_args()
     core, texts, deps = setup(args.checkpoint)
     rk = {"metadata": {}}
@@ -147,12 +150,14 @@ def main() -> None:
     shared = asyncio.run(shared_pass_ab(core, deps, msgs, rk))
     far = asyncio.run(unlike_the_table(core, deps, rk))
     cold = asyncio.run(cold_choose(core, deps, msgs, rk)) if args.cold else None
+    looped = asyncio.run(in_loop(core, texts)) if args.in_loop else None
     if args.cprofile:
         top_functions(core, deps, msgs, rk)
     print(
         f"choose_p50_us={p50:.0f} length_model_us={s.get('length', 0):.0f} prompt_tokens_us={s['tokens']:.0f} "
         f"student_us={s['student']:.0f} shared_ngram_pass_ratio={shared:.3f} unlike_table_choose_p50_us={far:.0f}"
         + (f" cold_choose_p50_us={cold:.0f}" if cold is not None else "")
+        + (f" in_loop_choose_p50_us={looped:.0f}" if looped is not None else "")
     )
 
 
@@ -207,6 +212,66 @@ async def cold_choose(core, deps, msgs, rk) -> float:
     p50 = float(np.median(t)) / 1000
     print(f"  {'choose() p50 after a 64 MB cache eviction':46s} {p50:8.1f} µs")
     return p50
+
+
+#: (owner, attribute, label) of the stages :func:`in_loop` times inside ``choose()`` (owner: a module or a class path)
+IN_LOOP_STAGES = (
+    ("litellm_energy_router.litellm_glue.core:EnergyRouterCore", "_plan", "text, knob, deployments, context"),
+    ("litellm_energy_router.router.scoring:StudentScorer", "score", "student P"),
+    ("litellm_energy_router.router.runtime", "estimate_prompt_tokens", "prompt tokens"),
+    ("litellm_energy_router.router.output_tokens", "request_tokens", "output tokens and note"),
+    ("litellm_energy_router.router.length_model", "dense_features", "  of which cue flags"),
+    ("litellm_energy_router.litellm_glue.core:EnergyRouterCore", "decide", "decision, metadata, metrics"),
+    ("litellm_energy_router.litellm_glue.core:EnergyRouterCore", "choose", "choose() end to end"),
+)
+
+
+async def in_loop(core, texts: list[str], n: int = 500) -> float:
+    """Each stage's p50 (µs) inside ``choose()`` back to back, then between sequential ``Router.acompletion`` calls
+    (the energy strategy, a local backend): what LiteLLM's own work between two decisions leaves in the caches.
+    Printed side by side; returns ``choose()``'s p50 in the loop."""
+    import importlib
+
+    from bench_routing import Calls, pool_model_list, timed
+    from litellm import Router
+
+    from litellm_energy_router.demo.backend import LocalBackend
+    from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
+    from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
+
+    times: dict[str, list[float]] = {label: [] for *_, label in IN_LOOP_STAGES}
+    undo = []
+    for path, attr, label in IN_LOOP_STAGES:
+        mod, _, cls = path.partition(":")
+        owner = getattr(importlib.import_module(mod), cls) if cls else importlib.import_module(mod)
+        f = owner.__dict__[attr]
+        setattr(owner, attr, timed(f, times[label]))
+        undo.append((owner, attr, f))
+    import litellm
+
+    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+    litellm.suppress_debug_info = True
+    backend = LocalBackend().start()
+    try:
+        deps = pool_model_list(list(core.runtime.model.candidates), backend.base)
+        router = Router(model_list=deps)
+        register_strategy(router, EnergyRoutingStrategy(router, core=core))
+        calls = Calls(texts)
+        await calls.seq(router, 50, 0)
+        for i in range(n):
+            await core.choose(deps, calls.msgs(100_000 + i))
+        hot = {k: float(np.median(v)) * 1e6 for k, v in times.items() if v}
+        for v in times.values():
+            v.clear()
+        await calls.seq(router, n, 200_000)
+        loop = {k: float(np.median(v)) * 1e6 for k, v in times.items() if v}
+    finally:
+        backend.stop()
+        for owner, attr, f in undo:
+            setattr(owner, attr, f)
+    for k, h in hot.items():
+        print(f"  {k:46s} {h:8.1f} µs back to back, {loop.get(k, float('nan')):8.1f} µs in the loop")
+    return loop.get("choose() end to end", float("nan"))
 
 
 async def shared_pass_ab(core, deps, msgs, rk) -> float:
