@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import _offline  # noqa: F401  (before LiteLLM is imported)
 from closed_loop_scores import Scores, gain, load_eval, score_checkpoint, table_lines, task_lines
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench, iter_records, parse_files
 from litellm_energy_router.training.data import holdout_split

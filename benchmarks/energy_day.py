@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _offline  # noqa: F401  (before LiteLLM is imported)
 from energy_day_eval import KEYS, LAMBDA, SITES, Req, Served, _hash, carbon_lambda, hindsight, log, outcome, report
 
 GROUP = "day-pool"

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
 
+import _offline  # noqa: F401  (before LiteLLM is imported)
 import numpy as np
 from litellm_energy_router.training.baselines import make_baseline
 from litellm_energy_router.training.data import TableMatrix, concat_rows

@@ -50,6 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _offline  # noqa: F401  (before LiteLLM is imported)
 import numpy as np
 from litellm_energy_router.training.baselines import make_baseline
 from litellm_energy_router.training.data import TableMatrix, holdout_split, load_matrix
