@@ -20,7 +20,7 @@ length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> 
 proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d> in_loop_decision_p50_ms=<e>`` (the
 decision timed inside the sequential ``acompletion`` calls), then ``glue_ratio=<g>`` with ``--glue``: the strategy's
 per-call time with a decision made in advance over ``simple-shuffle``'s (the plugin path and the decision's metadata
-without scoring).
+without ``choose()``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -187,19 +188,18 @@ async def acompletion_ratios(calls: Calls, model_list: list[dict], core, lm_core
 
 async def glue_ratio(calls: Calls, model_list: list[dict], core, n: int) -> float:
     """Sequential per-call time of the strategy with a decision made once in advance (the plugin path and the
-    decision's metadata, no scoring) over ``simple-shuffle``'s, interleaved like :func:`acompletion_ratios`."""
+    decision's metadata, without ``choose()``) over ``simple-shuffle``'s, interleaved like :func:`acompletion_ratios`."""
     from litellm import Router
 
     from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
     from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 
     dep, decision = await core.choose(model_list, calls.msgs(0))
-    fixed = type(core)(core.settings, runtime=core.runtime)
 
     async def made(deployments, *a, **k):
         return dep, decision
 
-    fixed.choose = made
+    fixed = SimpleNamespace(choose=made)  # all the strategy calls of its core
     shuffle = Router(model_list=model_list, routing_strategy="simple-shuffle")
     glue = Router(model_list=model_list)
     register_strategy(glue, EnergyRoutingStrategy(glue, core=fixed))

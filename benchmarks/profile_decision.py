@@ -232,6 +232,7 @@ async def in_loop(core, texts: list[str], n: int = 500) -> float:
     Printed side by side; returns ``choose()``'s p50 in the loop."""
     import importlib
 
+    import litellm
     from bench_routing import Calls, pool_model_list, timed
     from litellm import Router
 
@@ -239,25 +240,25 @@ async def in_loop(core, texts: list[str], n: int = 500) -> float:
     from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
     from litellm_energy_router.litellm_glue.strategy import EnergyRoutingStrategy
 
-    times: dict[str, list[float]] = {label: [] for *_, label in IN_LOOP_STAGES}
-    undo = []
-    for path, attr, label in IN_LOOP_STAGES:
-        mod, _, cls = path.partition(":")
-        owner = getattr(importlib.import_module(mod), cls) if cls else importlib.import_module(mod)
-        f = owner.__dict__[attr]
-        setattr(owner, attr, timed(f, times[label]))
-        undo.append((owner, attr, f))
-    import litellm
-
     logging.getLogger("LiteLLM").setLevel(logging.ERROR)
     litellm.suppress_debug_info = True
-    backend = LocalBackend().start()
+    times: dict[str, list[float]] = {label: [] for *_, label in IN_LOOP_STAGES}
+    undo, backend = [], LocalBackend()
     try:
+        for path, attr, label in IN_LOOP_STAGES:
+            mod, _, cls = path.partition(":")
+            owner = getattr(importlib.import_module(mod), cls) if cls else importlib.import_module(mod)
+            f = owner.__dict__[attr]
+            setattr(owner, attr, timed(f, times[label]))
+            undo.append((owner, attr, f))
+        backend.start()
         deps = pool_model_list(list(core.runtime.model.candidates), backend.base)
         router = Router(model_list=deps)
         register_strategy(router, EnergyRoutingStrategy(router, core=core))
         calls = Calls(texts)
-        await calls.seq(router, 50, 0)
+        await calls.seq(router, 50, 0)  # warm-up, not counted
+        for v in times.values():
+            v.clear()
         for i in range(n):
             await core.choose(deps, calls.msgs(100_000 + i))
         hot = {k: float(np.median(v)) * 1e6 for k, v in times.items() if v}
@@ -266,7 +267,8 @@ async def in_loop(core, texts: list[str], n: int = 500) -> float:
         await calls.seq(router, n, 200_000)
         loop = {k: float(np.median(v)) * 1e6 for k, v in times.items() if v}
     finally:
-        backend.stop()
+        if backend.port is not None:
+            backend.stop()
         for owner, attr, f in undo:
             setattr(owner, attr, f)
     for k, h in hot.items():

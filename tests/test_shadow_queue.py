@@ -133,6 +133,22 @@ def test_a_failed_write_gives_its_new_context_slot_back(tmp_path):
     assert q.enqueued == 2
 
 
+def test_only_a_slot_taken_counts_against_a_context(tmp_path):
+    """A request turned away uses no slot: not one offered while another request's write holds the context's last
+    slot (that write then fails: the next request gets it), nor one refused because its key had its N already (another
+    key's request for that context still gets the context's slot)."""
+    q = ShadowQueue(tmp_path / "shadow.jsonl", 0.0, new_context_requests=1)
+    x, y = "ctx:00aa11bb22cc33dd|cl:3", "ctx:ffee00112233aabb|cl:3"
+    held = q._new_context(x, None)  # request A's slot, its write in flight
+    assert held and not q.maybe_enqueue("prod-b", "production", "t", "b", context=x)  # B: the slot is A's
+    q._give_back(held)  # A's write failed
+    assert q.maybe_enqueue("prod-c", "production", "t", "c", context=x)  # C gets it
+    assert q.maybe_enqueue("prod-d", "production", "t", "d", context=y, owner="key-1")  # key-1's one
+    assert not q.maybe_enqueue("prod-e", "production", "t", "e", context="ctx:0123456789abcdef|cl:1", owner="key-1")
+    assert q.maybe_enqueue("prod-f", "production", "t", "f", context="ctx:0123456789abcdef|cl:1", owner="key-2")
+    assert [json.loads(line)["call_id"] for line in q.path.read_text().splitlines()] == ["c", "d", "f"]
+
+
 def test_an_existing_world_readable_queue_is_narrowed(tmp_path):
     path = tmp_path / "shadow.jsonl"
     path.write_text("")

@@ -56,7 +56,7 @@ class ShadowQueue:
         self.fraction = float(fraction)
         self.new_context_requests = int(new_context_requests)
         self._lock = threading.Lock()
-        self._seen: OrderedDict[str, int] = OrderedDict()  # context key -> requests offered
+        self._seen: OrderedDict[str, int] = OrderedDict()  # context or owner key -> requests queued as new
         self.enqueued = 0
 
     def maybe_enqueue(
@@ -70,7 +70,7 @@ class ShadowQueue:
         owner: str | None = None,
     ) -> bool:
         """Queue the query when its call id (else query id) is sampled, or when it is among the first
-        ``new_context_requests`` offered of its ``context`` (the row's stored context: keys of
+        ``new_context_requests`` queued as new of its ``context`` (the row's stored context: keys of
         :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash) has
         had fewer than that many queued this way (a caller that varies its system prompt, part of the context key,
         gets no more). Returns whether it was queued."""
@@ -80,26 +80,27 @@ class ShadowQueue:
         try:
             self.enqueue(query_id, task, text, call_id, created)
         except BaseException:
-            self._give_back(slots)  # a write that failed used no new-context slot: a later request gets it
+            # a write that failed used no new-context slot: a later request gets it (a failure after the line was
+            # written, in the fsync, may so queue one more than N: the queue errs toward labelling)
+            self._give_back(slots)
             raise
         return True
 
     def _new_context(self, context: str | None, owner: str | None) -> tuple[str, ...]:
-        """Counts one request of ``context``'s key; the keys whose new-context slot it takes (the context's, and
-        ``owner``'s when given) while the key has had at most ``new_context_requests`` and ``owner`` fewer queued
-        that way, else ``()`` (a request with no context key, only its text cluster: always)."""
+        """The keys whose new-context slot this request takes: ``context``'s key (and ``owner``'s when given) while
+        that key has had fewer than ``new_context_requests`` queued this way and ``owner`` too; else ``()`` (a
+        request with no context key, only its text cluster: always). Only a slot taken is counted: a request turned
+        away (its key's or its owner's N reached) uses none."""
         ctx = Context.parse(context) if self.new_context_requests else None
         if ctx is None or ctx.key is None:
             return ()
+        keys = (ctx.key,) if owner is None else (ctx.key, f"owner:{owner}")
         with self._lock:
-            if self._count(ctx.key) > self.new_context_requests:
+            if any(self._seen.get(k, 0) >= self.new_context_requests for k in keys):
                 return ()
-            if owner is None:
-                return (ctx.key,)
-            if self._seen.get(f"owner:{owner}", 0) >= self.new_context_requests:
-                return ()
-            self._count(f"owner:{owner}")
-        return ctx.key, f"owner:{owner}"
+            for k in keys:
+                self._count(k)
+        return keys
 
     def _give_back(self, keys: tuple[str, ...]) -> None:
         """One less for each of ``keys`` (slots taken by :meth:`_new_context` for a request that was not queued)."""
