@@ -31,8 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import litellm  # noqa: E402

@@ -7,12 +7,10 @@ checkpoint served by two cores, ``router.online`` true (context prior fitted fro
 Last line: ``ratio_on_off_p50=<x>``.
 """
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import pathlib as _p
 import sys as _s
+
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
 
 _s.path.insert(0, str(_p.Path(__file__).resolve().parents[1] / "tests"))
 import asyncio

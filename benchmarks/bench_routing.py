@@ -28,17 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
 import numpy as np
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from litellm_energy_router.profiling.config import parse_tournament_config  # noqa: E402

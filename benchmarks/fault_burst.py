@@ -34,9 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
 from proxy_footprint import FAIL_OPEN_ID, KEY, _config  # noqa: E402
 from proxy_process import ProxyProcess  # noqa: E402
 from router_fixtures import train_planted  # noqa: E402

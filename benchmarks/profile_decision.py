@@ -20,17 +20,15 @@ import argparse
 import asyncio
 import cProfile
 import logging
-import os
 import pstats
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
 import numpy as np
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

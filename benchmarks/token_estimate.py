@@ -19,14 +19,12 @@ import argparse
 import ast
 import csv
 import json
-import os
 import time
 from pathlib import Path
 
-import numpy as np
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import _offline  # noqa: E402, F401  (before LiteLLM is imported)
 import litellm  # noqa: E402, F401 - as in serving: the count is LiteLLM's tiktoken encoding
+import numpy as np
 
 from litellm_energy_router.tokens import (  # noqa: E402
     _EST_W,
