@@ -109,13 +109,11 @@ class ShadowQueue:
                 if self._seen.get(k, 0) > 0:
                     self._seen[k] -= 1
 
-    def _count(self, key: str) -> int:
-        """One more for ``key`` (most recent last; the least recent of :data:`MAX_KEYS` dropped); its count."""
-        n = self._seen.pop(key, 0) + 1
-        self._seen[key] = n
+    def _count(self, key: str) -> None:
+        """One more for ``key`` (most recent last; the least recent of :data:`MAX_KEYS` dropped)."""
+        self._seen[key] = self._seen.pop(key, 0) + 1
         while len(self._seen) > MAX_KEYS:
             self._seen.popitem(last=False)
-        return n
 
     def enqueue(self, query_id: str, task: str, text: str, call_id: str | None, created: float | None = None) -> None:
         line = json.dumps(
