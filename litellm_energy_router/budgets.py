@@ -26,7 +26,9 @@ is in λ units per whole budget of overspend: η = 10 adds 0.1 to λ while spend
 
 **Hard** (``mode: hard``): once the spend reaches B, requests are refused with HTTP 429 (``BudgetExceeded``,
 one line naming the budget) or, with ``hard_action: cheapest``, served by the cheapest candidate in the
-request's objective.
+request's objective. Fail closed: a hard budget whose spend is unknown (no ledger read since the process started,
+or none that succeeded for ``max_stale_s``) is treated as exhausted, so a proxy that starts, or loses its table,
+never serves a capped key on a spend it cannot see.
 
 **Spend and staleness.** Spend = the ledger's sum for the budget's period (``er_ledger``, written by every
 proxy's callback in the row's transaction) at the last read + the decision-time estimates (Ê, or its gCO2e)
@@ -91,6 +93,19 @@ class BudgetSettings(BaseModel):
     )
     keys: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM key alias -> budget")
     teams: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM team alias or team id -> budget")
+    max_stale_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="a hard budget whose spend has not been read from the table for this many seconds (or not yet "
+        "since start) refuses like an exhausted one, fail closed; None: 3 x refresh_s, at least 30",
+    )
+
+    @property
+    def stale_s(self) -> float:
+        """Seconds without a ledger read after which a hard budget's spend counts as unknown."""
+        return self.max_stale_s if self.max_stale_s is not None else max(3 * self.refresh_s, 30.0)
 
 
 class BudgetExceeded(Exception):
@@ -101,9 +116,14 @@ class BudgetExceeded(Exception):
     type = "budget_exceeded"
     param = "budgets"
 
-    def __init__(self, where: str, spent: float, b: Budget) -> None:
+    def __init__(self, where: str, spent: float, b: Budget, unknown_s: float | None = None) -> None:
         unit = "J" if b.unit == "joules" else "gCO2e"
-        self.message = f"energy-router: budget {where} exhausted: {spent:.6g} of {b.limit:.6g} {unit} this {b.period}"
+        self.message = (
+            f"energy-router: budget {where} exhausted: {spent:.6g} of {b.limit:.6g} {unit} this {b.period}"
+            if unknown_s is None
+            else f"energy-router: budget {where} spend unknown (no ledger read in the last {unknown_s:.6g} s): "
+            "a hard budget refuses until the table is read"
+        )
         super().__init__(self.message)
 
 
@@ -153,6 +173,7 @@ class BudgetState:
     last_spent: float = 0.0
     last_pace: float = 0.0
     reads: int = 0
+    read_ok: float = -math.inf  # time.monotonic() of the last ledger read that succeeded
 
     @property
     def where(self) -> str:
@@ -214,13 +235,16 @@ class BudgetBook:
 
     def apply(self, knob: Any, states: list[BudgetState]) -> Any:
         """``knob`` with λ raised by the budgets' multipliers (the cheapest-candidate λ over a hard cap with
-        ``hard_action: cheapest``); raises :class:`BudgetExceeded` over a hard cap with ``refuse``."""
-        mu, cheapest = 0.0, False
+        ``hard_action: cheapest``); raises :class:`BudgetExceeded` over a hard cap with ``refuse``. A hard budget
+        whose spend is unknown (no ledger read for ``max_stale_s``, or none yet) counts as over its cap: fail closed."""
+        mu, cheapest, stale = 0.0, False, self.cfg.stale_s
         for st in states:
-            if st.cfg.mode == "hard" and st.spent >= st.cfg.limit:
-                if st.cfg.hard_action == "refuse":
-                    raise BudgetExceeded(st.where, st.spent, st.cfg)
-                cheapest = True
+            if st.cfg.mode == "hard":
+                unknown = time.monotonic() - st.read_ok > stale
+                if unknown or st.spent >= st.cfg.limit:
+                    if st.cfg.hard_action == "refuse":
+                        raise BudgetExceeded(st.where, st.spent, st.cfg, stale if unknown else None)
+                    cheapest = True
             mu += st.mu
         if cheapest:
             return knob.model_copy(update={"lambda_": CHEAPEST_LAMBDA, "target_accuracy": None})
@@ -265,6 +289,7 @@ class BudgetBook:
                     st.table = sums[id(st)]
                     st.local -= seen[id(st)]
                     st.reads += 1
+                    st.read_ok = time.monotonic()
                 st.step(now)
 
     def _loop(self) -> None:

@@ -15,7 +15,14 @@ import pytest
 from litellm import Router
 from router_fixtures import CANDS, drain_litellm_logging, pool_deployments
 
-from litellm_energy_router.budgets import Budget, BudgetBook, BudgetExceeded, BudgetSettings, elapsed_share
+from litellm_energy_router.budgets import (
+    CHEAPEST_LAMBDA,
+    Budget,
+    BudgetBook,
+    BudgetExceeded,
+    BudgetSettings,
+    elapsed_share,
+)
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.knob import Knob
 from litellm_energy_router.litellm_glue.litellm_compat import register_strategy
@@ -166,6 +173,67 @@ def test_own_spend_counts_at_decision_and_once_after_the_write(sqlite_url):
         book.apply(Knob.point(lambda_=0.0), [st])
     assert e.value.status_code == 429
     book.close()
+
+
+def test_a_hard_budget_with_unknown_spend_fails_closed(sqlite_url, tmp_path, monkeypatch):
+    """No ledger read yet (a proxy that just started), or none that succeeded for max_stale_s (the table lost): a
+    hard budget refuses (or serves the cheapest) although its known spend is under the cap; a soft one is served."""
+    cfg = BudgetSettings(
+        keys={
+            "svc-a": {"limit": 100.0, "mode": "hard"},
+            "svc-c": {"limit": 100.0, "mode": "hard", "hard_action": "cheapest"},
+        },
+        teams={"soft": {"limit": 100.0}},
+        max_stale_s=30,
+    )
+    book = BudgetBook(cfg, sqlite_url, clock=lambda: DAY0 + 7200)
+    a, c, soft = book.keys["svc-a"], book.keys["svc-c"], book.teams["soft"]
+    knob = Knob.point(lambda_=0.1)
+    with pytest.raises(
+        BudgetExceeded, match=r"^energy-router: budget keys\.svc-a spend unknown \(no ledger read in the last 30 s\)"
+    ):
+        book.apply(knob, [a])
+    assert book.apply(knob, [c]).lambda_ == CHEAPEST_LAMBDA and book.apply(knob, [soft]) is knob
+    book.tick()  # a read: spend 0 of 100
+    assert book.apply(knob, [a]) is knob and book.apply(knob, [c]) is knob
+    book.url = f"sqlite:///{tmp_path}/no/such/dir/t.db"  # the table is lost: reads fail from now on
+    book._engine.dispose()
+    book._engine = None
+    book.tick()
+    assert book.apply(knob, [a]) is knob  # within max_stale_s of the last good read: its view holds
+    later = time.monotonic() + 31
+    monkeypatch.setattr("litellm_energy_router.budgets.time.monotonic", lambda: later)
+    with pytest.raises(BudgetExceeded, match="spend unknown"):
+        book.apply(knob, [a])
+    assert book.apply(knob, [soft]) is knob
+    book.close()
+
+
+def test_a_hard_budget_is_refused_while_the_router_cannot_start(sqlite_url, monkeypatch):
+    """The proxy filter's core cannot be built (any error: here its accounting): the pre-call hook still refuses the
+    requests of a hard budget (HTTP 429; its spend is unknown) and lets the others through."""
+    from litellm_energy_router.litellm_glue import core as core_mod
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterFilter
+
+    def broken(*a, **k):
+        raise RuntimeError("accounting: cannot start")
+
+    monkeypatch.setattr(core_mod, "Accounting", broken)
+    s = Settings.model_validate(
+        {"table": {"url": sqlite_url}, "budgets": {"keys": {"svc-a": {"limit": 1e9, "mode": "hard"}}}}
+    )
+    f = EnergyRouterFilter(s)
+    f.start()  # logs the error; requests fail open from here, except a hard budget's
+    assert f._core is None
+
+    def pre(alias):
+        data = {"metadata": {"user_api_key_alias": alias}, "messages": [{"role": "user", "content": "hi"}]}
+        return asyncio.run(f.async_pre_call_hook(None, None, data, "completion"))
+
+    with pytest.raises(BudgetExceeded, match="keys.svc-a spend unknown") as e:
+        pre("svc-a")
+    assert e.value.status_code == 429
+    assert pre("other") is None
 
 
 WRITER = textwrap.dedent("""

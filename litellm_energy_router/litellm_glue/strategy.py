@@ -42,6 +42,7 @@ from typing import Any, Mapping
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
+from litellm_energy_router.budgets import BudgetBook
 from litellm_energy_router.knob import KnobError, metadata_dicts, resolve_knob
 from litellm_energy_router.litellm_glue import litellm_compat
 from litellm_energy_router.litellm_glue.core import CALLER_ERRORS, EnergyRouterCore
@@ -160,6 +161,7 @@ class EnergyRouterFilter(CustomLogger):
         self._settings = settings
         self._core = core
         self._refused = RateLimitedWarning(log, 60.0)
+        self._idle_book: BudgetBook | None = None  # the hard budgets' check while the core is not built (never read)
 
     @property
     def core(self) -> EnergyRouterCore:
@@ -201,8 +203,9 @@ class EnergyRouterFilter(CustomLogger):
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> None:
         """Proxy, before routing and before any backend call: drop a caller-sent decision and refuse an
-        invalid request knob (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field) and, once
-        the router has started, a request over a hard budget (:class:`~.budgets.BudgetExceeded`, HTTP 429)."""
+        invalid request knob (:class:`~.knob.KnobError`; the proxy answers HTTP 400 naming the field) and a request
+        over a hard budget (:class:`~.budgets.BudgetExceeded`, HTTP 429; while the router has not started, every
+        request of a hard budget: its spend is unknown, so it fails closed)."""
         strip_caller_decision(data)
         try:  # the settings only, never the router: its checkpoint loads in start() / on first use
             settings = self._core.settings if self._core is not None else self._settings or load_settings()
@@ -214,7 +217,12 @@ class EnergyRouterFilter(CustomLogger):
             if self._core is not None:
                 self._core.knob(data)  # the knob and its budgets
             else:
-                resolve_knob(settings.knob, data)
+                knob = resolve_knob(settings.knob, data)
+                b = settings.budgets
+                if any(x.mode == "hard" for x in (*b.keys.values(), *b.teams.values())):
+                    if self._idle_book is None or self._idle_book.cfg is not b:
+                        self._idle_book = BudgetBook(b, settings.table.url)  # never started: no spend read
+                    self._idle_book.apply(knob, self._idle_book.match(metadata_dicts(data)))
         except KnobError as e:  # counted in energy_router_knob_refusals_total{field}; logged once a minute per field
             self._refused(
                 e.field,
