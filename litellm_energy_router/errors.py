@@ -3,6 +3,9 @@ naming where it came from (file, line or row), the field and the value."""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+
 from pydantic import ValidationError
 
 from litellm_energy_router.redact import redact
@@ -50,3 +53,31 @@ def user_error_line(err: BaseException) -> str | None:
     if isinstance(err, OSError) and err.filename is not None:
         return f"{err.filename}: {err.strerror or type(err).__name__}"
     return None
+
+
+class RefusalLines:
+    """The texts of the refusals a proxy hook of ours just raised, for the proxy's own log line about each
+    (:func:`~litellm_energy_router.litellm_glue.litellm_compat.quiet_refusals`): a line is ours when it ends with
+    one of them, and each text covers one line. Releases that log the exception pre-formatted leave the filter
+    only the message, which also holds what the caller sent (its call id), so the match is on the exact text of
+    a refusal raised here, never on a pattern a caller could write. Bounded (the oldest texts drop out)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._texts: deque[str] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def note(self, err: BaseException) -> None:
+        with self._lock:
+            self._texts.append(str(err))
+
+    def take(self, message: str) -> bool:
+        """Whether ``message`` is the line about a noted refusal (that refusal is then used up)."""
+        with self._lock:
+            for t in self._texts:
+                if t and message.endswith(t):
+                    self._texts.remove(t)
+                    return True
+        return False
+
+
+REFUSAL_LINES = RefusalLines()

@@ -14,6 +14,8 @@ import os
 import tempfile
 from typing import Any
 
+from litellm_energy_router.errors import REFUSAL_LINES
+
 # For a LiteLLM proxy that loads callbacks only from files next to its config.yaml
 # (``proxy_imports_installed_callbacks()`` is False): save as ``energy_router_callbacks.py`` beside the
 # config and list ``energy_router_callbacks.energy_router`` / ``energy_router_callbacks.energy_logger``.
@@ -95,18 +97,27 @@ class _DropRefusals(logging.Filter):
     """Drops the proxy's own record of a request a pre-call hook of ours refused (a request knob,
     :class:`~.knob.KnobError`, HTTP 400; a reused call id, :class:`~.callback.call_ids.CallIdTaken`, 409: an
     ERROR line, with a traceback in some releases); the hook logs one WARNING line of its own instead. Matched
-    by the exception (``energy_router_refusal``) among the record's arguments or in its ``exc_info``, or by a
-    refusal's own text in the message; any other record passes."""
-
-    TEXTS = ("energy-router: metadata.energy_router", "energy-router: call id ")
+    by the exception (``energy_router_refusal``, on it or on one it was raised from or during) among the
+    record's arguments or in its ``exc_info``, else by the exact text of a refusal a hook of ours just raised at
+    the end of the message (:data:`~litellm_energy_router.errors.REFUSAL_LINES`, each text once), never by a
+    pattern: the message also holds what the caller sent (its ``x-litellm-call-id``), so a caller could
+    otherwise hide the proxy's error lines about its requests."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
         exc = record.exc_info[1] if record.exc_info else None
-        if any(isinstance(a, BaseException) and getattr(a, "energy_router_refusal", False) for a in (*args, exc)):
+        if any(_refusal(a) for a in (*args, exc) if isinstance(a, BaseException)):
             return False
-        msg = record.getMessage()
-        return not any(t in msg for t in self.TEXTS)
+        return not REFUSAL_LINES.take(record.getMessage())
+
+
+def _refusal(e: BaseException | None, depth: int = 0) -> bool:
+    """Whether ``e`` or an exception it was raised from or during (at most 5 deep) is one of our refusals."""
+    if e is None or depth > 5:
+        return False
+    if getattr(e, "energy_router_refusal", False):
+        return True
+    return _refusal(e.__cause__, depth + 1) or (e.__context__ is not e.__cause__ and _refusal(e.__context__, depth + 1))
 
 
 def quiet_refusals() -> None:

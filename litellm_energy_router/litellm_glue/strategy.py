@@ -43,6 +43,7 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_energy_router.budgets import BudgetBook
+from litellm_energy_router.errors import REFUSAL_LINES
 from litellm_energy_router.knob import KnobError, metadata_dicts, resolve_knob
 from litellm_energy_router.litellm_glue import litellm_compat
 from litellm_energy_router.litellm_glue.core import CALLER_ERRORS, EnergyRouterCore
@@ -230,6 +231,7 @@ class EnergyRouterFilter(CustomLogger):
                 "in the next minute: energy_router_knob_refusals_total only)",
                 str(e).removeprefix("energy-router: "),
             )
+            REFUSAL_LINES.note(e)  # the proxy's ERROR line about it is dropped (litellm_compat.quiet_refusals)
             raise
         return None
 

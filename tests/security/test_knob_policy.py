@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
@@ -315,3 +316,33 @@ def test_proxy_logs_a_refusal_as_one_warning_line_of_ours_not_litellms_error(pro
     assert len(ours) == 1, about  # two refusals of this field within a minute: one line
     assert not [ln for ln in about if "ERROR" in ln or "_handle_llm_api_exception" in ln], about
     assert not any("KnobError" in ln for ln in lines)  # no traceback
+
+
+def test_a_caller_cannot_hide_the_proxys_error_lines_behind_a_refusal_text():
+    """The proxy's record of a request is dropped only for a refusal a hook of ours raised (its exception, one raised
+    around it, or, where the release logs the message pre-formatted, that refusal's exact text, once), never
+    because the caller's call id (formatted into the line) reads like one."""
+    from litellm_energy_router.errors import REFUSAL_LINES
+    from litellm_energy_router.litellm_glue.litellm_compat import _DropRefusals
+
+    drop = _DropRefusals()
+    fmt = "_handle_llm_api_exception(): Exception occured - litellm_call_id=%s - %s"
+
+    def rec(*args, exc=None, msg=fmt):
+        return logging.LogRecord("LiteLLM Proxy", logging.ERROR, __file__, 1, msg, args or None, exc)
+
+    crafted = "energy-router: call id x"  # a caller's x-litellm-call-id
+    assert drop.filter(rec(crafted, RuntimeError("backend 500")))
+    knob = KnobError("lamda", "is not a knob field")
+    assert drop.filter(rec(msg=f"... litellm_call_id={crafted} - {knob}"))  # pre-formatted, not raised by a hook
+    assert not drop.filter(rec("id-1", knob))  # the exception itself
+    try:  # a wrapper the proxy raised while handling ours
+        try:
+            raise knob
+        except KnobError:
+            raise RuntimeError("wrapped")
+    except RuntimeError as w:
+        assert not drop.filter(rec("id-2", "x", exc=(type(w), w, w.__traceback__)))
+    REFUSAL_LINES.note(knob)  # the hook raised it: the proxy's pre-formatted line about it goes, once
+    assert not drop.filter(rec(msg=f"... litellm_call_id=id-3 - {knob}"))
+    assert drop.filter(rec(msg=f"... litellm_call_id=id-3 - {knob}"))

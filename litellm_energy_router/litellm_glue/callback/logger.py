@@ -25,6 +25,7 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm_energy_router.energy.carbon import CarbonModel
 from litellm_energy_router.energy.meter import RequestEnergyMeter
 from litellm_energy_router.energy.request_meter import open_request_meter
+from litellm_energy_router.errors import REFUSAL_LINES
 from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
 from litellm_energy_router.litellm_glue.callback.call_ids import (
     CallIdGuard,
@@ -107,6 +108,7 @@ class EnergyLogger(CustomLogger):
                 "energy-router: refused a reused call id with HTTP 409: %s (more in the next minute: not logged)",
                 str(e).removeprefix("energy-router: "),
             )
+            REFUSAL_LINES.note(e)  # the proxy's ERROR line about it is dropped (litellm_compat.quiet_refusals)
             raise
         return None
 
