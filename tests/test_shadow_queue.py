@@ -26,6 +26,17 @@ def test_sampling_fraction_is_deterministic():
     assert not any(sampled(k, 0.0) for k in keys[:100]) and all(sampled(k, 1.0) for k in keys[:100])
 
 
+def test_a_caller_cannot_choose_call_ids_that_are_always_sampled(tmp_path):
+    """Ids a caller found offline to be sampled by the plain hash are sampled at the configured rate, not always,
+    once the writer's salt keys it (each sampled query runs on every candidate and the judge)."""
+    crafted = [c for c in (f"attacker-{i}" for i in range(40000)) if sampled(c, 0.01)][:200]
+    assert len(crafted) == 200
+    q = ShadowQueue(tmp_path / "shadow.jsonl", 0.01)
+    queued = sum(q.maybe_enqueue(f"q-{c}", "production", "expensive", c, secret="the-writers-salt") for c in crafted)
+    assert queued <= 10  # 200 x 0.01 = 2 expected
+    assert [sampled(c, 0.01, "s") for c in crafted] == [sampled(c, 0.01, "s") for c in crafted]  # a replay agrees
+
+
 def test_queue_format(tmp_path):
     q = ShadowQueue(tmp_path / "sub" / "shadow.jsonl", 1.0)
     assert q.maybe_enqueue("prod-1", "production", "What is 2+2?\nünïcode", "1", created=123.5)
@@ -74,7 +85,7 @@ def test_writer_queues_each_sampled_success_once(sqlite_url, tmp_path):
     assert store.count_runs() == 200
     store.close()
     got = [json.loads(x) for x in path.read_text().splitlines()]
-    want = [r for r in rows if r.status == "success" and sampled(r.call_id, 0.5)]
+    want = [r for r in rows if r.status == "success" and sampled(r.call_id, 0.5, w.salt)]  # keyed by the salt
     assert sorted(g["call_id"] for g in got) == sorted(r.call_id for r in want)
     assert len({g["call_id"] for g in got}) == len(got)  # once each
     by = {g["call_id"]: g for g in got}

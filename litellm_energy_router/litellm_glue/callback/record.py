@@ -128,7 +128,14 @@ class RecordBuilder:
         try:
             cid = stored_call_id(row.call_id)
             self.shadow.maybe_enqueue(
-                query_id_for(cid), self.task, row.text, cid, row.start_s, context=row.context, owner=row.key_hash
+                query_id_for(cid),
+                self.task,
+                row.text,
+                cid,
+                row.start_s,
+                context=row.context,
+                owner=row.key_hash,
+                secret=self.salt,
             )
         except OSError as e:
             log.warning("energy-router: shadow queue %s not writable: %s", self.shadow.path, e)

@@ -21,6 +21,7 @@ The file holds query text: it is created 0600 (an existing one with wider permis
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import threading
 import time
@@ -33,14 +34,17 @@ from litellm_energy_router.router.context import Context
 MAX_KEYS = 20_000  # context keys counted for ``new_context_requests``
 
 
-def sampled(key: str, fraction: float) -> bool:
-    """True for about ``fraction`` of keys, always the same answer for one key."""
+def sampled(key: str, fraction: float, secret: str = "") -> bool:
+    """True for about ``fraction`` of keys, always the same answer for one key and ``secret``. With a ``secret``
+    (the writer's salt) the answer is an HMAC's: a caller who chooses its call ids cannot find ones that are
+    always sampled (each sampled query runs on every candidate), and a replayed row gets the same answer."""
     if fraction <= 0:
         return False
     if fraction >= 1:
         return True
-    h = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big")
-    return h / 2**64 < fraction
+    data = key.encode("utf-8", "surrogatepass")
+    d = hmac.new(secret.encode(), data, hashlib.sha256).digest() if secret else hashlib.sha256(data).digest()
+    return int.from_bytes(d[:8], "big") / 2**64 < fraction
 
 
 class ShadowQueue:
@@ -68,14 +72,15 @@ class ShadowQueue:
         created: float | None = None,
         context: str | None = None,
         owner: str | None = None,
+        secret: str = "",
     ) -> bool:
         """Queue the query when its call id (else query id) is sampled, or when it is among the first
         ``new_context_requests`` queued as new of its ``context`` (the row's stored context: keys of
         :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash) has
         had fewer than that many queued this way (a caller that varies its system prompt, part of the context key,
-        gets no more). Returns whether it was queued."""
+        gets no more). ``secret``: :func:`sampled`'s. Returns whether it was queued."""
         slots = self._new_context(context, owner)
-        if not (sampled(call_id or query_id, self.fraction) or slots):
+        if not (sampled(call_id or query_id, self.fraction, secret) or slots):
             return False
         try:
             self.enqueue(query_id, task, text, call_id, created)
