@@ -53,6 +53,7 @@ import functools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -189,16 +190,23 @@ def counts_knob_refusals(fields: Callable[[], tuple[str, ...]]) -> Callable[[_F]
 
 
 class RateLimitedWarning:
-    """Log a warning (or a record of ``level``) at most once per ``period_s`` seconds per key."""
+    """Log a warning (or a record of ``level``) at most once per ``period_s`` seconds per key. At most ``max_keys``
+    keys are remembered (the least recently logged go first): a key a caller chooses cannot grow it without bound;
+    callers still key on a bounded set where a caller could choose the key (each new key is a line)."""
 
-    def __init__(self, logger: logging.Logger, period_s: float = 60.0, level: int = logging.WARNING) -> None:
-        self.logger, self.period_s, self.level = logger, period_s, level
-        self._last: dict[str, float] = {}
+    def __init__(
+        self, logger: logging.Logger, period_s: float = 60.0, level: int = logging.WARNING, max_keys: int = 1024
+    ) -> None:
+        self.logger, self.period_s, self.level, self.max_keys = logger, period_s, level, max_keys
+        self._last: OrderedDict[str, float] = OrderedDict()
 
     def __call__(self, key: str, msg: str, *args: object) -> bool:
         now = time.monotonic()
         if now - self._last.get(key, -1e18) < self.period_s:
             return False
         self._last[key] = now
+        self._last.move_to_end(key)
+        while len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
         self.logger.log(self.level, msg, *args)
         return True

@@ -44,7 +44,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_energy_router.budgets import BudgetBook
 from litellm_energy_router.errors import REFUSAL_LINES
-from litellm_energy_router.knob import KnobError, metadata_dicts, resolve_knob
+from litellm_energy_router.knob import KNOB_KEY, REQUEST_FIELDS, KnobError, metadata_dicts, resolve_knob
 from litellm_energy_router.litellm_glue import litellm_compat
 from litellm_energy_router.litellm_glue.core import CALLER_ERRORS, EnergyRouterCore
 from litellm_energy_router.litellm_glue.decision import (
@@ -226,7 +226,7 @@ class EnergyRouterFilter(CustomLogger):
                     self._idle_book.apply(knob, self._idle_book.match(metadata_dicts(data)))
         except KnobError as e:  # counted in energy_router_knob_refusals_total{field}; logged once a minute per field
             self._refused(
-                e.field,
+                e.field if e.field in (*REQUEST_FIELDS, KNOB_KEY) else "other",  # a caller-chosen name: one key
                 "energy-router: refused a request knob with HTTP 400: %s (more refusals of this field "
                 "in the next minute: energy_router_knob_refusals_total only)",
                 str(e).removeprefix("energy-router: "),
