@@ -55,8 +55,9 @@ class Overflow:
         """Take a row off the serving thread. Never blocks on I/O."""
         with self._lock:
             self._rows.append(row)
-            over = len(self._rows) + len(self._held) - self.bound
-            for _ in range(max(over, 0)):
+            # the oldest rows not yet turned into records go first (the held ones are trimmed by the spill thread)
+            over = min(max(len(self._rows) + len(self._held) - self.bound, 0), len(self._rows))
+            for _ in range(over):
                 self._rows.popleft()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="energy-router-spill", daemon=True)
@@ -81,7 +82,13 @@ class Overflow:
         with self._lock:
             rows = list(self._rows)
             self._rows.clear()
-        self._held.extend(self.to_record(r) for r in rows)
+        records = [self.to_record(r) for r in rows]
+        with self._lock:  # held records stay within the bound too: the oldest go while the spool cannot be written
+            self._held.extend(records)
+            drop = max(len(self._held) - self.bound, 0)
+            del self._held[:drop]
+        if drop:
+            self.lost(drop, "the spool cannot be written and the in-memory bound is reached")
         if not self._held:
             return not self._stop
         try:
