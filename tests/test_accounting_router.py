@@ -111,3 +111,29 @@ def test_figures_reach_row_payload_and_ledger(tmp_path, sqlite_url, planted_ckpt
     )
     assert sum(x["co2e_g"] for x in by_team.values()) == pytest.approx(sum(r["co2e_g"] for r in rows.values()))
     store.close()
+
+
+def test_the_default_reference_is_the_hungriest_candidate_the_model_group_deploys(tmp_path, sqlite_url, planted_ckpt):
+    """A model group that deploys small and medium only: the savings are against medium (the pool's hungriest),
+    not against large, which the checkpoint scores but this group cannot serve."""
+    backend = Backend(delay_s=0.0).start()
+    try:
+        s = loop_settings(planted_ckpt, sqlite_url, tmp_path)
+        model_list = [
+            {
+                "model_name": "cheap",
+                "litellm_params": {"model": f"openai/{c}", "api_base": backend.base(c), "api_key": "k"},
+                "model_info": {"id": f"dep-{c}"},
+            }
+            for c in ("small", "medium")
+        ]
+        router = Router(model_list=model_list)
+        register_strategy(router, EnergyRoutingStrategy(router, s))
+        md: dict = {}
+        asyncio.run(router.acompletion(model="cheap", messages=[{"role": "user", "content": "rivers 1"}], metadata=md))
+    finally:
+        backend.stop()
+    d = md["energy_router_decision"]
+    assert "large" in d["energy_j"] and d["energy_j"]["large"] > d["energy_j"]["medium"]
+    assert d["figures"]["reference"] == "medium"
+    assert d["figures"]["joules_reference_estimate"] == d["energy_j"]["medium"]

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -242,13 +242,17 @@ class EnergyRouterCore:
         return text, knob, by_cand, ctx
 
     def _account(
-        self, request_kwargs: Mapping[str, Any] | None, dep: Any, decision: Decision | None
+        self,
+        request_kwargs: Mapping[str, Any] | None,
+        dep: Any,
+        decision: Decision | None,
+        pool: Collection[str] | None = None,
     ) -> tuple[Any, Decision | None]:
-        """Attach the decision-time energy and carbon figures (:mod:`.figures`) and charge them to the request's
-        budgets' local spend; never fails the request."""
+        """Attach the decision-time energy and carbon figures (:mod:`.figures`; ``pool``: the candidates the request's
+        model group deploys) and charge them to the request's budgets' local spend; never fails the request."""
         if decision is not None and dep is not None:
             try:
-                decision.figures = self.accounting.estimate(decision, dep)
+                decision.figures = self.accounting.estimate(decision, dep, pool=pool)
                 if self.budgets is not None:
                     self.budgets.charge(self.budgets.match(metadata_dicts(request_kwargs)), decision.figures)
             except Exception as e:  # noqa: BLE001 - accounting must not fail routing
@@ -274,7 +278,7 @@ class EnergyRouterCore:
         if time.perf_counter() - t0 > limit_s:
             raise asyncio.TimeoutError()
         decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
-        return self._account(request_kwargs, *decided)
+        return self._account(request_kwargs, *decided, pool=plan[2])
 
     async def choose(
         self,

@@ -17,7 +17,7 @@ and the Prometheus counters, never a header. Kept free of LiteLLM imports.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from litellm_energy_router.energy.carbon import CarbonModel
 from litellm_energy_router.litellm_glue.decision import Decision
@@ -41,21 +41,28 @@ class Accounting:
         self.reference = settings.accounting.reference
         self.carbon = carbon or CarbonModel(settings.carbon)
 
-    def reference_of(self, energy_j: Mapping[str, float]) -> str | None:
-        """The configured reference when the router estimated it, else the most energy-hungry candidate."""
+    def reference_of(self, energy_j: Mapping[str, float], pool: Collection[str] | None = None) -> str | None:
+        """The configured reference when the router estimated it, else the most energy-hungry candidate of the
+        request's ``pool`` (the candidates its model group deploys; all those estimated when not given)."""
         if self.reference is not None and self.reference in energy_j:
             return self.reference
-        return max(energy_j, key=lambda c: energy_j[c]) if energy_j else None
+        among = [c for c in energy_j if c in pool] if pool is not None else list(energy_j)
+        return max(among, key=lambda c: energy_j[c]) if among else None
 
     def estimate(
-        self, decision: Decision | None, deployment: Mapping[str, Any] | None, t_s: float | None = None
+        self,
+        decision: Decision | None,
+        deployment: Mapping[str, Any] | None,
+        t_s: float | None = None,
+        pool: Collection[str] | None = None,
     ) -> dict[str, Any] | None:
-        """The figures of a routed request (see the module docstring), or ``None`` when not routed."""
+        """The figures of a routed request (see the module docstring), or ``None`` when not routed; ``pool``: the
+        candidates the request's model group deploys (the default reference is the hungriest of them)."""
         if decision is None or decision.fallback is not None or not decision.candidate:
             return None
         e = decision.energy_j
         j = e.get(decision.candidate)
-        ref = self.reference_of(e)
+        ref = self.reference_of(e, pool)
         ref_j = e.get(ref) if ref is not None else None
         site = self.carbon.site_of((deployment or {}).get("model_info"))
         t = time.time() if t_s is None else t_s
