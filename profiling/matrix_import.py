@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 
 from litellm_energy_router.energy.profile import EnergyProfile, chat_output_tokens
 from litellm_energy_router.errors import one_line
-from litellm_energy_router.table import Candidate, Query, Run, TableStore, text_hash
+from litellm_energy_router.table import BadRowError, Candidate, Query, Run, TableStore, text_hash
 
 from .matrix_files import LONG_FIELDS as LONG_FIELDS
 from .matrix_files import MatrixFormatError, MatrixRow, iter_matrix
@@ -170,9 +170,16 @@ def _write_rows(
     queries: list[Query] = []
     runs: list[Run] = []
 
+    wheres: list[str] = []  # the file and line of each query of the batch
+
     def flush() -> None:
         if queries:
-            store.write(queries, runs)
+            try:
+                store.write(queries, runs)
+            except BadRowError as e:  # a query id the table holds for another query: name its line
+                i = getattr(e, "index", None)
+                raise BadRowError(f"{wheres[i]}: {e}" if i is not None else f"{path}: {e}") from None
+            wheres.clear()
             if progress:
                 progress(len(queries))
             queries.clear()
@@ -186,6 +193,7 @@ def _write_rows(
         if not rs:
             continue
         queries.append(q)
+        wheres.append(row.where)
         runs.extend(rs)
         summary.queries += 1
         summary.runs += len(rs)

@@ -178,3 +178,21 @@ def test_model_without_profile_entry_is_one_line(tmp_path, capsys):
     code, _, err = _run(capsys, ["table", "import-matrix", str(f), "--db", f"sqlite:///{tmp_path / 't.db'}"])
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "no entry for candidate" in lines[0], err
+
+
+def test_a_query_id_the_table_holds_for_another_query_is_refused(tmp_path, capsys):
+    """A second matrix reusing a query id for another question: exit 2 naming its file and line, the stored query
+    and its runs untouched; the same matrix imported again is idempotent."""
+    f, g, db = tmp_path / "m.jsonl", tmp_path / "other.jsonl", f"sqlite:///{tmp_path / 't.db'}"
+    _write_jsonl(f, _long_rows())
+    _write_jsonl(g, [{**_long_rows()[0], "query": "Capital of Peru?"}])
+    args = ["--db", db, "--map", f"small={A},big={B}"]
+    assert _run(capsys, ["table", "import-matrix", str(f), *args])[0] == 0
+    code, _, err = _run(capsys, ["table", "import-matrix", str(g), *args])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{g}:1:" in err and "id 'q1'" in err and "the table holds another query" in err
+    assert _run(capsys, ["table", "import-matrix", str(f), *args])[0] == 0
+    store = open_store(db)
+    texts = {r["query_id"]: r["text"] for r in store.iter_runs()}
+    store.close()
+    assert texts == {"q1": "Capital of France?", "q2": "Write fizzbuzz in Python."}

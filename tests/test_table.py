@@ -59,6 +59,28 @@ def test_upsert_is_idempotent_and_updates(any_url):
     store.close()
 
 
+def test_a_query_id_holding_another_query_is_refused_and_nothing_touched(any_url):
+    """An upsert of a query whose id the table holds for another text or task would re-attach the stored runs to it:
+    refused naming the id, the stored query and its runs unchanged; the same query again is fine."""
+    store = open_store(any_url)
+    _seed(store)
+    before = _snapshot(store)
+    run = {"query_id": "q1", "candidate": "small", "source": "tournament", "score": 0}
+    for q, what in (
+        (make_query("q1", "arc", "Something else entirely"), "its text differs"),
+        (make_query("q1", "gsm8k", "What is 2+2?"), "field 'task' = 'gsm8k', stored 'arc'"),
+    ):
+        with pytest.raises(BadRowError, match=rf"^queries\[1\] \(id 'q1'\): the table holds another query .*{what}"):
+            store.write([make_query("q9", "arc", "new"), q], [run])
+    assert _snapshot(store) == before
+    assert {(r["query_id"], r["task"], r["text"]) for r in store.iter_runs()} == {
+        ("q1", "arc", "What is 2+2?"),
+        ("q2", "arc", "Capital of France?"),
+    }
+    store.write([make_query("q1", "arc", "What is 2+2?")], [run])  # the same query: an idempotent re-import
+    store.close()
+
+
 def test_stats_per_candidate_and_task(any_url):
     store = open_store(any_url)
     _seed(store)

@@ -151,5 +151,8 @@ def import_table(store: TableStore, path: str | Path) -> int:
             raise BadRowError(one_line(e, where, whole="<row>")) from None
         except Exception as e:  # noqa: BLE001  (a missing column: KeyError)
             raise BadRowError(f"{where}: {e}") from None
-    store.write(list(queries.values()), runs, candidates=list(cands.values()))
+    try:
+        store.write(list(queries.values()), runs, candidates=list(cands.values()))
+    except BadRowError as e:  # e.g. a query id the table holds for another query
+        raise BadRowError(f"{path}: {e}") from None
     return len(runs)

@@ -188,6 +188,7 @@ class SQLStore:
                     )
                 check_references(r_rows, known_c, known_q)
             if q_payload:
+                check_same_queries(conn, q_rows)
                 conn.execute(self._upsert(schema.queries, ["id"], True), q_payload)
             if r_payload:
                 conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), True), r_payload)
@@ -392,3 +393,22 @@ def open_store(url: str, *, create: bool = True) -> SQLStore:
     that holds no table yet is refused with :class:`TableError`: what read-only commands use). An
     existing table of an earlier release of the schema version gets its missing columns either way."""
     return SQLStore(url, create=create)
+
+
+def check_same_queries(conn: Any, q_rows: Sequence[Query]) -> None:
+    """Raise :class:`~.rows.BadRowError` for a query whose id the table already holds for another query (another
+    text or task): a query id names one query, and an upsert would re-attach the stored runs of the old query to
+    the new text. Writing the same query again (an import run twice, a resumed tournament) is allowed."""
+    by_id = {q.id: (i, q) for i, q in enumerate(q_rows)}
+    cols = (schema.queries.c.id, schema.queries.c.text_hash, schema.queries.c.task)
+    for chunk in _chunks(sorted(by_id), 500):
+        for qid, h, task in conn.execute(select(*cols).where(schema.queries.c.id.in_(chunk))):
+            i, q = by_id[qid]
+            if h != q.text_hash or task != q.task:
+                what = f"field 'task' = {q.task!r}, stored {task!r}" if h == q.text_hash else "its text differs"
+                err = BadRowError(
+                    f"queries[{i}] (id {qid!r}): the table holds another query under this id ({what}); "
+                    "not written (give the new query another id)"
+                )
+                err.index = i  # the caller may name the file and line of queries[i]
+                raise err
