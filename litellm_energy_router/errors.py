@@ -3,8 +3,13 @@ naming where it came from (file, line or row), the field and the value."""
 
 from __future__ import annotations
 
+import gzip
 import threading
+import zlib
 from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 from pydantic import ValidationError
 
@@ -42,6 +47,37 @@ class UserError(Exception):
     configuration, table, row, profile, checkpoint and input-file errors of the package derive from it
     (beside their own base, ``ValueError`` or ``RuntimeError``, which their callers catch).
     """
+
+
+class UnreadableFile(UserError, ValueError):
+    """A file whose bytes are not the text or format it should hold (not UTF-8, not gzip, truncated, not Parquet)."""
+
+
+def _unreadable_why(e: BaseException) -> str | None:
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, gzip.BadGzipFile):
+        return "not a gzip file"
+    if isinstance(e, EOFError):
+        return "truncated (its compressed stream ends early)"
+    if isinstance(e, zlib.error):
+        return "corrupt compressed data"
+    if type(e).__name__ == "ArrowInvalid":  # pyarrow, imported only where Parquet is read
+        return f"not a readable Parquet file ({(str(e).splitlines() or [''])[0][:120]})"
+    return None
+
+
+@contextmanager
+def reading(path: str | Path) -> Iterator[None]:
+    """Turn an error about the bytes of the file at ``path``, met while reading it in this block, into one line
+    naming the file (:class:`UnreadableFile`, exit 2 from the CLI); any other error passes as it is."""
+    try:
+        yield
+    except (UnicodeDecodeError, OSError, EOFError, zlib.error, ValueError) as e:
+        why = _unreadable_why(e) if not isinstance(e, UserError) else None
+        if why is None:
+            raise
+        raise UnreadableFile(f"{path}: {why}") from None
 
 
 def user_error_line(err: BaseException) -> str | None:

@@ -39,7 +39,7 @@ from pydantic_settings import (
 
 from litellm_energy_router.budgets import BudgetSettings
 from litellm_energy_router.energy.carbon import CarbonSettings
-from litellm_energy_router.errors import UserError, one_line
+from litellm_energy_router.errors import UserError, one_line, reading
 from litellm_energy_router.knob import KnobSettings
 
 ENV_PREFIX = "ENERGY_ROUTER_"
@@ -349,7 +349,8 @@ def read_yaml_section(
     with ``whole_if_absent=False``; refused with ``required=True``).
     Raises :class:`ConfigError` with one line naming the file (and line) on any problem."""
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
+        with reading(path):
+            doc = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except yaml.YAMLError as e:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from litellm_energy_router.errors import UserError
+from litellm_energy_router.errors import UserError, reading
 from litellm_energy_router.table import text_hash
 
 LONG_FIELDS = ("query_id", "task", "query", "model", "score", "prompt_tokens", "output_tokens")
@@ -86,7 +86,7 @@ def _text(obj: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    with _open(path) as fh:
+    with reading(path), _open(path) as fh:
         for i, line in enumerate(fh, 1):
             if line.strip():
                 try:
@@ -99,7 +99,7 @@ def _json_array(path: Path, chunk: int = 1 << 16) -> Iterator[tuple[int, Any]]:
     """The elements of a top-level JSON array, decoded one at a time (the file is never read whole); the
     line number is where each element starts."""
     dec, buf, pos, line, started = json.JSONDecoder(), "", 0, 1, False
-    with _open(path) as fh:
+    with reading(path), _open(path) as fh:
         while True:
             while pos < len(buf) and buf[pos] in " \t\r\n,":
                 line += buf[pos] == "\n"
@@ -189,7 +189,7 @@ def iter_matrix(path: str | Path, default_task: str | None = None) -> Iterator[M
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     csv.field_size_limit(1 << 30)
-    with _open(path) as fh:
+    with reading(path), _open(path) as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in ("task", "query", "model", "score") if c not in (reader.fieldnames or [])]
         if missing:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from litellm_energy_router.energy.profile import EnergyProfile
-from litellm_energy_router.errors import UserError
+from litellm_energy_router.errors import UserError, reading
 from litellm_energy_router.table import Candidate, Query, Run, TableStore, text_hash
 
 OPEN_MODELS: tuple[str, ...] = (
@@ -124,7 +124,7 @@ def iter_records(
         if not path.exists():
             raise ImportFormatError(f"{path}: file not found")
         summary.files += 1
-        with _open_text(path) as fh:
+        with reading(path), _open_text(path) as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             key_col = next((k for k in KEY_COLUMNS if k in header), None)

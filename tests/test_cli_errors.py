@@ -18,7 +18,7 @@ from litellm_energy_router.cli import app, main
 EXE = str(Path(sys.executable).with_name("energy-router"))
 TASKS = Path(__file__).parent / "data" / "tasks"
 # Paths a command writes (or creates): every other path parameter is an input that must exist.
-OUTPUTS = {"out", "output", "workdir", "pointer"}
+OUTPUTS = {"out", "output", "workdir", "pointer", "plot"}
 
 
 def _walk(cmd, path=()):
@@ -142,6 +142,7 @@ def test_settings_without_top_key_is_refused(capsys, tmp_path, path, param):
 
 READ_ONLY = {
     "table stats": [],
+    "report": [],
     "table export": ["out.csv"],
     "eval": ["--out", "rep", "--no-router", "--baselines", "task_prior"],
     "train": ["--out", "ck", "--scorer", "task_prior"],
@@ -173,3 +174,34 @@ def test_the_installed_command_prints_one_line(tmp_path):
     assert "sqlite://energy_router_demo.db" in r.stderr and "sqlite:///energy_router_demo.db" in r.stderr
     r = subprocess.run([EXE, "--version"], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.startswith("energy-router ") and "litellm" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["bytes.yaml", "bytes.csv", "bytes.jsonl", "bytes.csv.gz", "bytes.parquet"])
+@pytest.mark.parametrize("path, param", _cases(lambda p: _is_path(p) and p.name not in OUTPUTS))
+def test_an_unreadable_input_file_is_one_line(capsys, tmp_path, path, param, name):
+    """An input file whose bytes are not what its name says (not UTF-8, not gzip, not Parquet): one line naming it,
+    exit 2, wherever a command reads it."""
+    f = tmp_path / name
+    f.write_bytes(b"\xff\xfe\x00\x81 not text, not gzip, not parquet \x9c\x00" * 8)
+    argv = _argv(path, param, str(f), tmp_path)
+    code, err = _run(capsys, argv)
+    _one_line(code, err, "", argv)
+    # names the file, unless the command refused another of its required inputs first (the walk's dummy values)
+    assert str(f) in err or "dummy.txt" in err or " is not set" in err, f"{argv}: {err!r}"
+
+
+@pytest.mark.parametrize("path, param", _cases(lambda p: p.name == "db"))
+def test_a_db_file_that_is_not_a_database_is_one_line(capsys, tmp_path, path, param):
+    """``--db`` naming a file that is not a SQLite database: one line naming it, exit 2, the file untouched."""
+    f = tmp_path / "notes.txt"
+    f.write_text("not a database\n" * 100)
+    argv = _argv(path, param, f"sqlite:///{f}", tmp_path)
+    code, err = _run(capsys, argv)
+    _one_line(code, err, "", argv)
+    assert f.read_text() == "not a database\n" * 100
+
+
+def test_report_plot_must_be_a_png_file(capsys, tmp_path):
+    for bad in (tmp_path / "x.txt", tmp_path):
+        argv = ["report", "--db", f"sqlite:///{tmp_path / 'none.db'}", "--plot", str(bad)]
+        _one_line(*_run(capsys, argv), "--plot", argv)

@@ -145,8 +145,9 @@ def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainCon
     cfg.table_url = cfg.table_url or settings.table.url
     if cfg.pointer is None:
         if settings.router.checkpoint is None:
+            where = f"{path}: " if path else "retrain: no config (-c) and no --pointer: "
             raise ConfigError(
-                f"{path}: set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)"
+                f"{where}set retrain.pointer or energy_router.router.checkpoint (the pointer serving watches)"
             )
         cfg.pointer = Path(settings.router.checkpoint)
     base = settings.knob.base()

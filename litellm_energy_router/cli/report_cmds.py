@@ -89,9 +89,11 @@ def report_cmd(
         fail(f"--format {fmt!r}: expected table, csv or json")
     if plot is not None and not plot.resolve().parent.is_dir():
         fail(f"--plot {plot}: its directory does not exist")
+    if plot is not None and (plot.is_dir() or plot.suffix.lower() != ".png"):
+        fail(f"--plot {plot}: expected a .png file name")
     url = db_url(db, config)
     lo, hi = _since(since), _since(until)
-    with _store(url) as store:
+    with _store(url, create=False) as store:  # reads an existing table, creates none
         rows = [_row(r, by) for r in store.ledger(by, since=lo, until=hi)]
         per_day = store.ledger("day", since=lo, until=hi, extra="team") if plot is not None else []
     if fmt == "json":

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from litellm_energy_router.errors import UserError
+from litellm_energy_router.errors import UserError, reading
 
 Row = tuple[str, "str | None", str]
 FORMATS_HELP = (
@@ -118,7 +118,7 @@ def _prompt_cell(raw: str) -> str:
 def _csv_rows(path: Path) -> Iterator[Row]:
     csv.field_size_limit(1 << 30)
     raw = gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
-    with io.TextIOWrapper(raw, encoding="utf-8", newline="") as fh:
+    with reading(path), io.TextIOWrapper(raw, encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None) or []
         col = "prompt" if "prompt" in header else "messages" if "messages" in header else None

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from litellm_energy_router.errors import UserError, one_line
+from litellm_energy_router.errors import UserError, one_line, reading
 
 BUNDLED_PROFILE = "energy_profile_mlenergy_h100.yaml"
 
@@ -81,7 +81,8 @@ def load_profile(path: str | Path | None = None) -> EnergyProfile:
 @lru_cache(maxsize=8)
 def _load(path: str) -> EnergyProfile:
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        with reading(path):
+            doc = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise ProfileError(f"{path}: energy profile not found") from None
     except yaml.YAMLError as e:

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from litellm_energy_router.errors import one_line
+from litellm_energy_router.errors import one_line, reading
 from litellm_energy_router.table.rows import BadRowError, Candidate, Query, Run
 from litellm_energy_router.table.store import TableStore
 
@@ -91,6 +91,11 @@ def export_table(store: TableStore, path: str | Path) -> int:
 
 def _read(path: Path) -> tuple[list[dict[str, Any]], int]:
     """Rows of the file and the line number of the first row (for messages)."""
+    with reading(path):
+        return _read_rows(path)
+
+
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
     if _fmt(path) == "csv":
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)

@@ -75,7 +75,11 @@ class SQLStore:
                     f"{schema.SCHEMA_VERSION}; upgrade litellm-energy-router"
                 )
 
-        self._transaction(create)
+        try:
+            self._transaction(create)
+        except DBAPIError as e:  # e.g. a file that is not a database: the user's URL, in one line
+            first = str(e.orig or e).strip().splitlines()[0]
+            raise TableError(f"table {self._safe_url()}: {first}") from None
 
     def _require_table(self) -> None:
         """Refuse a database that holds no table yet (``create=False``)."""
