@@ -205,3 +205,27 @@ def test_report_plot_must_be_a_png_file(capsys, tmp_path):
     for bad in (tmp_path / "x.txt", tmp_path):
         argv = ["report", "--db", f"sqlite:///{tmp_path / 'none.db'}", "--plot", str(bad)]
         _one_line(*_run(capsys, argv), "--plot", argv)
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["route", "--checkpoint", "ck", "--input", "in.txt", "--output", "o.jsonl", "--lambda=-1"], "--lambda -1.0"),
+        (
+            ["route", "--checkpoint", "ck", "--input", "in.txt", "--output", "o.jsonl", "--lambda", "nan"],
+            "--lambda nan",
+        ),
+        (["route", "--checkpoint", "ck", "--input", "in.txt", "--output", "o.jsonl", "--lambda", "0.1,inf"], "inf"),
+        (["train", "--out", "ck", "--epochs", "-1"], "--epochs -1.0"),
+        (["train", "--out", "ck", "--epochs", "nan"], "--epochs nan"),
+        (["train", "--out", "ck", "--grpo-steps", "-5"], "--grpo-steps"),
+    ],
+)
+def test_out_of_range_numbers_on_the_command_line_are_one_line(capsys, tmp_path, argv, named):
+    """A λ that is negative or not finite, epochs <= 0, negative GRPO steps: refused before any work, nothing written."""
+    (tmp_path / "in.txt").write_text("What is 2+2?\n")
+    (tmp_path / "ck").mkdir()
+    _one_line(
+        *_run(capsys, [*argv, "--db", f"sqlite:///{tmp_path / 'none.db'}"] if argv[0] == "train" else argv), named, argv
+    )
+    assert not (tmp_path / "o.jsonl").exists() and not any((tmp_path / "ck").iterdir())

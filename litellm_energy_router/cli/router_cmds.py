@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -40,7 +41,7 @@ def train_cmd(
     candidates: Optional[str] = typer.Option(
         None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"
     ),
-    grpo_steps: int = typer.Option(0, "--grpo-steps", help="GRPO steps after SFT (0 = off, the default)"),
+    grpo_steps: int = typer.Option(0, "--grpo-steps", min=0, help="GRPO steps after SFT (0 = off, the default)"),
     probe_c: Optional[float] = typer.Option(
         None,
         "--probe-c",
@@ -82,6 +83,8 @@ def _train_config(
     if backbone is not None and backbone != cfg.backbone.name:
         cfg.backbone = BackboneSpec(name=backbone)
     if epochs is not None:
+        if not (math.isfinite(epochs) and epochs > 0):
+            fail(f"--epochs {epochs!r}: must be a number > 0")
         cfg.sft.epochs = epochs
     if grpo_steps > 0:
         from litellm_energy_router.training.grpo import GRPOStageConfig
@@ -189,16 +192,19 @@ def route_cmd(
     from litellm_energy_router.router.checkpoint import CheckpointError
     from litellm_energy_router.router.scoring import load_scorer
 
+    try:
+        lams = [float(x) for x in lambdas.split(",") if x.strip()] if lambdas else []
+    except ValueError:
+        fail(f"--lambda {lambdas!r}: not a comma-separated list of numbers")
+    bad = next((x for x in lams if not (math.isfinite(x) and x >= 0)), None)
+    if bad is not None:
+        fail(f"--lambda {bad!r}: must be a finite number >= 0 (accuracy per knob.e_ref_j joules)")
     base = settings_or_fail(config).knob.base()
     try:
         router = load_scorer(checkpoint, scorer)
     except CheckpointError as e:
         fail(str(e))
     rows = read_route_input(input)
-    try:
-        lams = [float(x) for x in lambdas.split(",") if x.strip()] if lambdas else []
-    except ValueError:
-        fail(f"--lambda {lambdas!r}: not a comma-separated list of numbers")
     t0 = time.time()
     texts = [r[2] for r in rows]
     tasks = [r[1] for r in rows]
