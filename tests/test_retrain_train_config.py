@@ -58,6 +58,7 @@ def test_train_section_maps_stages_and_keeps_grpo_steps_working():
         ("train: {backbone: {hidden_sise: 64}}", "train.backbone.hidden_sise"),
         ("train: {sft: {epochs: -1}}", "train.sft.epochs"),
         ("train: {grpo: {steps: 5}}\ngrpo_steps: 3", "grpo_steps"),
+        ("train: {backbone: {name: nope}}", "train.backbone.name"),
     ],
 )
 def test_a_bad_train_key_is_a_one_line_error_naming_it(tmp_path, sqlite_url, train, key):
@@ -105,3 +106,25 @@ def test_each_train_key_is_defined_once_by_its_training_dataclass():
             section.model_validate({key: bad})
     tc = TrainSection.model_validate({"grpo": {"beta": 0.1}, "seed": 3}).build(quick=True)
     assert tc.grpo.beta == 0.1 and tc.grpo.steps == GRPOStageConfig().steps and tc.seed == 3 and tc.max_len == 64
+
+
+def test_a_retrain_that_fails_while_training_leaves_no_version_directory(tmp_path, sqlite_url, monkeypatch):
+    """Training raises half-way (here: the trainer itself): the error reaches the caller, and the half-written
+    ``versions/.tmp-*`` directory is gone (a cron retrying every hour does not pile them up)."""
+    from litellm_energy_router.training import pipeline
+
+    store = open_store(sqlite_url)
+    cands, queries, runs = planted_rows(60)
+    store.write(queries, runs, candidates=cands)
+    store.close()
+    cfg = load_retrain_config(retrain_yaml(tmp_path, sqlite_url, 10, "train: {student: false}"))
+
+    def broken(m, out, *a, **k):
+        (out / "partial.bin").parent.mkdir(parents=True, exist_ok=True)
+        (out / "partial.bin").write_bytes(b"x")
+        raise RuntimeError("trainer crashed")
+
+    monkeypatch.setattr(pipeline, "train_matrix", broken)
+    with pytest.raises(RuntimeError, match="trainer crashed"):
+        run_retrain(cfg, log=lambda s: None)
+    assert not list(tmp_path.rglob(".tmp-*"))

@@ -57,12 +57,17 @@ def register_backbone(cls: type[Backbone]) -> type[Backbone]:
     return cls
 
 
-def build_backbone(spec: BackboneSpec, texts: Sequence[str], n_candidates: int, max_len: int) -> tuple[Any, Any]:
-    key = "hf" if spec.name.startswith("hf:") else spec.name
+def check_backbone_name(name: str) -> str:
+    """``name`` when it names a registered backbone or ``hf:<model id or path>``; else ValueError (one line)."""
+    key = "hf" if name.startswith("hf:") and len(name) > 3 else name
     if key not in _REGISTRY:
-        raise ValueError(
-            f"backbone {spec.name!r} is not known (use one of {sorted(_REGISTRY)} or hf:<model id or path>)"
-        )
+        known = ", ".join(sorted(k for k in _REGISTRY if k != "hf"))
+        raise ValueError(f"backbone {name!r} is not known (use one of {known} or hf:<model id or path>)")
+    return name
+
+
+def build_backbone(spec: BackboneSpec, texts: Sequence[str], n_candidates: int, max_len: int) -> tuple[Any, Any]:
+    key = "hf" if check_backbone_name(spec.name).startswith("hf:") else spec.name
     import torch
 
     torch.manual_seed(spec.seed)

@@ -28,9 +28,10 @@ import fcntl
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError
@@ -275,6 +276,16 @@ def _train(run: _Run, train_m: TableMatrix, pairs: Any, tc: Any, tmp: Path) -> d
     return selection
 
 
+@contextmanager
+def _removed_on_error(path: Path) -> Iterator[None]:
+    """Remove ``path`` (a checkpoint being written) when the block raises, then re-raise."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResult:
     """Read, train a candidate, compare it with the serving checkpoint on the held-out rows, estimate both
     on logged traffic, promote or delete it, and write the report."""
@@ -287,19 +298,20 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         tc.init_from = str(run.serving_dir)
     tmp = run.vdir / f".tmp-{_version()}"
     log(f"retrain: {run.new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
-    t0 = time.time()
-    selection = _train(run, train_m, pairs, tc, tmp)
-    version, t_train = read_manifest(tmp).version, time.time() - t0
-    loaded = {
-        "candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
-        "serving": CheckpointPredictor(run.serving_dir, hold.candidates) if run.serving_dir else None,
-    }
-    with stages.stage("compare"):
-        cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
-    log(f"retrain {version}: {cmp_['why']}")
-    with stages.stage("off-policy"):
-        off_policy = estimate_off_policy(store, loaded, cfg, log)
-    status, ck, msg = promote_or_delete(tmp, version, cmp_, run.vdir, cfg, run.serving_dir)
+    with _removed_on_error(tmp):  # a run that fails leaves no half-written version directory behind
+        t0 = time.time()
+        selection = _train(run, train_m, pairs, tc, tmp)
+        version, t_train = read_manifest(tmp).version, time.time() - t0
+        loaded = {
+            "candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
+            "serving": CheckpointPredictor(run.serving_dir, hold.candidates) if run.serving_dir else None,
+        }
+        with stages.stage("compare"):
+            cmp_ = compare(loaded["candidate"], loaded["serving"], hold, cfg)
+        log(f"retrain {version}: {cmp_['why']}")
+        with stages.stage("off-policy"):
+            off_policy = estimate_off_policy(store, loaded, cfg, log)
+        status, ck, msg = promote_or_delete(tmp, version, cmp_, run.vdir, cfg, run.serving_dir)
     log(msg)
     report = {
         "version": version,

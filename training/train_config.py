@@ -30,9 +30,9 @@ import re
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from .backbones import BackboneSpec
+from .backbones import BackboneSpec, check_backbone_name
 from .grpo import GRPOStageConfig
 from .pipeline import TrainConfig
 from .sft import SFTStageConfig
@@ -76,7 +76,15 @@ def section_of(dc: type, name: str, skip: tuple[str, ...] = (), **extra: Any) ->
     )
 
 
-BackboneSection = section_of(BackboneSpec, "BackboneSection")
+class BackboneSection(section_of(BackboneSpec, "_BackboneKeys")):  # type: ignore[misc]
+    """``train.backbone`` section of :class:`BackboneSpec`: its name checked against the backbone registry."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return check_backbone_name(v)
+
+
 SFTSection = section_of(SFTStageConfig, "SFTSection")
 GRPOSection = section_of(
     GRPOStageConfig,

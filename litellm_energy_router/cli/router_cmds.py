@@ -76,12 +76,15 @@ def _train_config(
 ) -> Any:
     """The :class:`~litellm_energy_router.training.pipeline.TrainConfig` of ``train``: the default (or quick)
     one with the command-line options over it."""
-    from litellm_energy_router.training.backbones import BackboneSpec
+    from litellm_energy_router.training.backbones import BackboneSpec, check_backbone_name
     from litellm_energy_router.training.pipeline import TrainConfig
 
     cfg = TrainConfig.quick() if quick else TrainConfig()
     if backbone is not None and backbone != cfg.backbone.name:
-        cfg.backbone = BackboneSpec(name=backbone)
+        try:
+            cfg.backbone = BackboneSpec(name=check_backbone_name(backbone))
+        except ValueError as e:
+            fail(f"--backbone: {e}")
     if epochs is not None:
         if not (math.isfinite(epochs) and epochs > 0):
             fail(f"--epochs {epochs!r}: must be a number > 0")
