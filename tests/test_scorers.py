@@ -76,6 +76,21 @@ def test_broken_baseline_is_refused_with_one_line(planted_matrix, tmp_path):
     assert "baseline.npz" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("key", ["j_per_prompt_token", "j_per_output_token", "output_tokens_prior"])
+def test_a_manifest_whose_energy_misses_a_candidate_is_refused_with_one_line(planted_matrix, tmp_path, key):
+    """The manifest is not among the hashed files: an energy table that lacks a candidate (edited, or written by
+    another tool) is refused when the checkpoint is read, naming the key and the candidate, not a KeyError later."""
+    from litellm_energy_router.training.baselines import export_baseline
+
+    ck = export_baseline("task_prior", planted_matrix, tmp_path / "tp")
+    m = json.loads((ck / "manifest.json").read_text())
+    first = m["candidates"][0]
+    m["energy"][key].pop(first)
+    (ck / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match=rf"energy\.{key} has no entry for candidate '{first}'$"):
+        load_scorer(ck)
+
+
 def test_train_cli_exports_a_baseline_that_route_serves(tmp_path):
     import csv
     import os

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 from litellm_energy_router.profiling.routerbench import bundled_files, import_routerbench
@@ -49,13 +50,16 @@ def test_bad_value_names_line_and_field(tmp_path, sqlite_url):
     export_table(src, out)
     with open(out, newline="", encoding="utf-8") as fh:
         rows = list(csv.reader(fh))
-    rows[5][rows[0].index("energy_j")] = "-3"  # file line 6
+    rows[5][rows[0].index("energy_j")] = "-3"  # the 5th record (query texts hold newlines: not the 6th line)
     with open(out, "w", newline="", encoding="utf-8") as fh:
         csv.writer(fh).writerows(rows)
     dst = open_store(f"sqlite:///{tmp_path / 'dst.db'}")
     with pytest.raises(BadRowError) as ei:
         import_table(dst, out)
-    assert f"{out}:line 6: field 'energy_j' = '-3'" in str(ei.value)
+    m = re.search(rf"^{re.escape(str(out))}:line (\d+): field 'energy_j' = '-3'", str(ei.value))
+    assert m, str(ei.value)
+    physical = out.read_text(encoding="utf-8").split("\n")[int(m.group(1)) - 1]  # the line the record starts on
+    assert physical.startswith(rows[5][0]) and int(m.group(1)) > 6, physical[:80]
     assert dst.count_runs() == 0
 
 

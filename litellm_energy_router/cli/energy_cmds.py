@@ -22,7 +22,7 @@ feedback_app = typer.Typer(help="Quality labels for production rows, keyed by Li
 
 def agent(
     host: str = typer.Option("127.0.0.1", "--host", help="bind address; anything but loopback needs --token"),
-    port: int = typer.Option(9400, "--port", help="TCP port (0: any free port)"),
+    port: int = typer.Option(9400, "--port", min=0, max=65535, help="TCP port (0: any free port)"),
     token: Optional[str] = typer.Option(
         None,
         "--token",
@@ -174,7 +174,9 @@ def feedback_set(
 @feedback_app.command("serve")
 def feedback_serve(
     host: Optional[str] = typer.Option(None, "--host", help="bind address (default: feedback.host)"),
-    port: Optional[int] = typer.Option(None, "--port", help="TCP port (default: feedback.port; 0: any free port)"),
+    port: Optional[int] = typer.Option(
+        None, "--port", min=0, max=65535, help="TCP port (default: feedback.port; 0: any free port)"
+    ),
     token: Optional[str] = typer.Option(
         None, "--token", envvar="ENERGY_ROUTER_FEEDBACK_TOKEN", help="bearer token (default: feedback.token); required"
     ),

@@ -170,6 +170,15 @@ def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str]
         raise CheckpointError(f"{f}: format {m.format!r} is not {FORMAT!r}")
     if m.label_tokens and set(m.label_tokens) != set(m.candidates):
         raise CheckpointError(f"{f}: label_tokens do not cover candidates {m.candidates}")
+    e = m.energy
+    for key, per in (
+        ("j_per_prompt_token", e.j_per_prompt_token),
+        ("j_per_output_token", e.j_per_output_token),
+        ("output_tokens_prior" if e.output_tokens_prior is not None else "output_tokens_any", e.unknown_task_tokens()),
+    ):
+        missing = [c for c in m.candidates if c not in per]
+        if missing:
+            raise CheckpointError(f"{f}: energy.{key} has no entry for candidate {missing[0]!r}")
     if expect_candidates is not None and list(expect_candidates) != list(m.candidates):
         missing = sorted(set(expect_candidates) - set(m.candidates))
         extra = sorted(set(m.candidates) - set(expect_candidates))

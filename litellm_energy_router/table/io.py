@@ -89,13 +89,14 @@ def export_table(store: TableStore, path: str | Path) -> int:
     return len(rows)
 
 
-def _read(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of the file and the line number of the first row (for messages)."""
+def _read(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows of the file and where each is (``line N``, the physical line a CSV record starts on: query texts may
+    hold newlines; ``row N`` in a Parquet file), for messages."""
     with reading(path):
         return _read_rows(path)
 
 
-def _read_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     if _fmt(path) == "csv":
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -106,8 +107,12 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
             ]
             if missing:
                 raise BadRowError(f"{path}: missing column {missing[0]!r}")
-            rows = [{k: (None if v == "" else v) for k, v in r.items()} for r in reader]
-        return rows, 2
+            rows, wheres, start = [], [], reader.line_num + 1
+            for r in reader:
+                rows.append({k: (None if v == "" else v) for k, v in r.items()})
+                wheres.append(f"line {start}")
+                start = reader.line_num + 1
+        return rows, wheres
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
@@ -119,7 +124,7 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
         for k, v in r.items():
             if isinstance(v, float) and math.isnan(v):
                 r[k] = None
-    return rows, 1
+    return rows, [f"row {i + 1}" for i in range(len(rows))]
 
 
 def import_table(store: TableStore, path: str | Path) -> int:
@@ -127,12 +132,12 @@ def import_table(store: TableStore, path: str | Path) -> int:
     path = Path(path)
     if not path.exists():
         raise BadRowError(f"{path}: file not found")
-    rows, first = _read(path)
+    rows, wheres = _read(path)
     cands: dict[str, Candidate] = {}
     queries: dict[str, Query] = {}
     runs: list[Run] = []
     for i, r in enumerate(rows):
-        where = f"{path}:{'line' if first == 2 else 'row'} {i + first}"
+        where = f"{path}:{wheres[i]}"
         try:
             name = r["candidate"]
             if name not in cands:
