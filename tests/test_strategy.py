@@ -148,6 +148,25 @@ def test_filter_callback_narrows_by_deployment_id(ckpt, backend):
         litellm.callbacks = []
 
 
+def test_a_retry_the_filter_does_not_route_leaves_no_figures_for_the_response_headers(ckpt, backend):
+    """The proxy's headers hook reads the figures of the request's last routed attempt: an attempt this router did
+    not route (a fallback to a model group outside its pool) removes the earlier attempt's, so the headers never
+    describe a deployment that did not serve the request."""
+    from litellm_energy_router.litellm_glue.strategy import HEADERS_BOOK
+
+    filt = EnergyRouterFilter(settings(ckpt))
+    kwargs = {"metadata": {}, "messages": EASY}
+    routed = asyncio.run(filt.async_filter_deployments("pool", model_list(backend), EASY, kwargs))
+    assert len(routed) == 1 and HEADERS_BOOK.get(kwargs) is not None
+    other = [
+        {**d, "litellm_params": {**d["litellm_params"], "model": "openai/elsewhere"}, "model_info": {"id": "x"}}
+        for d in model_list(backend, group="other")[:1]
+    ]
+    assert asyncio.run(filt.async_filter_deployments("other", other, EASY, kwargs)) == other
+    assert HEADERS_BOOK.get(kwargs) is None
+    assert asyncio.run(filt.async_filter_deployments("pool", model_list(backend), EASY, {"messages": EASY}))  # no md
+
+
 @pytest.mark.parametrize("case", ["missing_checkpoint", "timeout", "error"])
 def test_fail_open(ckpt, backend, tmp_path, case):
     s = settings(ckpt, fallback="dep-medium")

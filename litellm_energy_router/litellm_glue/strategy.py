@@ -189,11 +189,14 @@ class EnergyRouterFilter(CustomLogger):
     ) -> list[dict]:
         if not healthy_deployments:
             return healthy_deployments
+        mds = metadata_dicts(request_kwargs)
         try:
             dep, decision = await self.core.choose(healthy_deployments, messages, None, request_kwargs)
             attach(request_kwargs, decision)
-            if decision is not None and decision.figures and self.core.settings.accounting.headers:
-                HEADERS_BOOK.put(metadata_dicts(request_kwargs)[0], decision)
+            if mds and decision is not None and decision.figures and self.core.settings.accounting.headers:
+                HEADERS_BOOK.put(mds[0], decision)
+            elif mds:  # a retry or fallback this router did not route: no earlier attempt's figures in its headers
+                HEADERS_BOOK.discard(mds[0])
         except CALLER_ERRORS:
             raise  # a caller error: the router raises it as is (status_code 400 or 429)
         except Exception as e:  # noqa: BLE001 - e.g. a bad config: never fail the request
