@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import litellm
 import numpy as np
@@ -225,6 +226,46 @@ def test_hot_reload_and_broken_checkpoint(ckpt, tmp_path):
 
 def knob(lam: float, target: float | None, budget: float | None) -> Knob:
     return Knob(**{"lambda": lam}, target_accuracy=target, max_energy_j=budget)
+
+
+def test_a_score_in_flight_across_a_reload_is_not_cached_for_the_new_checkpoint(tmp_path, monkeypatch):
+    """A batch scored by the old checkpoint that finishes after a reload swapped the new one in: its caller gets it,
+    but the cache (cleared by the reload) does not keep it, so the next request for that prompt is the new one's."""
+    from litellm_energy_router.router import scoring
+    from litellm_energy_router.router.checkpoint import point_to
+
+    class Slow:
+        inline, candidates, name = False, ["a", "b"], "slow"
+
+        def __init__(self, version):
+            self.version = version
+
+        def score(self, texts, tasks):
+            if self.version == "v-old" and texts != ["warm-up"]:
+                time.sleep(0.3)
+            return np.full((len(texts), 2), 0.5)
+
+        def energy(self, texts, tasks):
+            return np.ones((len(texts), 2))
+
+    monkeypatch.setattr(scoring, "load_scorer", lambda path, kind="auto", expect_candidates=None: Slow(Path(path).name))
+    for v in ("v-old", "v-new"):
+        (tmp_path / v).mkdir()
+        (tmp_path / v / "manifest.json").write_text("{}")
+    ptr = tmp_path / "current.json"
+    point_to(ptr, tmp_path / "v-old")
+
+    async def go():
+        r = RouterRuntime(ptr, background=False, poll_s=0.0)
+        task = asyncio.create_task(r.score("hello"))  # the old checkpoint's slow pass
+        await asyncio.sleep(0.1)
+        point_to(ptr, tmp_path / "v-new")
+        r.maybe_reload(block=True)
+        old, new = await task, await r.score("hello")
+        r.close()
+        return old.version, new.version
+
+    assert asyncio.run(go()) == ("v-old", "v-new")
 
 
 def test_knob_precedence_request_over_key_over_default(ckpt):

@@ -173,8 +173,8 @@ class RouterRuntime:
             log.error("energy-router: %s", self.last_error)
             self._loaded = fp  # do not retry the same broken files on every request
             return False
-        self._model, self._loaded = model, fp
-        with self._cache_lock:
+        with self._cache_lock:  # the swap and the clear together: _remember checks the model under this lock
+            self._model, self._loaded = model, fp
             self._cache.clear()
         self.last_error = None
         dt = time.perf_counter() - t0
@@ -251,6 +251,9 @@ class RouterRuntime:
         if self.cache_size <= 0:
             return
         with self._cache_lock:
+            model = self._model
+            if model is None or s.version != model.version:  # scored by a model a reload replaced: not cached
+                return
             self._cache[key] = s
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
