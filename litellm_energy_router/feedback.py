@@ -42,8 +42,8 @@ def parse_score(value: Any) -> float:
         raise FeedbackError(f"score {value!r} is not a number in [0, 1]", 422)
     try:
         s = float(value)
-    except (TypeError, ValueError):
-        raise FeedbackError(f"score {value!r} is not a number in [0, 1]", 422) from None
+    except (TypeError, ValueError, OverflowError):  # an integer too large for a float: not a score either
+        raise FeedbackError(f"score {str(value)[:40]!r} is not a number in [0, 1]", 422) from None
     if not math.isfinite(s) or not 0.0 <= s <= 1.0:
         raise FeedbackError(f"score {value!r} is out of range [0, 1]", 422)
     return s
@@ -76,7 +76,10 @@ def feedback_app(store: TableStore, token: str) -> Any:
     expected = f"Bearer {token}".encode()
 
     async def post(request: web.Request) -> web.Response:
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+        # surrogateescape: a header with a byte that is not UTF-8 is a wrong token (401), not a server error
+        if not hmac.compare_digest(
+            request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected
+        ):
             return web.json_response({"error": "missing or wrong bearer token"}, status=401)
         try:
             body = await request.json()

@@ -66,6 +66,7 @@ def test_apply_feedback(table):
         ("call-0", float("nan"), 422),
         ("call-0", "abc", 422),
         ("call-0", True, 422),
+        ("call-0", 10**400, 422),  # too large for a float
         ("call-9", 1, 409),
         ("", 1, 400),
     ],
@@ -102,6 +103,14 @@ def test_http_endpoint(sqlite_url, tmp_path):
         r = httpx.post(url, json={"call_id": "call-0", "score": 2}, headers=auth)
         assert r.status_code == 422 and "out of range" in r.json()["error"]
         assert httpx.post(url, content=b"not json", headers=auth).status_code == 400
+        huge = b'{"call_id": "call-0", "score": 1' + b"0" * 400 + b"}"
+        assert httpx.post(url, content=huge, headers=auth).status_code == 422
+        assert (
+            httpx.post(
+                url, json={"call_id": "call-0", "score": 1}, headers={"Authorization": b"Bearer \xff"}
+            ).status_code
+            == 401
+        )
         assert _snapshot(store) == before
         r = httpx.post(url, json={"call_id": "call-0", "score": 0.25}, headers=auth)
         assert r.status_code == 200 and r.json() == {"call_id": "call-0", "score": 0.25, "updated": 1}
