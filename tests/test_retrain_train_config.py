@@ -128,3 +128,9 @@ def test_a_retrain_that_fails_while_training_leaves_no_version_directory(tmp_pat
     with pytest.raises(RuntimeError, match="trainer crashed"):
         run_retrain(cfg, log=lambda s: None)
     assert not list(tmp_path.rglob(".tmp-*"))
+    killed = next(tmp_path.rglob(".retrain.lock")).parent / ".tmp-20240101T000000Z-000"  # a run killed by a signal
+    (killed / "_trainer").mkdir(parents=True)
+    monkeypatch.undo()
+    logged: list[str] = []
+    run_retrain(cfg, log=logged.append)  # the next run removes what the killed one left
+    assert not killed.exists() and any(".tmp-20240101T000000Z-000" in m for m in logged)

@@ -169,6 +169,7 @@ def run_retrain(
         log(msg)
         return RetrainResult("locked", msg)
     try:
+        _remove_leftovers(vdir, log)
         serving_dir, manifest = _serving(Path(cfg.pointer))  # type: ignore[arg-type]
         use_cache_dir(cfg.embed_cache_dir or vdir / "embed-cache")
         run = _Run(
@@ -192,6 +193,15 @@ def run_retrain(
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
+
+
+def _remove_leftovers(vdir: Path, log: Log) -> None:
+    """Remove the half-written version directories (``.tmp-*``) of runs that were killed (SIGKILL, a cron timeout's
+    SIGTERM) before they could clean up; called with the lock held, so no other run is writing one."""
+    for d in sorted(vdir.glob(".tmp-*")):
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            log(f"retrain: removed {d.name}, left by a run that was stopped before it finished")
 
 
 def _enough_new(run: _Run, store: Any, since: int | None) -> bool:
