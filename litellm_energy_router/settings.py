@@ -150,10 +150,18 @@ class EnergySettings(_Section):
     )
     agent_tls_key: Path | None = Field(None, description="agent: PEM private key of agent_tls_cert")
     agent_max_requests: int = Field(
-        20_000, ge=1, le=10_000_000, description="agent: requests tracked at most (oldest dropped first)"
+        20_000,
+        ge=1,
+        le=10_000_000,
+        description="attribution (the agent's, and the proxy's own nvml/simulated meter): requests tracked at most "
+        "(oldest dropped first)",
     )
     agent_stale_s: float = Field(
-        300.0, gt=0, allow_inf_nan=False, description="agent: an unfinished request silent this long expires, s"
+        300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="attribution (the agent's, and the proxy's own nvml/simulated meter): an unfinished request silent "
+        "this long expires (a request the callback never finished would hold back every later row's settling), s",
     )
     agent_max_body_bytes: int = Field(
         256 * 1024, ge=1024, le=64 * 1024 * 1024, description="agent: largest POST body read, bytes"

@@ -179,6 +179,51 @@ def test_open_request_meter_per_setting():
             open_request_meter(EnergySettings(meter="nvml"))
 
 
+def test_a_request_started_that_never_ends_expires_instead_of_holding_back_settling():
+    """The proxy's own meter: a call started (log_pre_api_call) that never gets a row (a cancelled stream) blocks the
+    settling of every later request until it expires after energy.agent_stale_s, not for the whole history."""
+    clock = ManualClock(1_000_000.0)
+    t0 = clock.t
+    m = open_request_meter(
+        EnergySettings(meter="simulated", sample_hz=10, agent_stale_s=5.0, fallback_to_estimate=False), clock=clock
+    )
+    m.request_started("orphan", t0 + 0.01)
+    m.request_started("a", t0 + 0.02)
+    u = RequestUsage("a", "small", t0 + 0.02, t0 + 0.5, t0 + 0.1, 100, 20)
+    while clock.t < t0 + 2:
+        clock.advance(0.1)
+        m.sample()
+    assert m.energy_for_request(u) is None  # the orphan may still claim these intervals
+    while clock.t < t0 + 6:
+        clock.advance(0.1)
+        m.sample()
+    e = m.energy_for_request(u)
+    assert e is not None and e.settled and e.energy_j > 0
+    m.close()
+
+
+def test_a_meter_that_stopped_reading_gives_no_measured_joules_and_nan_readings_are_skipped():
+    """Reads that stop before a request ends (a lost GPU): the forced answer is the estimate, not the part of the
+    request the meter saw; a NaN or inf reading is no reading (it does not poison the intervals around it)."""
+    clock = ManualClock(100.0)
+    m = open_request_meter(EnergySettings(meter="simulated", sample_hz=10), clock=clock, power_w=100.0)
+    u = RequestUsage("x", "mistralai/mistral-7b-chat", 100.0, 103.0, None, 10, 10)
+    m.request_started("x", 100.0)
+    for _ in range(10):  # one second read, then the meter goes silent
+        clock.advance(0.1)
+        m.primary.sample()
+    clock.advance(5.0)
+    e = m.energy_for_request(u, final=True)
+    assert e.method == "estimate" and e.energy_j == pytest.approx(10 * 0.019818 + 10 * 0.156493)
+    m.close()
+    att = Attributor(prefill_weight=0.125, idle_power_w=0.0)
+    for t, j in ((0.0, 0.0), (1.0, 100.0), (2.0, float("nan")), (3.0, float("inf")), (4.0, 400.0), (5.0, 500.0)):
+        att.add_sample(t, j)
+    assert att.totals().meter_j == pytest.approx(500.0)
+    att.add_request("r", 1.5, 4.5, 0, 10)
+    assert att.energy("r", final=True).energy_j == pytest.approx(400.0)  # the two intervals it overlaps, all theirs
+
+
 def test_gpu_check_script_on_fake_nvml(monkeypatch, capsys):
     """benchmarks/check_nvml_gpu.py end to end on the stand-in (the real run needs a GPU)."""
     import importlib.util

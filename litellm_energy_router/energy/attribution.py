@@ -38,6 +38,7 @@ The intervals and requests kept, and their lock-held bookkeeping, are in :mod:`.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Literal, Sequence
@@ -143,9 +144,13 @@ class Attributor(AttributionState):
     ) -> None:
         """A meter reading at ``t`` (Unix s): cumulative J; optionally the engine's cumulative token
         counters (prompt, generation) sampled at the same time."""
+        if not math.isfinite(cumulative_j):  # a meter's NaN or inf: no reading (it would poison two intervals)
+            return
         agg = None
         if prefill_total is not None and decode_total is not None:
             agg = token_weight(float(prefill_total), float(decode_total), self.wp, self.wd)
+            if not math.isfinite(agg):
+                agg = None
         with self._lock:
             if self._last is None:
                 self._last = (t, cumulative_j, agg)
@@ -261,6 +266,8 @@ class Attributor(AttributionState):
             settled = self._settled(request_id, r, end)
             if not settled and not final:
                 return None
+            if not settled and self._ivs[-1].t1 < end - _EPS:
+                return None  # the meter stopped reading before the request ended: unknown, not the part it saw
             floor = self._floor_w()
             total = 0.0
             for seg in r.segments:

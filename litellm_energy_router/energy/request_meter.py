@@ -160,6 +160,8 @@ def open_request_meter(
             decode_weight=energy.decode_weight,
             idle_power_w=energy.idle_power_w,
             history_s=energy.history_s,
+            max_requests=energy.agent_max_requests,  # bounds as the agent's: a request started that never ends
+            stale_s=energy.agent_stale_s,  # (no row: a cancelled stream, a failed callback) expires, not blocks
         )
         primary = AttributedMeter(counter, attributor, sample_hz=energy.sample_hz, clock=clock)
     return FallbackMeter(primary, estimate) if energy.fallback_to_estimate else primary

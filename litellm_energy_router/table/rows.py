@@ -29,7 +29,7 @@ class BadRowError(UserError, ValueError):
 
 
 class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no inf J, s, W or g
 
 
 class Candidate(_Row):
