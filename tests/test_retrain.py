@@ -173,3 +173,32 @@ def test_shipped_example_retrain_section_loads(tmp_path):
     assert (cfg.rule, cfg.min_new_rows, cfg.keep, cfg.table_url) == ("both", 200, 5, "sqlite:///energy_router.db")
     with pytest.raises(ConfigError, match="router.checkpoint"):
         load_retrain_config(example)  # the example leaves the pointer unset
+
+
+def test_a_pointer_moved_during_training_is_not_overwritten(tmp_path):
+    """The serving checkpoint changed while the candidate trained (an operator's rollback, another run): the
+    candidate was judged against the old one, so it is not promoted over the new one, which stays on disk."""
+    from litellm_energy_router.training.retrain_gate import promote_or_delete
+
+    from litellm_energy_router.router.checkpoint import point_to, resolve
+
+    vdir = tmp_path / "versions"
+    a, b = vdir / "v-20240101T000000Z-000", vdir / "v-20240102T000000Z-000"
+    for d in (a, b):
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text("{}")
+    ptr = tmp_path / "current.json"
+    point_to(ptr, a)
+    compared_with = resolve(ptr)
+    point_to(ptr, b)  # meanwhile
+    tmp = vdir / ".tmp-x"
+    tmp.mkdir()
+    cfg = RetrainConfig(table_url="sqlite://", pointer=ptr, keep=1, select_scorers=["knn"])
+    status, ck, msg = promote_or_delete(
+        tmp, "20240103T000000Z-000", {"promote": True, "why": "x"}, vdir, cfg, compared_with
+    )
+    assert (status, ck) == ("rejected", None) and "moved" in msg
+    assert resolve(ptr) == b and b.exists() and not tmp.exists()
+    tmp.mkdir()  # judged against what serves: promoted
+    status, ck, _ = promote_or_delete(tmp, "20240103T000000Z-000", {"promote": True, "why": "x"}, vdir, cfg, b)
+    assert status == "promoted" and resolve(ptr) == ck

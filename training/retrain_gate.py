@@ -106,6 +106,18 @@ def estimate_off_policy(store: Any, predictors: dict[str, Any], cfg: RetrainConf
     return out
 
 
+def _pointed(pointer: Path) -> Path | None:
+    """The checkpoint directory ``pointer`` names now (resolved), or ``None`` when there is no pointer."""
+    from litellm_energy_router.router.checkpoint import resolve
+
+    if not pointer.exists():
+        return None
+    try:
+        return resolve(pointer).resolve()
+    except Exception:  # noqa: BLE001 - a pointer that no longer resolves is not the one compared against
+        return pointer.resolve()
+
+
 def prune_versions(vdir: Path, keep: int, protect: set[Path]) -> list[str]:
     """Delete all but the last ``keep`` promoted versions (``v-*`` in ``vdir``), never one in ``protect``;
     returns the names removed."""
@@ -127,6 +139,16 @@ def promote_or_delete(
     if not cmp_["promote"]:
         shutil.rmtree(tmp, ignore_errors=True)
         return "rejected", None, f"not promoted: the serving checkpoint {serving_dir} stays ({cmp_['why']})"
+    now = _pointed(Path(cfg.pointer))  # type: ignore[arg-type]
+    was = serving_dir.resolve() if serving_dir is not None else None
+    if now != was:  # a rollback or another run moved it while this one trained: not judged against it
+        shutil.rmtree(tmp, ignore_errors=True)
+        return (
+            "rejected",
+            None,
+            f"not promoted: the pointer {cfg.pointer} moved to {now} during training (compared with {was}); "
+            "the next run compares against what serves now",
+        )
     final = vdir / f"v-{version}"
     os.replace(tmp, final)
     set_pointer(Path(cfg.pointer), final)  # type: ignore[arg-type]
