@@ -202,3 +202,36 @@ def test_a_pointer_moved_during_training_is_not_overwritten(tmp_path):
     tmp.mkdir()  # judged against what serves: promoted
     status, ck, _ = promote_or_delete(tmp, "20240103T000000Z-000", {"promote": True, "why": "x"}, vdir, cfg, b)
     assert status == "promoted" and resolve(ptr) == ck
+
+
+def test_a_label_written_during_the_training_scan_counts_as_new_for_the_next_run(sqlite_url, monkeypatch):
+    """Feedback labels a row the scan has passed while production keeps writing rows the scan reads later: the
+    ``updated`` watermark stays at the scan's start (less the skew margin), so the next run counts that label."""
+    from litellm_energy_router.training import data as data_mod
+
+    from litellm_energy_router.table import open_store
+
+    store = open_store(sqlite_url)
+    cands, queries, runs = planted_rows(6, prefix="a")
+    store.write(queries, runs, candidates=cands)
+    first = next(store.iter_runs())
+    keep = ("query_id", "candidate", "source", "energy_j", "prompt_tokens", "completion_tokens")
+    unlabelled = {k: first[k] for k in keep}
+    store.write(runs=[{**unlabelled, "score": None}])
+    monkeypatch.setattr(data_mod, "WATERMARK_SKEW_S", 0.0)  # one clock here
+
+    class Live:  # the table while feedback and production write during the scan
+        def iter_runs(self, **kw):
+            for i, r in enumerate(store.iter_runs(**{**kw, "batch": 2})):
+                if i == 2:  # past the unlabelled row
+                    store.write(runs=[{**unlabelled, "score": 1.0}])
+                    time.sleep(0.01)
+                    _, q2, r2 = planted_rows(1, prefix="late")
+                    store.write(q2, r2)
+                yield r
+
+    time.sleep(0.01)
+    scan = data_mod._scan_runs(Live(), None, None, None)
+    assert scan.best.get((unlabelled["query_id"], unlabelled["candidate"])) is None  # not in this run's matrix
+    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd) >= 1  # so the next run sees it
+    store.close()

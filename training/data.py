@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -159,6 +160,9 @@ def load_matrix(
     return _assemble(scan, cands, require_text, store)
 
 
+WATERMARK_SKEW_S = 5.0  # s: how far the table writers' clocks may run behind the trainer's (NTP keeps it ms)
+
+
 @dataclass
 class _RunScan:
     """What :func:`load_matrix` keeps of one pass over the runs."""
@@ -181,6 +185,7 @@ def _scan_runs(
     s = _RunScan()
     best, last = s.best, s.last
     wanted = set(candidates) if candidates is not None else None
+    started = time.time()
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
         s.max_id = max(s.max_id, int(r["id"]))
         s.max_upd = max(s.max_upd, float(r.get("updated") or 0.0))
@@ -198,6 +203,10 @@ def _scan_runs(
         if key not in best or rank >= best[key][:2]:
             ct = r.get("completion_tokens")
             best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
+    # the ``updated`` watermark is no later than the scan's start (less a clock-skew margin between the table's
+    # writers and this process): a label written to a row the scan had passed, while rows updated after it were
+    # read, counts as new for the next run instead of falling between two watermarks
+    s.max_upd = min(s.max_upd, started - WATERMARK_SKEW_S)
     return s
 
 
