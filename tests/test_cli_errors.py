@@ -229,3 +229,9 @@ def test_out_of_range_numbers_on_the_command_line_are_one_line(capsys, tmp_path,
         *_run(capsys, [*argv, "--db", f"sqlite:///{tmp_path / 'none.db'}"] if argv[0] == "train" else argv), named, argv
     )
     assert not (tmp_path / "o.jsonl").exists() and not any((tmp_path / "ck").iterdir())
+
+
+@pytest.mark.parametrize("argv", [["feedback", "serve", "--token", "t"], ["agent"], ["replay-backend"]])
+def test_a_port_out_of_range_is_one_line(capsys, tmp_path, argv):
+    full = [*argv, "--port", "99999"]
+    _one_line(*_run(capsys, full), "--port", full)

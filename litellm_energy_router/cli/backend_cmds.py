@@ -33,7 +33,7 @@ def proxy_config(api_base: str, candidates: list[str], group: str = GROUP) -> di
 
 
 def replay_backend(
-    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port on 127.0.0.1 (0: a free one)"),
+    port: int = typer.Option(8000, "--port", help="TCP port on 127.0.0.1 (0: a free one)"),
     data: Optional[list[Path]] = typer.Option(
         None, "--data", help="RouterBench CSV(.gz) file to replay (repeatable; default: the bundled rows)"
     ),
