@@ -228,3 +228,64 @@ def test_counter_granularity_still_conserves():
     assert all(e is not None for e in es)
     tot = att.totals()
     assert sum(e.energy_j for e in es) + tot.idle_j == pytest.approx(tot.meter_j, rel=1e-6)
+
+
+class _Sampler:
+    """Readings of a constant ``watts`` every ``step`` s into ``att``, at Unix times ``t0 + k * step`` (a clock read
+    each: rounded to the float's resolution there, ~0.2 µs)."""
+
+    def __init__(self, att, t0: float, watts: float = 300.0, step: float = 0.1) -> None:
+        self.att, self.t0, self.k, self.watts, self.step = att, t0, 0, watts, step
+        att.add_sample(t0, 0.0)
+
+    def until(self, t: float) -> None:
+        while self.t0 + self.k * self.step < t - 1e-9:
+            self.k += 1
+            self.att.add_sample(self.t0 + self.k * self.step, self.watts * self.step * self.k)
+
+
+def test_settled_answers_never_add_up_to_more_than_the_meter_without_engine_counters():
+    """No engine counters, requests learnt only when they end (the agent without vLLM metrics): the first answer
+    settles on the requests known then; a later one cannot take its joules again (it gets what is left)."""
+    base = 1_700_000_000.0
+    att = Attributor(idle_power_w=0.0)
+    meter = _Sampler(att, base)
+    meter.until(base + 1.2)
+    att.add_request("r1", base, base + 1.0, 0, 10, first_token=base)
+    r1 = att.energy("r1")
+    meter.until(base + 2.2)
+    att.add_request("r2", base, base + 2.0, 0, 20, first_token=base)
+    r2 = att.energy("r2")
+    assert r1.settled and r2.settled
+    assert r1.energy_j == pytest.approx(300.0, rel=1e-6)  # the whole first second: r2 was unknown
+    assert r1.energy_j + r2.energy_j == pytest.approx(600.0, rel=1e-6)  # the meter's 2 s, not more
+    assert att.energy("r1") == r1  # asked again: the same answer, its joules claimed once
+
+
+def test_a_request_known_from_lagging_progress_is_charged_to_its_reported_end():
+    """Progress events stop at 0.5 s; the proxy reports the request ran to 2 s with 40 output tokens: the tokens
+    since the last event count up to that end (it was alone on the GPU: all 600 J)."""
+    att = Attributor(idle_power_w=0.0)
+    att.add_sample(0.0, 0.0)
+    att.add_progress("x", 0.0, 0, 0)
+    for k in range(1, 6):
+        att.add_sample(0.1 * k, 30.0 * k)
+    att.add_progress("x", 0.5, 100, 10)
+    for k in range(6, 23):
+        att.add_sample(0.1 * k, 30.0 * k)
+    assert att.energy("x") is None  # still running: not settled
+    att.add_request("x", 0.0, 2.0, 100, 40)
+    x = att.energy("x")
+    assert x.settled and x.energy_j == pytest.approx(600.0, rel=1e-6)
+
+
+def test_a_request_ending_on_a_sample_time_is_not_charged_the_next_interval():
+    """Unix times round at ~0.2 µs: a request that ends 'at' a sample time may overlap the next interval by a
+    rounding error; that is not a share of it."""
+    base = 1_700_000_000.0
+    att = Attributor(idle_power_w=0.0)
+    _Sampler(att, base).until(base + 1.5)
+    end = base + 1.0 + 2.4e-7  # one float step past the sample time at base + 1.0 (the proxy's clock read)
+    assert end > base + 10 * 0.1
+    att.add_request("r", base, end, 0, 10, first_token=base)
+    assert att.energy("r").energy_j == pytest.approx(300.0, rel=1e-6)

@@ -9,7 +9,10 @@ Requests become known to it by:
 
 * **timings** — ``GET /v1/energy/{id}?start=&end=&first_token=&prompt_tokens=&completion_tokens=``
   (Unix s; what the proxy's ``agent`` meter sends for each finished request); with vLLM's token
-  counters the answer is causal (settles one sample after the request ends);
+  counters the answer is causal (settles one sample after the request ends). Without them (and without
+  progress events) a request still running is unknown when another one ends, so each interval's joules go to
+  the requests in the order their answers settle: a settled share is never given again (the answers add up to
+  the meter, not more), but the split between concurrent requests follows that order, not their tokens;
 * **live progress** — ``POST /v1/progress`` ``{"events": [{"request_id", "t", "prompt_tokens",
   "output_tokens", "finished"}]}`` (cumulative token counts at Unix time ``t``), for an engine hook.
 
@@ -107,6 +110,11 @@ class EnergyAgent:
             stale_s=cfg.stale_s,
         )
         self.gpu = cfg.gpu or getattr(meter, "gpu", None) or getattr(meter, "gpu_name", None)
+        if not cfg.vllm_metrics_url:
+            log.warning(
+                "agent: no vllm_metrics_url: concurrent requests' joules are split in the order their answers "
+                "settle, not by tokens (their sum is the meter's); set it to vLLM's /metrics for a split by tokens"
+            )
         self._task: asyncio.Task | None = None
         self._session: ClientSession | None = None
         self._last_reading: dict[int, float] = {}
@@ -308,7 +316,8 @@ class EnergyAgent:
             q = parse_timings(request.query, self._window())
         except ApiError as e:
             return self._refuse(e)
-        if q.start is not None and q.end is not None and not self.attributor.knows(rid):
+        if q.start is not None and q.end is not None:  # the caller's timings: a request known from progress events
+            # that lag is finished at its reported end (add_request keeps the first finish of a request)
             self.attributor.add_request(rid, q.start, q.end, q.prompt_tokens, q.completion_tokens, q.first_token)
         a = self.attributor.energy(rid, final=q.final)
         if a is None:

@@ -226,9 +226,12 @@ class Attributor(AttributionState):
             self._drain_started()
             r = self._reqs.get(request_id)
             if r is not None and (r.finished or r.segments):
-                if not r.finished:
-                    r.finished, r.end = True, max(r.known_until, end)
-                    r.known_until = r.end
+                if not r.finished:  # known from progress events that lag: its tokens since then, up to its end
+                    r.end = max(r.known_until, end)
+                    dp, dd = max(prompt_tokens - r.prefill, 0.0), max(completion_tokens - r.decode, 0.0)
+                    self._add_segment(r, r.known_until, r.end, token_weight(dp, dd, self.wp, self.wd))
+                    r.prefill, r.decode = max(r.prefill, float(prompt_tokens)), max(r.decode, float(completion_tokens))
+                    r.finished, r.known_until = True, r.end
                     self._open.pop(request_id, None)
                 return False
             o = self._open.pop(request_id, None)
@@ -268,20 +271,40 @@ class Attributor(AttributionState):
                 return None
             if not settled and self._ivs[-1].t1 < end - _EPS:
                 return None  # the meter stopped reading before the request ended: unknown, not the part it saw
-            floor = self._floor_w()
-            total = 0.0
-            for seg in r.segments:
-                for k in self._span(seg[0], seg[1]):
-                    iv = self._ivs[k]
-                    wk = _overlap_w(seg, iv.t0, iv.t1)
-                    if wk <= 0:
-                        continue
-                    W = _denominator(iv)
-                    if W <= _EPS:
-                        continue
-                    dyn = iv.energy_j - _idle(iv, W, floor)
-                    total += split_energy(dyn, [wk], W)[0]
-            return Attribution(request_id, total, r.start, end, settled)
+            if r.answer is not None:
+                return r.answer
+            a = Attribution(request_id, self._claim(r, commit=settled), r.start, end, settled)
+            if settled:  # given for good: asked again, the same answer (a provisional one may still change)
+                r.answer = a
+            return a
+
+    def _claim(self, r: _Request, commit: bool) -> float:
+        """``r``'s joules (J): per interval its share of the dynamic energy by weighted tokens, at most what the
+        settled answers already given left of it (a request the meter's side learnt of late, without engine
+        counters, cannot take joules another request was already given: settled answers never add up to more than
+        the meter measured); with ``commit`` (a settled answer) the shares are marked as given. Lock held."""
+        floor = self._floor_w()
+        shares: dict[int, float] = {}
+        for seg in r.segments:
+            for k in self._span(seg[0], seg[1]):
+                iv = self._ivs[k]
+                wk = _overlap_w(seg, iv.t0, iv.t1)
+                if wk <= 0:
+                    continue
+                W = _denominator(iv)
+                if W <= _EPS:
+                    continue
+                dyn = iv.energy_j - _idle(iv, W, floor)
+                shares[k] = shares.get(k, 0.0) + split_energy(dyn, [wk], W)[0]
+        total = 0.0
+        for k, share in shares.items():
+            iv = self._ivs[k]
+            if share > 0:
+                share = min(share, max(iv.energy_j - _idle(iv, _denominator(iv), floor) - iv.claimed_j, 0.0))
+                if commit:
+                    iv.claimed_j += share
+            total += share
+        return total
 
     def totals(self, t0: float | None = None, t1: float | None = None) -> Totals:
         """Energy lines (J) over the closed intervals inside ``[t0, t1]`` (default: all history)."""

@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 _EPS = 1e-9
+_TOUCH_S = 1e-6  # s: the least overlap of a segment and an interval that counts
 
 
 @dataclass
@@ -26,6 +27,7 @@ class _Interval:
     energy_j: float
     agg_w: float | None = None  # aggregate weighted tokens from engine counters
     curve_w: float = 0.0  # sum of known requests' weighted tokens
+    claimed_j: float = 0.0  # dynamic joules already given to requests in settled answers
 
 
 @dataclass
@@ -37,6 +39,7 @@ class _Request:
     prefill: float = 0.0  # cumulative tokens at known_until
     decode: float = 0.0
     segments: list[tuple[float, float, float]] = field(default_factory=list)
+    answer: Any = None  # the settled Attribution given: asked again, the same (its joules claimed once)
 
 
 class AttributionState:
@@ -136,7 +139,7 @@ class AttributionState:
         return range(bisect.bisect_right(self._t1s, a), min(bisect.bisect_left(self._t1s, b) + 1, n))
 
     def _settled(self, rid: str, r: _Request, end: float) -> bool:
-        if not r.finished and r.known_until < end:
+        if not r.finished:  # still running (or its end not reported yet): more tokens may come
             return False
         hi = bisect.bisect_left(self._t1s, end)
         if hi >= len(self._ivs) - 1:
@@ -192,4 +195,6 @@ def _overlap_w(seg: tuple[float, float, float], t0: float, t1: float) -> float:
     if b - a <= _EPS:
         return w if t0 < a <= t1 else 0.0
     ov = min(b, t1) - max(a, t0)
-    return w * ov / (b - a) if ov > 0 else 0.0
+    # an overlap under a microsecond is the rounding of Unix times (~0.2 µs at today's), not tokens in the interval:
+    # counted, it would give a request that ends on a sample time the whole next interval when no one else claims it
+    return w * ov / (b - a) if ov > _TOUCH_S else 0.0
