@@ -3,6 +3,7 @@ line naming the file and line or the field (exit 2 from the CLI)."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 import pytest
@@ -96,6 +97,8 @@ def test_provider_error_falls_back_to_last_known(tmp_path):
         ("DE,1,10\nDE,24,10\n", "line 3: field 'hour' = '24': an hour of the day must be 0-23"),
         ("DE,noon,10\n", "line 2: field 'hour' = 'noon'"),
         (",3,10\n", "line 2: field 'region' is missing"),
+        ("DE,2025-06-01T10:00:00Z,300\nDE,2025-06-01T10:30:00Z,280\n", "line 3: region 'DE' has hour"),  # half-hourly
+        ("DE,3,10\nDE,3,12\n", "line 3: region 'DE' has hour '3' twice"),
     ],
 )
 def test_bad_csv_is_one_line_naming_file_and_line(tmp_path, body, needle):
@@ -138,3 +141,14 @@ def test_cli_exits_2_on_a_bad_intensity_file(tmp_path, capsys):
     assert ei.value.code == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"{csv}: line 2: field 'g_co2e_per_kwh' = 'NaN'" in lines[0], lines
+
+
+def test_a_csv_saved_with_a_bom_reads_and_one_not_utf8_is_one_line(tmp_path):
+    """A spreadsheet's UTF-8 byte order mark is not part of the first column's name; bytes that are not UTF-8 are
+    one line naming the file."""
+    f = tmp_path / "bom.csv"
+    f.write_bytes("\ufeffregion,hour,g_co2e_per_kwh\nDE,3,10\n".encode())
+    assert load_intensity_csv(f).daily["DE"][3] == 10.0
+    f.write_bytes(b"region,hour,g_co2e_per_kwh\nDE,3,\xff\n")
+    with pytest.raises(CarbonError, match=rf"^{re.escape(str(f))}: not UTF-8 text"):
+        load_intensity_csv(f)

@@ -31,6 +31,8 @@ from typing import Any, Mapping, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from litellm_energy_router.errors import UnreadableFile, reading
+
 J_PER_KWH = 3.6e6
 SITE_KEY = "energy_router_site"  # model_info key naming a deployment's site
 CSV_COLUMNS = ("region", "hour", "g_co2e_per_kwh")
@@ -166,7 +168,7 @@ def load_intensity_csv(path: str | Path) -> HourlyTable:
     path = Path(path)
     table = HourlyTable()
     try:
-        with path.open(newline="") as f:
+        with reading(path), path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is no column
             reader = csv.DictReader(f)
             missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
@@ -180,9 +182,14 @@ def load_intensity_csv(path: str | Path) -> HourlyTable:
                 other = table.timed if kind == "daily" else table.daily
                 if region in other:
                     raise CarbonError(f"{where}: region {region!r} mixes hours of the day and ISO times")
-                (table.daily if kind == "daily" else table.timed).setdefault(region, {})[hour] = _parse_value(
-                    row.get("g_co2e_per_kwh"), where
-                )
+                hours = (table.daily if kind == "daily" else table.timed).setdefault(region, {})
+                if hour in hours:  # e.g. half-hourly rows: one would silently replace the other
+                    raise CarbonError(
+                        f"{where}: region {region!r} has hour {row.get('hour')!r} twice (one row per hour)"
+                    )
+                hours[hour] = _parse_value(row.get("g_co2e_per_kwh"), where)
+    except UnreadableFile as e:  # not UTF-8 text
+        raise CarbonError(str(e)) from None
     except OSError as e:
         raise CarbonError(f"{path}: cannot read ({e.strerror or e})") from None
     return table
