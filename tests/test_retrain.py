@@ -235,3 +235,25 @@ def test_a_label_written_during_the_training_scan_counts_as_new_for_the_next_run
     assert scan.best.get((unlabelled["query_id"], unlabelled["candidate"])) is None  # not in this run's matrix
     assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd) >= 1  # so the next run sees it
     store.close()
+
+
+def test_rows_read_within_the_skew_margin_are_not_new_again_unless_relabelled(sqlite_url):
+    """The watermark sits a clock-skew margin before the scan's start; the runs the scan read inside that margin are
+    remembered with their ``updated``, so a retrain right after the first finds nothing new, while one of them
+    labelled again since counts."""
+    from litellm_energy_router.training import data as data_mod
+
+    store = open_store(sqlite_url)
+    cands, queries, runs = planted_rows(6, prefix="a")
+    store.write(queries, runs, candidates=cands)  # just now: inside the margin of a scan starting now
+    scan = data_mod._scan_runs(store, None, None, None)
+    total = store.count_runs()
+    assert 0 < len(scan.late) == total and scan.max_upd < min(scan.late.values())
+    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd) == total  # without: all again
+    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.late) == 0
+    first = next(store.iter_runs())
+    keep = ("query_id", "candidate", "source", "energy_j", "prompt_tokens", "completion_tokens")
+    time.sleep(0.01)
+    store.write(runs=[{**{k: first[k] for k in keep}, "score": 1.0 - float(first["score"])}])  # relabelled
+    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.late) == 1
+    store.close()

@@ -156,6 +156,7 @@ def test_a_retry_the_filter_does_not_route_leaves_no_figures_for_the_response_he
     from litellm_energy_router.litellm_glue.strategy import HEADERS_BOOK
 
     filt = EnergyRouterFilter(settings(ckpt))
+    assert filt.core.runtime.model is not None  # built outside an event loop: loaded in the constructor
     kwargs = {"metadata": {}, "messages": EASY}
     routed = asyncio.run(filt.async_filter_deployments("pool", model_list(backend), EASY, kwargs))
     assert len(routed) == 1 and HEADERS_BOOK.get(kwargs) is not None

@@ -31,7 +31,7 @@ import numpy as np
 from litellm_energy_router.router.baseline_scorers import knn_proba
 
 from .baseline_base import Baseline, Predictor  # noqa: F401 (re-exported)
-from .data import TableMatrix, concat_rows
+from .data import TableMatrix, concat_rows, watermark
 from .embed import Embedder
 from .pairs import label_weights
 
@@ -359,7 +359,7 @@ def write_baseline_checkpoint(
         knob={"lambda_min": 0.0, "lambda_max": float(grid[-1])},
         energy=est,
         baseline={"file": BASELINE_FILE, "kind": kind, "params": params, "encoder": encoder},
-        watermark={"max_run_id": m.max_run_id, "max_updated": m.max_updated, "queries": len(m)},
+        watermark=watermark(m),
         eval={"train_brier": brier(P, m.Y)},
         versions=library_versions(),
         length=attach_length_model(m, out, profile),

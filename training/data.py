@@ -53,6 +53,9 @@ class TableMatrix:
     )
     max_run_id: int = 0  # training-data watermark: the largest run id read
     max_updated: float = 0.0  # and the latest ``updated`` time read (Unix s; catches rows labelled later)
+    # run id -> ``updated`` of the runs read that are later than ``max_updated`` (its clock-skew margin): the next
+    # retrain does not count them as new while unchanged; None: more than MAX_SEEN, all count as new
+    seen: dict[int, float] | None = field(default_factory=dict)
     last_run: np.ndarray | None = None  # [n] the largest run id of each query (recency, for sampling)
     weight: np.ndarray | None = None  # [n] row weights (1 / inclusion probability of a sample; None = 1)
 
@@ -83,6 +86,7 @@ class TableMatrix:
             max_run_id=self.max_run_id,
             W=None if self.W is None else self.W[idx],
             max_updated=self.max_updated,
+            seen=self.seen,
             last_run=None if self.last_run is None else self.last_run[idx],
             weight=None if self.weight is None else self.weight[idx],
         )
@@ -124,7 +128,14 @@ def concat_rows(a: TableMatrix, b: TableMatrix | None) -> TableMatrix:
         W=W,
         max_run_id=a.max_run_id,
         max_updated=a.max_updated,
+        seen=a.seen,
     )
+
+
+def watermark(m: TableMatrix) -> dict[str, Any]:
+    """The checkpoint manifest's training-data watermark of ``m`` (what ``retrain`` counts new rows from)."""
+    seen = None if m.seen is None else sorted(m.seen.items())
+    return {"max_run_id": m.max_run_id, "max_updated": m.max_updated, "seen": seen, "queries": len(m)}
 
 
 def query_prompt_tokens(tokens: Sequence[int] | None, text: str | None) -> float:
@@ -161,6 +172,7 @@ def load_matrix(
 
 
 WATERMARK_SKEW_S = 5.0  # s: how far the table writers' clocks may run behind the trainer's (NTP keeps it ms)
+MAX_SEEN = 2000  # runs read within the skew margin the watermark remembers (more: the next retrain counts them new)
 
 
 @dataclass
@@ -175,6 +187,7 @@ class _RunScan:
     last: dict[str, int] = field(default_factory=dict)  # query id -> its largest run id
     max_id: int = 0  # the largest run id read
     max_upd: float = 0.0  # the latest ``updated`` time read (Unix s)
+    late: dict[int, float] | None = field(default_factory=dict)  # runs read updated within the skew margin
 
 
 def _scan_runs(
@@ -189,6 +202,9 @@ def _scan_runs(
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
         s.max_id = max(s.max_id, int(r["id"]))
         s.max_upd = max(s.max_upd, float(r.get("updated") or 0.0))
+        if s.late is not None and float(r.get("updated") or 0.0) > started - WATERMARK_SKEW_S:
+            s.late[int(r["id"])] = float(r["updated"])
+            s.late = s.late if len(s.late) <= MAX_SEEN else None
         if wanted is not None and r["candidate"] not in wanted:
             continue
         qid = r["query_id"]
@@ -205,7 +221,8 @@ def _scan_runs(
             best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
     # the ``updated`` watermark is no later than the scan's start (less a clock-skew margin between the table's
     # writers and this process): a label written to a row the scan had passed, while rows updated after it were
-    # read, counts as new for the next run instead of falling between two watermarks
+    # read, counts as new for the next run instead of falling between two watermarks; the runs read within the
+    # margin are remembered (``late``) so the next run does not count them again while they are unchanged
     s.max_upd = min(s.max_upd, started - WATERMARK_SKEW_S)
     return s
 
@@ -273,6 +290,7 @@ def _assemble(scan: _RunScan, cands: list[str], require_text: bool, store: Any) 
         dropped=dropped,
         max_run_id=scan.max_id,
         max_updated=scan.max_upd,
+        seen=scan.late,
         last_run=np.array([scan.last[i] for i in ids], dtype=np.int64),
     )
 

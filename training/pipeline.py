@@ -23,7 +23,7 @@ from litellm_energy_router.table import TableStore
 
 from .backbones import BackboneSpec, build_backbone, load_warm_start
 from .data import TableMatrix as Matrix
-from .data import load_matrix, near_duplicate_groups
+from .data import load_matrix, near_duplicate_groups, watermark
 from .energy_fit import fit_energy_estimate
 from .grpo import GRPOStageConfig, grpo_stage
 from .head_fit import Calibrated, calibrate_heads, distil, student_head
@@ -239,9 +239,7 @@ def _manifest(
         probe=calib.probe_entry,
         length=attach_length_model(m, out),
         watermark={
-            "max_run_id": m.max_run_id,
-            "max_updated": m.max_updated,
-            "queries": len(m),
+            **watermark(m),
             "sources": list(cfg.sources),
             **({"pairs": pairs.counts()} if pairs is not None else {}),
         },

@@ -209,7 +209,11 @@ def _enough_new(run: _Run, store: Any, since: int | None) -> bool:
     wm = run.manifest.watermark if run.manifest is not None else {}
     run.since_id = since if since is not None else wm.get("max_run_id")
     since_upd = None if since is not None else wm.get("max_updated")
-    run.new = store.count_labelled(since_id=run.since_id, since_updated=since_upd, sources=run.cfg.sources)
+    try:  # runs the last scan read within its clock-skew margin (none, or unreadable: they count as new)
+        seen = {int(i): float(u) for i, u in wm.get("seen") or ()} if since is None else None
+    except (TypeError, ValueError):
+        seen = None
+    run.new = store.count_labelled(since_id=run.since_id, since_updated=since_upd, sources=run.cfg.sources, seen=seen)
     return run.manifest is None or run.new >= run.cfg.min_new_rows
 
 

@@ -8,7 +8,7 @@ candidate) and :class:`WriteResult` (rows written).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from litellm_energy_router.table.rows import Candidate, Query, Run
 
@@ -73,7 +73,12 @@ class TableStore(Protocol):
     def count_runs(self) -> int: ...
 
     def count_labelled(
-        self, *, since_id: int | None = None, since_updated: float | None = None, sources: Sequence[str] | None = None
+        self,
+        *,
+        since_id: int | None = None,
+        since_updated: float | None = None,
+        sources: Sequence[str] | None = None,
+        seen: Mapping[int, float] | None = None,
     ) -> int: ...
 
     def runs_for_call(self, call_id: str) -> list[Run]: ...

@@ -13,7 +13,7 @@ import random
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import create_engine, func, or_, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -248,21 +248,30 @@ class SQLStore:
             return int(conn.execute(select(func.count()).select_from(schema.runs)).scalar_one())
 
     def count_labelled(
-        self, *, since_id: int | None = None, since_updated: float | None = None, sources: Sequence[str] | None = None
+        self,
+        *,
+        since_id: int | None = None,
+        since_updated: float | None = None,
+        sources: Sequence[str] | None = None,
+        seen: Mapping[int, float] | None = None,
     ) -> int:
         """Runs with a score and energy that are new since a training watermark: a run id above
         ``since_id``, or (when ``since_updated`` is given) updated after that Unix time, e.g. labelled
-        later by feedback."""
+        later by feedback. ``seen``: run id → ``updated`` (s) of runs the watermark's scan read within its
+        clock-skew margin; such a run counts only when its ``updated`` changed since."""
         r = schema.runs
-        stmt = select(func.count()).select_from(r).where(r.c.score.is_not(None), r.c.energy_j.is_not(None))
-        new = r.c.id > (since_id if since_id is not None else -1)
+        where = [r.c.score.is_not(None), r.c.energy_j.is_not(None), r.c.id > (since_id if since_id is not None else -1)]
         if since_updated is not None:
-            new = or_(new, r.c.updated > since_updated)
-        stmt = stmt.where(new)
+            where[-1] = or_(where[-1], r.c.updated > since_updated)
         if sources:
-            stmt = stmt.where(r.c.source.in_(list(sources)))
+            where.append(r.c.source.in_(list(sources)))
+        ids = sorted(seen or ())
         with self.engine.connect() as conn:
-            return int(conn.execute(stmt).scalar_one())
+            n = int(conn.execute(select(func.count()).select_from(r).where(*where)).scalar_one())
+            for i in range(0, len(ids), 500):
+                rows = conn.execute(select(r.c.id, r.c.updated).where(*where, r.c.id.in_(ids[i : i + 500])))
+                n -= sum(1 for rid, upd in rows if upd == seen[rid])  # type: ignore[index]
+        return n
 
     def runs_for_call(self, call_id: str) -> list[Run]:
         """Runs recorded for one LiteLLM call id (production rows), oldest first."""
