@@ -224,3 +224,17 @@ def test_cover_order_is_a_permutation_that_keeps_every_support_figure():
     np.testing.assert_allclose((q @ ref[order].T).max(axis=1), (q @ ref.T).max(axis=1))
     covered = (ref[order[:5]] @ ref.T).max(axis=0) >= 0.7  # the first row of each group covers it
     assert covered.all()
+
+
+def test_the_choice_cue_reads_option_lines_and_does_not_scan_blank_lines():
+    """An option line ("A) ...", indented or after blank lines) flags the choice cue; whitespace alone does not.
+    The pattern's leading blank is horizontal only: matched over newlines it backtracked quadratically on a run of
+    blank lines (benchmarks/hostile_text.py: 150 ms for one 8 KiB request, on the event loop)."""
+    from litellm_energy_router.router.length_model import CUES, DENSE, dense_features
+
+    choice = DENSE.index("choice")
+    pattern = dict(CUES)["choice"][0][0]
+    assert dense_features("Which is right?\n\n\n  B) the second\nC) the third", 10.0)[choice] == 1
+    assert dense_features("Which is right?\n\tA: yes", 10.0)[choice] == 1
+    assert dense_features("Q" + "\n" * 500 + "1", 10.0)[choice] == 0
+    assert "\\s*\\(?[A-Ea-e]" not in pattern.pattern  # no \s* that crosses lines before the option letter

@@ -86,7 +86,7 @@ CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]], ...
             (
                 (
                     r"answer with (only )?(the|a|one) (letter|option|number|choice)|\b(choose|select|pick) (the |one )?(correct|best|right)?"
-                    r" ?(answer|option|choice)|^\s*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$",
+                    r" ?(answer|option|choice)|^[^\S\n]*\(?[A-Ea-e][).:]\s|\boption [1-4A-E]\b|^answer:\s*$",
                     (),
                 ),
             ),
