@@ -412,3 +412,70 @@ def test_a_harder_app_moves_every_candidate_not_only_the_labelled_one():
     shift = 30 * (0.5 - 0.8) / 40
     assert P == pytest.approx([(15.0 + 10.0 * (0.8 + shift)) / 40.0, 0.7 + shift])
     assert P[0] > P[1]
+
+
+class _Est:
+    """A checkpoint's energy estimate as ``Adaptation.bind`` reads it (J/token, chat-length prior)."""
+
+    def __init__(self, cands):
+        self.cands = cands
+
+    def unknown_task_tokens(self):
+        return {c: 100.0 for c in self.cands}
+
+    def rates(self, cands):
+        return [0.01] * len(cands), [0.1] * len(cands)
+
+
+def _model(version, cands=("small", "large")):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        version=version, candidates=list(cands), manifest=SimpleNamespace(energy=_Est(cands), context_n0=None)
+    )
+
+
+def test_rows_decided_by_a_replaced_checkpoint_do_not_correct_the_new_one():
+    """A row in flight across a hot reload carries the old checkpoint's estimate: it teaches the new state nothing
+    (v1 under-priced 'small' 2x; v2 does not, and must not be corrected twice). A row without a version (a fallback)
+    is compared with the served checkpoint's own estimate, not with the one it carries."""
+    from litellm_energy_router.router.adapt import Adaptation
+
+    a = Adaptation()
+    a.bind(_model("v1"))
+    a.bind(_model("v2"))
+    ctx = str(Context("ctx:a", "cl:1"))
+    for _ in range(20):
+        a.observe("small", 10, 100, 20.0, ctx, 10.0, "v1")  # measured 2x v1's estimate
+    assert a.energy.rows == 0
+    a.observe("small", 10, 100, 10.1, ctx, 10.1, "v2")
+    a.observe("small", 10, 100, 10.1, ctx, 1.0, None)  # its 1 J estimate is ignored: 10.1 J is v2's own
+    q, _ = a.energy.ratios("ctx:a")
+    assert a.energy.rows == 2 and abs(q[0] - 1.0) < 0.01
+
+
+def test_a_refresh_across_a_new_prior_reads_every_row_into_the_new_one_and_two_refreshes_never_overlap():
+    """``bind`` to a checkpoint with other candidates replaces the prior while a refresh streams rows into the old
+    one: the last id read stays where the new prior starts (-1), so the next refresh gives it every row; a second
+    refresh while one runs (another core of the process) reads nothing rather than counting rows twice."""
+    from litellm_energy_router.router.adapt import Adaptation
+
+    a = Adaptation()
+    a.bind(_model("v1"))
+    rows = [
+        {"id": i, "source": "tournament", "task": "t", "text": f"q {i}", "candidate": "small", "score": 1.0}
+        for i in range(1, 41)
+    ]
+    inner = []
+
+    def stream():
+        for r in rows:
+            if r["id"] == 20:
+                inner.append(a.refresh_from(iter(rows)))  # a concurrent refresh: refused
+                a.bind(_model("v2", ("small", "mid", "large")))
+            yield r
+
+    a.refresh_from(stream())
+    assert inner == [0] and a.last_run_id == -1 and a.prior.rows == 0
+    assert a.refresh_from(iter(rows)) == 40 and a.last_run_id == 40
+    assert a.refresh_from(iter(rows)) == 0

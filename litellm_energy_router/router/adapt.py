@@ -80,6 +80,7 @@ class Adaptation:
         self.prior: ContextPrior | None = None
         self.last_run_id = -1
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()  # one table read at a time (every core of the process shares ADAPT)
 
     def reset(self) -> None:
         """Forget everything learned (tests; a new pool)."""
@@ -173,12 +174,19 @@ class Adaptation:
         joules: float | None,
         context: str | None,
         estimate_j: float | None = None,
+        version: str | None = None,
     ) -> None:
         """One settled production row (writer thread): tokens, joules (J) or None, its context string, the
-        checkpoint's estimate (J) at decision time."""
-        energy = self.energy
-        if not self.enabled or energy is None:
+        checkpoint's estimate (J) at decision time and that checkpoint's ``version``. A row decided by another
+        checkpoint than the one served now (in flight across a hot reload) teaches nothing: its estimate was
+        that checkpoint's, and the new state corrects the new one's. Without a version (a fallback, or a
+        deployment other than the router's choice served) the row is compared with the served checkpoint's
+        own token-based estimate, not with ``estimate_j``."""
+        with self._lock:
+            energy, current = self.energy, self.version
+        if not self.enabled or energy is None or (version is not None and version != current):
             return
+        estimate_j = estimate_j if version is not None else None
         try:
             ctx = Context.parse(context)
             energy.update(
@@ -188,31 +196,50 @@ class Adaptation:
             log.debug("energy-router: online update skipped: %s", e)
 
     def refresh_from(self, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Add table rows (streamed, run id order) newer than the last read to the context prior; returns rows used."""
-        prior = self.prior
+        """Add table rows (streamed, run id order) newer than the last read to the context prior; returns rows used.
+        Another refresh running (another core of the process) or a prior replaced meanwhile (``bind``): nothing
+        is counted twice, and the replaced prior's rows are read again into the new one next time."""
+        if not self._refreshing.acquire(blocking=False):
+            return 0
+        try:
+            return self._refresh(lambda since: rows)
+        finally:
+            self._refreshing.release()
+
+    def _refresh(self, read: Any) -> int:
+        """Feed ``read(since_id)``'s rows after the snapshot's last id to the prior of the same snapshot (the
+        refresh lock held); the last id moves only if that prior still serves."""
+        with self._lock:
+            prior, last = self.prior, self.last_run_id
         if prior is None:
             return 0
-        used = 0
+        seen = [last]
 
         def fresh() -> Iterable[Mapping[str, Any]]:
-            for r in rows:
+            for r in read(last):
                 rid = int(r.get("id", -1))
-                if rid > self.last_run_id:
-                    self.last_run_id = rid
+                if rid > seen[0]:
+                    seen[0] = rid
                     yield r
 
         used = prior.fit_rows(fresh())
+        with self._lock:
+            if self.prior is prior:
+                self.last_run_id = max(self.last_run_id, seen[0])
         return used
 
     def refresh_table(self, url: str) -> int:
         """:meth:`refresh_from` the table at ``url`` (runs after the last id read); logs and returns rows used."""
         from litellm_energy_router.table import open_store
 
+        if not self._refreshing.acquire(blocking=False):
+            return 0
         store = open_store(url, create=False)
         try:
-            n = self.refresh_from(store.iter_runs(since_id=self.last_run_id))
+            n = self._refresh(lambda since: store.iter_runs(since_id=since))
         finally:
             store.close()
+            self._refreshing.release()
         log.info(
             "energy-router: context prior: %d labelled rows read (%d contexts)",
             n,

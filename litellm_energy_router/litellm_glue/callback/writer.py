@@ -223,7 +223,13 @@ class TableWriter:
         for row, e in settled:
             if row.status == "success":  # the serving router's online energy state (router/adapt.py)
                 ADAPT.observe(
-                    row.candidate, row.prompt_tokens, row.completion_tokens, e.energy_j, row.context, row.checkpoint_j
+                    row.candidate,
+                    row.prompt_tokens,
+                    row.completion_tokens,
+                    e.energy_j,
+                    row.context,
+                    row.checkpoint_j,
+                    row.router_version,
                 )
             rec = self.builder.record(row, e)
             if rec is not None:
