@@ -139,3 +139,24 @@ def test_bad_task_input_is_one_line_naming_file_line_field(tmp_path):
     with pytest.raises(TaskError) as e:
         get_task("squad")
     assert "'squad' is not registered" in str(e.value) and "mmlu" in str(e.value)
+
+
+def test_graders_read_a_hostile_answer_in_linear_time():
+    """A model's answer is graded on the tournament's event loop: "answer" then a run of spaces made the number and
+    letter extractors backtrack exponentially (400 spaces: 43 s; a 6-token answer fits any budget). With 5,000
+    spaces both return at once; run in a child so a regression fails by its timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    code = (
+        "from litellm_energy_router.profiling.tasks.gsm8k import extract_number\n"
+        "from litellm_energy_router.profiling.tasks.choice import extract_choice\n"
+        "pad = ' ' * 5000\n"
+        "assert extract_number('answer' + pad + 'x') is None\n"
+        "assert extract_choice('answer' + pad + '!', list('abcd')) is None\n"
+        "assert extract_choice('answer a' * 20000, list('abcd')) is not None\n"
+        "extract_choice('A ' * 40000, list('abcd'))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -16,12 +16,16 @@ from .base import Grade, GradeContext, HFSource, Task, TaskItem
 LETTERS = "ABCDEFGHIJ"
 
 _KEYWORD = re.compile(
-    r"(?:answer|option|choice)\s*(?:is|would be|:)?\s*(?:option|choice|letter)?\s*[:\-]?\s*[\(\[\*\"']*([A-J])(?![A-Za-z])",
+    # one run of separators between the words (adjacent optional \s* runs backtracked exponentially)
+    r"(?:answer|option|choice)[\s:\-]*(?:(?:is|would be)[\s:\-]*)?(?:(?:option|choice|letter)[\s:\-]*)?"
+    r"[\(\[\*\"']*([A-J])(?![A-Za-z])",
     re.IGNORECASE,
 )
 _LEADING = re.compile(r"^\s*[\(\[\*\"']*([A-J])(?:\s*[\)\]\.\:\*\"']|\s*$)")
 _PAREN = re.compile(r"[\(\[]([A-J])[\)\]]")
 _BOLD = re.compile(r"\*\*\s*\(?([A-J])\)?[\.\):]?\s*\*\*")
+_AFTER_LOWER = re.compile(r"\s*(?:[\)\].:*\"']|$)")  # what may follow a lower-case letter read after the keyword
+_ARTICLE_A = re.compile(r"\bA\s+[a-z]")
 _LONE = re.compile(r"(?<![A-Za-z'])([A-J])(?![A-Za-z'])")
 
 
@@ -42,11 +46,7 @@ def extract_choice(text: str, choices: Sequence[str]) -> int | None:
 
     # a lower-case letter after the keyword only when nothing word-like follows it:
     # "the answer is a fox" must not read as (A), "answer: b" does read as (B)
-    kw = [
-        m.group(1)
-        for m in _KEYWORD.finditer(text)
-        if m.group(1).isupper() or re.match(r"\s*(?:[\)\].:*\"']|$)", text[m.end() :])
-    ]
+    kw = [m.group(1) for m in _KEYWORD.finditer(text) if m.group(1).isupper() or _AFTER_LOWER.match(text, m.end())]
     if (r := pick(kw)) is not None:
         return r
     if (m := _LEADING.match(text)) and m.group(1) in valid:
@@ -59,7 +59,8 @@ def extract_choice(text: str, choices: Sequence[str]) -> int | None:
     quoted = [i for i, c in enumerate(choices) if len(c.strip()) > 2 and " ".join(c.lower().split()) in lowered]
     if len(quoted) == 1:
         return quoted[0]
-    lone = {h for h in _LONE.findall(text) if h in valid and not (h == "A" and re.search(r"\bA\s+[a-z]", text))}
+    article = _ARTICLE_A.search(text) is not None  # "A dog ..." is no answer A
+    lone = {h for h in _LONE.findall(text) if h in valid and not (h == "A" and article)}
     if len(lone) == 1:
         return LETTERS.index(lone.pop())
     return None
