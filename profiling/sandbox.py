@@ -236,10 +236,15 @@ class Sandbox:
         lines = stdout.strip().splitlines()
         if proc.returncode == 0 and lines and lines[-1] == nonce:
             return SandboxResult(True, "all tests passed", seconds, isolation)
-        if proc.returncode == 3:
-            raise SandboxError(
-                f"sandbox setup failed ({isolation}): {stderr.splitlines()[-1] if stderr else 'no message'}"
-            )
+        if proc.returncode == 3:  # the harness's setup failure, or the program's own exit code 3
+            if probe:
+                raise SandboxError(
+                    f"sandbox setup failed ({isolation}): {stderr.splitlines()[-1] if stderr else 'no message'}"
+                )
+            ok, why = await self._probe(isolation)  # the verdict of an empty program, never the model's stderr
+            if not ok:
+                raise SandboxError(_one_line(why))
+            stderr = stderr or "exit code 3"
         last = stderr.splitlines()[-1] if stderr else ""
         if proc.returncode is not None and proc.returncode < 0:
             last = f"killed by signal {-proc.returncode}" + (f" ({last})" if last else "")

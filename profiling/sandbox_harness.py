@@ -41,7 +41,7 @@ _FLAG = {
     "relatime": MS_RELATIME,
 }
 _DEVICES = ("null", "zero", "full", "random", "urandom")
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_PDEATHSIG = 38, 22, 2, 1
 
 
 def _unescape(s):
@@ -166,6 +166,9 @@ def drop_privileges(libc, uid):
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+        # a change of credentials clears the parent-death signal unshare --kill-child set: set it again, so the
+        # runner's kill of unshare still takes this namespace down
+        _check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "pdeathsig")
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]

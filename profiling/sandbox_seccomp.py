@@ -5,7 +5,9 @@ what it can reach: every ``socket()`` (no network, no connecting to a host's Uni
 ``socketpair()`` stays allowed), mounts and namespaces (``mount``, ``unshare``, ``setns``, ``clone``
 with a ``CLONE_NEW*`` flag, the new mount API), device nodes and FIFOs (``mknod``), ``ptrace`` and
 cross-process memory access, kernel surfaces that have carried exploits (``bpf``, ``perf_event_open``,
-``userfaultfd``, ``io_uring``, keyrings), and machine administration (modules, reboot, swap, clock).
+``userfaultfd``, ``io_uring``, keyrings), machine administration (modules, reboot, swap, clock), and what
+would outlive the run's kill or reach the runner: leaving the process group (``setsid``, ``setpgid``), cancelling
+the harness's alarm (``alarm``, ``setitimer``), pidfds (``pidfd_open``, ``pidfd_send_signal``).
 ``clone3`` answers ``ENOSYS`` (its flags live in memory a filter cannot read), so the C library falls
 back to ``clone``, which is checked. A call made for another ABI (x32 on x86-64) kills the process.
 
@@ -73,6 +75,12 @@ _DENY = (
     "fspick",
     "pidfd_getfd",
     "mount_setattr",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "setsid",
+    "setpgid",
+    "alarm",
+    "setitimer",
 )
 _NEW_CALLS = {
     "io_uring_setup": 425,
@@ -84,6 +92,8 @@ _NEW_CALLS = {
     "fsconfig": 431,
     "fsmount": 432,
     "fspick": 433,
+    "pidfd_send_signal": 424,
+    "pidfd_open": 434,
     "clone3": 435,
     "pidfd_getfd": 438,
     "mount_setattr": 442,
@@ -135,6 +145,10 @@ _X86_64 = {
     "bpf": 321,
     "userfaultfd": 323,
     "clone": 56,
+    "setsid": 112,
+    "setpgid": 109,
+    "alarm": 37,
+    "setitimer": 38,
     **_NEW_CALLS,
 }
 _AARCH64 = {
@@ -179,6 +193,9 @@ _AARCH64 = {
     "bpf": 280,
     "userfaultfd": 282,
     "clone": 220,
+    "setsid": 157,
+    "setpgid": 154,
+    "setitimer": 103,
     **_NEW_CALLS,
 }
 # machine name -> (AUDIT_ARCH_*, syscall table, lowest number of a foreign ABI to kill or None)

@@ -66,6 +66,13 @@ def _hazards(sentinel: Path, port: int) -> dict[str, str]:
         ),
         "remove_outside": fence(f"import os\nos.remove({str(sentinel)!r})\n" + GOOD),
         "early_exit": fence("import os\nos._exit(0)\n" + GOOD.replace("n * n", "n")),
+        # the harness's own setup-failure code: an ordinary failure, not an error that stops the tournament
+        "exit_three": fence("import os, sys\nsys.stderr.write('sandbox setup failed: forged\\n')\nos._exit(3)\n"),
+        # leave the process group and cancel the harness's alarm, then outlive the run's kill
+        "escape_kill": fence(
+            "import os, signal, time\nfor f in (os.setsid, lambda: signal.alarm(0)):\n    try:\n        f()\n"
+            "    except OSError:\n        pass\ntime.sleep(25)\n" + GOOD
+        ),
     }
 
 
@@ -98,8 +105,11 @@ def test_mbpp_grader_hazards_score_zero_machine_unchanged(tmp_path, listener):
         "network": 0.0,
         "remove_outside": 0.0,
         "early_exit": 0.0,
+        "exit_three": 0.0,
+        "escape_kill": 0.0,
         "correct_after": 1.0,
     }, {k: g.detail for k, g in grades.items()}
+    assert "forged" in grades["exit_three"].detail
     assert "timed out" in grades["infinite_loop"].detail
     assert seconds < 15  # the hanging program was killed at its 3 s limit; nothing waited on it longer
     # the machine is unchanged: file intact, nobody connected, no process or temp dir left behind
