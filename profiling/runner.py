@@ -69,6 +69,20 @@ def build_router(config: TournamentConfig) -> Any:
     )
 
 
+def _first_leaf(e: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups: what a task group's failure was."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
+def _tokens(v: Any) -> int | None:
+    """A token count an endpoint reported, or None when it is not one (negative, fractional, not a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9 or int(v) != v:
+        return None
+    return int(v)
+
+
 def _first_line(e: BaseException) -> str:
     s = str(e).strip()
     return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
@@ -162,8 +176,9 @@ class Tournament:
             return Generation(latency_s=time.perf_counter() - t0, error=_first_line(e))
         latency = time.perf_counter() - t0
         text = "".join(parts)
-        p_tok = getattr(usage, "prompt_tokens", None) if usage else None
-        c_tok = getattr(usage, "completion_tokens", None) if usage else None
+        # the endpoint's usage is as hostile as its text: a count that is no count is counted here instead
+        p_tok = _tokens(getattr(usage, "prompt_tokens", None)) if usage else None
+        c_tok = _tokens(getattr(usage, "completion_tokens", None)) if usage else None
         model = str(cand.litellm_params.get("model", cand.model_name))
         if p_tok is None:
             p_tok = litellm.token_counter(model=model, messages=messages)
@@ -355,8 +370,11 @@ class Tournament:
             if writer.done():  # the table refused a write: stop asking candidates
                 writer.result()
             drivers.result()
-        except BaseException:
+        except BaseException as e:
             await self._abort(drivers, writer)
+            leaf = _first_leaf(e)  # a configuration error, not the task group's wrapping of it
+            if leaf is not e:
+                raise leaf from e
             raise
         finally:
             self.summary.elapsed_s = time.perf_counter() - t0

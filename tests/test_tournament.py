@@ -429,3 +429,59 @@ def test_a_new_apps_first_requests_teach_its_context_prior_through_a_shadow_tour
     assert sorted(served.values()) == [2, 5]
     for key, n in served.items():  # each app's own level holds every candidate's judged rows of its shadowed ones
         assert prior.detail(Context(key, "cl:0"))[1].tolist() == [min(n, 3)] * 3
+
+
+class _HostileUsage:
+    """Answers right but reports usage no endpoint should: negative or absurdly large token counts."""
+
+    BAD = [(-1, 5), (10, -7), (12, 10**10), (-3, -2)]
+
+    def __init__(self, inner):
+        self.inner, self.n = inner, 0
+
+    def answer(self, name, messages):
+        text, _ = self.inner.answer(name, messages)
+        self.n += 1
+        return text, self.BAD[self.n % len(self.BAD)]
+
+
+def test_an_endpoint_reporting_impossible_token_counts_neither_stops_the_run_nor_is_written(sqlite_url):
+    """The endpoint's usage is hostile input: each impossible count is replaced by LiteLLM's own count of the
+    messages or the answer, every pair is written (the run used to stop on the first, with a traceback)."""
+    with LocalBackend(_HostileUsage(TaskAnswers(ACC, TASKS, judge_model="judge-model"))) as b:
+        cfg = config(b, tasks=["gsm8k"], cands=("small",))
+        store = open_store(sqlite_url)
+        summary = run(cfg, store)
+        runs = list(store.iter_runs())
+        store.close()
+    assert summary.complete and len(runs) == summary.written == 8
+    for r in runs:
+        assert isinstance(r["prompt_tokens"], int) and 0 < r["prompt_tokens"] < 1e6
+        assert isinstance(r["completion_tokens"], int) and 0 <= r["completion_tokens"] < 1e6
+
+
+def test_a_configuration_error_inside_the_drivers_is_raised_as_itself(backend, sqlite_url):
+    """A grader's configuration error stops the tournament as that error (one line at the CLI), not wrapped in the
+    drivers' exception group; the pairs finished before it are written."""
+    from litellm_energy_router.profiling.tasks import TaskError
+    from litellm_energy_router.profiling.tasks.gsm8k import GSM8K
+
+    calls = []
+    orig = GSM8K.grade
+
+    async def grade(self, item, text, ctx):
+        calls.append(item.id)
+        if len(calls) == 3:
+            raise TaskError("gsm8k: the grader's configuration is broken")
+        return await orig(self, item, text, ctx)
+
+    cfg = config(backend, tasks=["gsm8k"], cands=("small",), concurrency=1)
+    store = open_store(sqlite_url)
+    GSM8K.grade = grade
+    try:
+        with pytest.raises(TaskError, match="configuration is broken"):
+            run(cfg, store)
+    finally:
+        GSM8K.grade = orig
+    assert sum(1 for _ in store.iter_runs()) == 2
+    store.close()
