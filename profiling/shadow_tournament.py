@@ -54,6 +54,8 @@ def read_queue(path: str | Path) -> list[ShadowEntry]:
         raw = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
+    except UnicodeDecodeError as e:
+        raise QueueError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     lines = raw.split("\n")
     lines = lines[:-1]  # the last element is "" or an incomplete append
     out: dict[str, ShadowEntry] = {}

@@ -136,6 +136,19 @@ def test_bad_task_input_is_one_line_naming_file_line_field(tmp_path):
         get_task("mmlu").load(f)
     with pytest.raises(TaskError, match="task file not found"):
         get_task("gsm8k").load(tmp_path / "missing.jsonl")
+    f.write_bytes(b'{"question": "q\xff", "choices": ["a", "b"], "answer": 0}\n')
+    with pytest.raises(TaskError, match=r"mmlu.jsonl: not UTF-8 text \(invalid start byte at byte 15\)"):
+        get_task("mmlu").load(f)
+    a = tmp_path / "arc.jsonl"
+    a.write_text('{"id": "x", "question": 5, "choices": {"label": ["A", "B"], "text": ["a", "b"]}, "answerKey": "A"}\n')
+    with pytest.raises(TaskError, match=r"arc.jsonl line 1: task arc_challenge: the question is a int, not text"):
+        get_task("arc_challenge").load(a)
+    from litellm_energy_router.profiling.shadow_tournament import QueueError, read_queue
+
+    q = tmp_path / "queue.jsonl"
+    q.write_bytes(b"\xff\xfe{}\n")
+    with pytest.raises(QueueError, match=r"queue.jsonl: not UTF-8 text"):
+        read_queue(q)
     with pytest.raises(TaskError) as e:
         get_task("squad")
     assert "'squad' is not registered" in str(e.value) and "mmlu" in str(e.value)

@@ -130,7 +130,7 @@ class Task(ABC):
         for i, (line, rec) in enumerate(records):
             try:
                 item = self.from_record(rec, i)
-            except (KeyError, TypeError, ValueError, IndexError) as e:
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # a field of the wrong type
                 what = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
                 raise TaskError(
                     f"{where}{f' line {line}' if line else f' row {i}'}: task {self.name}: {what}"
@@ -168,6 +168,8 @@ def _read_file(path: Path) -> list[tuple[int, Mapping[str, Any]]]:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TaskError(f"{path}: task file not found") from None
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if path.suffix == ".json":
         try:
             doc = json.loads(raw)

@@ -83,6 +83,8 @@ class MultipleChoiceTask(Task):
             raise ValueError(f"field 'choices': {len(options)} options (need 2-{len(LETTERS)})")
         if not 0 <= gold < len(options):
             raise ValueError(f"gold answer index {gold} out of range for {len(options)} options")
+        if not isinstance(question, str):
+            raise ValueError(f"the question is a {type(question).__name__}, not text")
         lines = [question.strip(), ""] + [f"{LETTERS[i]}. {o}" for i, o in enumerate(options)]
         prompt = "\n".join(lines + ["", self.instruction])
         return TaskItem(self.name, str(item_id), prompt, LETTERS[gold], {"choices": options, "gold": gold})
