@@ -68,40 +68,53 @@ class EstimateAccountant:
 
 class EnergyLedger:
     """Splits a cumulative meter's energy across overlapping windows (J). Not thread-safe: call from
-    one event loop."""
+    one event loop. A window open while a read failed has no figure (None): the next good read's delta
+    covers a span that cannot be split, and a share of it is no measurement."""
 
     def __init__(self, meter: EnergyMeter) -> None:
         self.meter = meter
         self._open: dict[int, float] = {}
+        self._tainted: set[int] = set()  # windows open across a failed read
         self._ids = itertools.count()
         self._last = meter.read().total_j
         self.attributed_j = 0.0
         self._failed = False
 
-    def _advance(self) -> None:
+    def _advance(self) -> bool:
+        """Read the meter and share its delta among the open windows; False when the read failed."""
         try:
-            now = self.meter.read().total_j
+            now = float(self.meter.read().total_j)
+            if now != now or now in (float("inf"), float("-inf")):
+                raise ValueError(f"reading {now}")
         except Exception as e:  # noqa: BLE001  (a meter hiccup must not lose the tournament)
             if not self._failed:
                 log.warning("energy meter %s read failed: %s", getattr(self.meter, "name", "?"), e)
             self._failed = True
-            return
+            self._tainted.update(self._open)
+            return False
         delta = max(0.0, now - self._last)
         self._last = now
         if self._open and delta:
             for k, share in zip(list(self._open), split_energy(delta, [1.0] * len(self._open))):
                 self._open[k] += share
             self.attributed_j += delta
+        return True
 
     def open(self) -> int:
-        self._advance()
+        ok = self._advance()
         key = next(self._ids)
         self._open[key] = 0.0
+        if not ok:  # its start is not known
+            self._tainted.add(key)
         return key
 
-    def close(self, key: int) -> float:
-        self._advance()
-        return self._open.pop(key)
+    def close(self, key: int) -> float | None:
+        """The window's joules, or None when a read failed while it was open."""
+        ok = self._advance()
+        j = self._open.pop(key)
+        tainted = key in self._tainted or not ok
+        self._tainted.discard(key)
+        return None if tainted else j
 
 
 class MeterAccountant:

@@ -244,3 +244,59 @@ def test_gpu_check_script_on_fake_nvml(monkeypatch, capsys):
     assert float(fields["counter_j"]) == pytest.approx(220.0 * float(fields["window_s"]), rel=0.15)
     assert float(fields["rel_diff"]) < 0.15
     assert float(fields["conservation_err"]) < 0.01
+
+
+def test_nvml_power_sampling_refuses_a_stale_reading_when_the_driver_fails():
+    """NVML power samples failing: a read no longer extends the last power over the gap (a made-up figure), it
+    raises once no good sample came for ``stale_s``, so the request's joules are unknown, not invented."""
+    import pynvml
+
+    failing = {"on": False}
+
+    def power(t):
+        if failing["on"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return 250.0
+
+    g = FakeGPU(power_w=power, has_counter=False, has_instant_field=False)
+    m = NvmlMeter(nvml=make_fake_pynvml([g]), sample_hz=20)
+    m.read()
+    failing["on"] = True
+    time.sleep(m._sampler.stale_s + 0.3)
+    with pytest.raises(RuntimeError, match="stale"):
+        m.read()
+    assert m._sampler.errors > 0
+    failing["on"] = False
+    time.sleep(0.3)
+    assert m.read().total_j > 0  # sampling recovered
+    m.close()
+
+
+def test_the_tournament_ledger_gives_no_joules_to_a_window_open_across_a_failed_read():
+    """A failed meter read while a window is open: that window's joules are None (its share of the next delta
+    would span the failure); a window opened after the recovery is measured as before."""
+    from litellm_energy_router.profiling.metering import EnergyLedger
+
+    from litellm_energy_router.energy.meter import EnergyReading
+
+    class Flaky:
+        name, method = "flaky", "nvml"
+
+        def __init__(self):
+            self.j, self.fail = 0.0, False
+
+        def read(self):
+            if self.fail:
+                raise RuntimeError("driver gone")
+            return EnergyReading(time.monotonic(), {0: self.j})
+
+    meter = Flaky()
+    ledger = EnergyLedger(meter)
+    a = ledger.open()
+    meter.j, meter.fail = 100.0, True
+    b = ledger.open()  # its start is unknown
+    meter.j, meter.fail = 500.0, False
+    assert ledger.close(a) is None and ledger.close(b) is None
+    c = ledger.open()
+    meter.j = 560.0
+    assert ledger.close(c) == pytest.approx(60.0)

@@ -14,12 +14,15 @@ naming the alternatives (``estimate``, ``agent``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from types import ModuleType
 from typing import Any, Iterable, Literal
 
 from litellm_energy_router.energy.meter import EnergyReading, MeterError
+
+log = logging.getLogger("litellm_energy_router")
 
 Mode = Literal["auto", "counter", "power"]
 
@@ -122,12 +125,16 @@ class NvmlMeter:
 
 
 class _PowerIntegrator:
-    """Samples power (mW) per GPU every ``1/hz`` s in a daemon thread and integrates it (J)."""
+    """Samples power (mW) per GPU every ``1/hz`` s in a daemon thread and integrates it (J). A read after no
+    good sample for ``stale_s`` (max(1 s, 10 periods): NVML failing) raises instead of extending the last power
+    over the gap: its caller records no measurement rather than a made-up one."""
 
     def __init__(self, nvml: ModuleType, handles: dict[int, Any], hz: float) -> None:
         self.nvml = nvml
         self.handles = handles
         self.period = 1.0 / hz
+        self.stale_s = max(1.0, 10.0 * self.period)  # s
+        self.errors = 0  # failed samples (NVML errors)
         self._instant = {i: True for i in handles}  # try NVML_FI_DEV_POWER_INSTANT first
         self._lock = threading.Lock()
         t = time.monotonic()
@@ -166,13 +173,17 @@ class _PowerIntegrator:
         while not self._stop.wait(self.period):
             try:
                 self.sample()
-            except Exception:  # noqa: BLE001 - a transient NVML error must not kill the sampler
-                continue
+            except Exception as e:  # noqa: BLE001 - a transient NVML error must not kill the sampler
+                self.errors += 1
+                if self.errors == 1:
+                    log.warning("NVML power sample failed (sampling goes on; stale readings refused): %s", e)
 
     def read(self) -> EnergyReading:
         with self._lock:
             t = time.monotonic()
             tail = t - self._last_t  # extend with the last power so readings stay monotone
+            if tail > self.stale_s:
+                raise RuntimeError(f"NVML power samples stale for {tail:.1f} s ({self.errors} failed samples)")
             return EnergyReading(timestamp_s=t, joules={i: j + self._last_w[i] * tail for i, j in self._j.items()})
 
     def stop(self) -> None:
