@@ -16,7 +16,9 @@ Run as ``python -I sandbox_harness.py '<json config>'`` with the job on stdin as
    the work dir.
 5. Execute the candidate's code, then the tests, in one namespace. Only when every test passes is
    the nonce printed — a program that exits early (``sys.exit(0)``, ``os._exit(0)``) never passes.
-   (The nonce guards against accidents; code written to fool the grader could find it. The
+   Every comparison and assertion of the tests first checks its values hold nothing whose comparison
+   the solution defines (an object equal to anything fails). (The nonce and the checks guard against
+   accidents and lazy hacks; code written to fool the grader could find the nonce in memory. The
    sandbox protects the machine, not the score, from adversarial code.)
 
 Exit codes: 0 = passed, 1 = failed (the reason is on stderr), 3 = sandbox setup failed.
@@ -27,6 +29,11 @@ import os
 import resource
 import stat
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # read now: the host's paths vanish in step 1
+from sandbox_asserts import checked, compare, tests_tree  # noqa: E402
+
+del sys.path[0]
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -359,8 +366,10 @@ def main():
 def run(code, tests, nonce):
     scope = {"__name__": "solution", "__builtins__": __builtins__}
     try:
+        tree = tests_tree(tests)
         exec(compile(code, "solution.py", "exec"), scope)
-        exec(compile(tests, "tests.py", "exec"), scope)
+        scope.update(__er_compare__=compare, __er_checked__=checked)
+        exec(compile(tree, "tests.py", "exec"), scope)
     except BaseException as e:  # noqa: BLE001  (SystemExit and KeyboardInterrupt included: a fail)
         sys.stdout.flush()
         sys.stderr.write(f"{type(e).__name__}: {str(e)[:500]}\n")

@@ -66,6 +66,9 @@ def _hazards(sentinel: Path, port: int) -> dict[str, str]:
         ),
         "remove_outside": fence(f"import os\nos.remove({str(sentinel)!r})\n" + GOOD),
         "early_exit": fence("import os\nos._exit(0)\n" + GOOD.replace("n * n", "n")),
+        # an answer equal to anything, and a number subclass that says so: wrong code must not pass the asserts
+        "always_equal": fence("class _Any:\n    __eq__ = lambda s, o: True\ndef sum_squares(nums):\n    return _Any()"),
+        "equal_int": fence("class N(int):\n    __eq__ = lambda s, o: True\ndef sum_squares(nums):\n    return N(0)"),
         # the harness's own setup-failure code: an ordinary failure, not an error that stops the tournament
         "exit_three": fence("import os, sys\nsys.stderr.write('sandbox setup failed: forged\\n')\nos._exit(3)\n"),
         # leave the process group and cancel the harness's alarm, then outlive the run's kill
@@ -106,6 +109,8 @@ def test_mbpp_grader_hazards_score_zero_machine_unchanged(tmp_path, listener):
         "remove_outside": 0.0,
         "early_exit": 0.0,
         "exit_three": 0.0,
+        "always_equal": 0.0,
+        "equal_int": 0.0,
         "escape_kill": 0.0,
         "correct_after": 1.0,
     }, {k: g.detail for k, g in grades.items()}
