@@ -313,9 +313,13 @@ def install_guard(workdir):
             writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (flags or 0) & write_flags
             if writing and not inside(path):
                 raise PermissionError(f"sandbox: writing {path!r} is not allowed")
+            if not isinstance(path, int) and not inside(path) and os.path.isdir(path):  # a dir_fd to write through
+                raise PermissionError(f"sandbox: opening the directory {path!r} is not allowed")
         n = _PATH_EVENTS.get(event)
         if n and not all(inside(p) for p in args[:n]):
             raise PermissionError(f"sandbox: {event} outside the work directory is not allowed")
+        if n and any(a is not None and a != -100 for a in args[n:] if isinstance(a, int)):  # AT_FDCWD is -100
+            raise PermissionError(f"sandbox: {event} with dir_fd is not allowed")
 
     sys.addaudithook(hook)
     import posix

@@ -177,6 +177,12 @@ def test_process_isolation_still_grades_and_contains(tmp_path):
     ok = asyncio.run(sandbox.run(GOOD, "assert sum_squares([1, 2]) == 5"))
     bad = asyncio.run(sandbox.run(f"import os\nos.remove({str(sentinel)!r})", "assert True"))
     fork = asyncio.run(sandbox.run("import subprocess\nsubprocess.run(['true'])", "assert True"))
-    assert ok.passed and not bad.passed and not fork.passed
-    assert "not allowed" in bad.reason and "not allowed" in fork.reason
-    assert sentinel.read_text() == "precious"
+    # through a directory's fd: the 'open' audit event carries no dir_fd, os.remove's does
+    d = f"import os\nd = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+    via_fd = asyncio.run(sandbox.run(d + "os.remove('keep_me.txt', dir_fd=d)", "assert True"))
+    made = asyncio.run(
+        sandbox.run(d + "os.close(os.open('new.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d))", "assert True")
+    )
+    assert ok.passed and not bad.passed and not fork.passed and not via_fd.passed and not made.passed
+    assert all("not allowed" in r.reason for r in (bad, fork, via_fd, made)), [bad, fork, via_fd, made]
+    assert sentinel.read_text() == "precious" and not (tmp_path / "new.txt").exists()
