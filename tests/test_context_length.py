@@ -48,9 +48,8 @@ def _decisions(
             for text, max_tokens in requests:
                 md: dict = {}
                 extra = {"max_tokens": max_tokens} if max_tokens else {}
-                await router.acompletion(
-                    model="pool", messages=[{"role": "user", "content": text}], metadata=md, **extra
-                )
+                msgs = text if isinstance(text, list) else [{"role": "user", "content": text}]
+                await router.acompletion(model="pool", messages=msgs, metadata=md, **extra)
                 out.append(md["energy_router_decision"])
 
         asyncio.run(go())
@@ -90,3 +89,24 @@ def test_context_length_bounds_the_estimate_and_marks_an_over_long_prompt(plante
     capped = bound[2]  # max_tokens 5 inside the room: max_tokens is the bound
     assert capped["energy_j"]["large"] == pytest.approx(n_short * jp["large"] + 5 * jo["large"], abs=2e-3)
     assert capped["energy_note"]["output_tokens"]["large"] == [5, 5, 5] and capped["energy_note"]["max_tokens"] == 5
+
+
+def test_the_whole_prompt_counts_not_only_the_routed_slice(planted_ckpt):
+    """The router reads a bounded slice of the request (the last user turn, a little around it); the prompt the
+    model reads also holds the system prompt and the earlier turns. Ê's prompt part and the context-length check
+    count all of it: a 20,000-character system prompt before a short question exceeds a 2,000-token context."""
+    est = read_manifest(resolve(planted_ckpt)).energy
+    jp = est.j_per_prompt_token
+    system = "Follow the house rules on rivers and stones. " * 450  # ~20 kB the routed text leaves out
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": SHORT}]
+    short, whole = _decisions(planted_ckpt, {"large": 2000}, {}, [(SHORT, None), (chat, None)])
+    from litellm_energy_router.litellm_glue.request_text import query_text
+    from litellm_energy_router.tokens import estimate_prompt_tokens
+
+    text = query_text(chat)  # the system prompt's last 1 KiB and the question
+    n_text, n_whole = estimate_prompt_tokens(text), whole["energy_note"]["prompt_tokens"]
+    assert n_whole == pytest.approx(n_text * (len(system) + len(SHORT)) / len(text), abs=1) and n_whole > 2000
+    assert short["energy_note"]["over_context"] == [] and whole["energy_note"]["over_context"] == ["large"]
+    free = _decisions(planted_ckpt, {}, {}, [(text, None)])[0]  # the routed slice alone, as before
+    for c in ("small", "medium"):
+        assert whole["energy_j"][c] - free["energy_j"][c] == pytest.approx((n_whole - n_text) * jp[c], rel=0.01)

@@ -471,7 +471,7 @@ def test_a_refresh_across_a_new_prior_reads_every_row_into_the_new_one_and_two_r
     def stream():
         for r in rows:
             if r["id"] == 20:
-                inner.append(a.refresh_from(iter(rows)))  # a concurrent refresh: refused
+                inner.append(a.refresh_from(iter(rows), wait_s=0))  # a concurrent refresh: waits, here not at all
                 a.bind(_model("v2", ("small", "mid", "large")))
             yield r
 
@@ -479,3 +479,16 @@ def test_a_refresh_across_a_new_prior_reads_every_row_into_the_new_one_and_two_r
     assert inner == [0] and a.last_run_id == -1 and a.prior.rows == 0
     assert a.refresh_from(iter(rows)) == 40 and a.last_run_id == 40
     assert a.refresh_from(iter(rows)) == 0
+
+
+def test_a_refresh_that_cannot_open_the_table_leaves_the_next_one_free(tmp_path):
+    """The table is missing (or down) for one refresh: the error is the caller's to log, and the next refresh
+    (another core's, or the same thread's next turn) still runs."""
+    from litellm_energy_router.router.adapt import Adaptation
+
+    a = Adaptation()
+    a.bind(_model("v1"))
+    with pytest.raises(Exception):
+        a.refresh_table(f"sqlite:///{tmp_path / 'missing' / 'none.db'}")
+    assert a.refresh_from(iter([]), wait_s=0.5) == 0 and a._refreshing.acquire(blocking=False)
+    a._refreshing.release()

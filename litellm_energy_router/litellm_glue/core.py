@@ -23,7 +23,7 @@ from litellm_energy_router.litellm_glue.figures import (
     Accounting,
     carbon_factors,
 )
-from litellm_energy_router.litellm_glue.request_text import query_text
+from litellm_energy_router.litellm_glue.request_text import query_text, request_chars
 from litellm_energy_router.metrics import (
     DECISION_SECONDS,
     DECISIONS,
@@ -170,12 +170,14 @@ class EnergyRouterCore:
         by_cand: dict[str, list[Mapping[str, Any]]] | None = None,
         request_kwargs: Mapping[str, Any] | None = None,
         ctx: Context | None = None,
+        prompt_scale: float = 1.0,
     ) -> tuple[Any, Decision]:
         """(deployment, decision): :func:`~.router.decide.decide` over the candidates in the pool
         (``by_cand``: :meth:`pool`, when the caller mapped it already), on P and Ê adapted to the request's
         context ``ctx`` (:mod:`.router.adapt`), Ê bounded by its ``max_tokens``, then ε-exploration
         (``router.epsilon``, higher in a new context with ``router.epsilon_new_context``; spread by energy
-        uncertainty) and a deployment of the chosen candidate."""
+        uncertainty) and a deployment of the chosen candidate. ``prompt_scale``: the whole prompt's size over the
+        routed text's (:meth:`_plan`): Ê's prompt part and the context-length check count the whole prompt."""
         by_cand = self.pool(deployments) if by_cand is None else by_cand
         avail = [j for j, c in enumerate(scored.candidates) if c in by_cand]
         if not avail:
@@ -186,10 +188,13 @@ class EnergyRouterCore:
         rs = self.settings.router
         max_tokens = request_max_tokens(request_kwargs)
         ctx_len = self.context_lengths(scored.candidates, by_cand)
+        E0, pt = scored.E, scored.prompt_tokens
+        if prompt_scale > 1.0 and pt is not None and scored.j_prompt is not None:  # the turns the text left out
+            E0, pt = E0 + (prompt_scale - 1.0) * pt * np.asarray(scored.j_prompt), pt * prompt_scale
         E_all = context_bounded_energy(
-            bounded_energy(scored.E, scored.tokens, scored.j_out, max_tokens),
+            bounded_energy(E0, scored.tokens, scored.j_out, max_tokens),
             scored.tokens,
-            scored.prompt_tokens,
+            pt,
             scored.j_prompt,
             scored.j_out,
             max_tokens,
@@ -217,7 +222,7 @@ class EnergyRouterCore:
         counter = self._counted.get(cand) or self._counted.setdefault(cand, DECISIONS.labels(candidate=cand))
         counter.inc()
         DECISION_SECONDS.observe(dt)
-        note = bounded_note(scored.note, scored.candidates, max_tokens, scored.prompt_tokens, ctx_len)
+        note = bounded_note(scored.note, scored.candidates, max_tokens, pt, ctx_len)
         return dep, _decision(scored, cand, dep, P_all, E_all, note, knob, propensity, dt, adapt)
 
     def _plan(
@@ -226,10 +231,11 @@ class EnergyRouterCore:
         messages: Any,
         input: Any,
         request_kwargs: Mapping[str, Any] | None,
-    ) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None] | None:
-        """(text, knob, deployments by candidate, context) to route on, or ``None`` to pass the request through
-        unrouted (a model group that is not the router's pool, or no text). The knob is checked first: an
-        invalid one is refused whichever model group the request is for."""
+    ) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None, float] | None:
+        """(text, knob, deployments by candidate, context, the whole prompt's characters over the text's, ≥ 1) to
+        route on, or ``None`` to pass the request through unrouted (a model group that is not the router's pool,
+        or no text). The knob is checked first: an invalid one is refused whichever model group the request is
+        for."""
         knob = self.knob(request_kwargs)
         by_cand = self.pool(deployments)
         if not by_cand:
@@ -239,7 +245,8 @@ class EnergyRouterCore:
             return None
         group = next((d.get("model_name") for d in deployments if d.get("model_name")), None)
         ctx = self.adapt.context(text, request_kwargs, messages, group) if self.settings.router.online else None
-        return text, knob, by_cand, ctx
+        whole = request_chars(messages) if messages else 0
+        return text, knob, by_cand, ctx, (whole / len(text) if text and whole > len(text) else 1.0)
 
     def _account(
         self,
@@ -277,7 +284,7 @@ class EnergyRouterCore:
         ``limit_s`` (s, from ``t0``) is a timeout (an in-place score cannot be cut short)."""
         if time.perf_counter() - t0 > limit_s:
             raise asyncio.TimeoutError()
-        decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3])
+        decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3], plan[4])
         return self._account(request_kwargs, *decided, pool=plan[2])
 
     async def choose(

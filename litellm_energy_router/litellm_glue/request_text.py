@@ -55,6 +55,17 @@ def _message_text(m: Any) -> str:
     return text
 
 
+def request_chars(messages: Sequence[Any] | None, max_messages: int = 10_000) -> int:
+    """Characters of every message's text (system prompt and earlier turns included): the size of the prompt the
+    model will read, of which :func:`query_text` keeps a bounded slice to route on. Never raises."""
+    try:
+        return sum(
+            len(_content_text(m.get("content"))) for m in list(messages or ())[-max_messages:] if isinstance(m, Mapping)
+        )
+    except Exception:  # noqa: BLE001 - a size is a hint, never a failure
+        return 0
+
+
 def _tail(text: str, n: int) -> str:
     return text[-n:] if len(text) > n else text
 

@@ -195,11 +195,11 @@ class Adaptation:
         except Exception as e:  # noqa: BLE001 - the writer thread must not lose the row for this
             log.debug("energy-router: online update skipped: %s", e)
 
-    def refresh_from(self, rows: Iterable[Mapping[str, Any]]) -> int:
+    def refresh_from(self, rows: Iterable[Mapping[str, Any]], wait_s: float = 60.0) -> int:
         """Add table rows (streamed, run id order) newer than the last read to the context prior; returns rows used.
-        Another refresh running (another core of the process) or a prior replaced meanwhile (``bind``): nothing
-        is counted twice, and the replaced prior's rows are read again into the new one next time."""
-        if not self._refreshing.acquire(blocking=False):
+        Refreshes run one at a time (another core of the process: waits up to ``wait_s``, then reads nothing), and
+        a prior replaced meanwhile (``bind``) gets the rows again next time: nothing is counted twice or lost."""
+        if not self._refreshing.acquire(timeout=wait_s):
             return 0
         try:
             return self._refresh(lambda since: rows)
@@ -232,13 +232,15 @@ class Adaptation:
         """:meth:`refresh_from` the table at ``url`` (runs after the last id read); logs and returns rows used."""
         from litellm_energy_router.table import open_store
 
-        if not self._refreshing.acquire(blocking=False):
+        if not self._refreshing.acquire(timeout=60.0):
             return 0
-        store = open_store(url, create=False)
         try:
-            n = self._refresh(lambda since: store.iter_runs(since_id=since))
+            store = open_store(url, create=False)
+            try:
+                n = self._refresh(lambda since: store.iter_runs(since_id=since))
+            finally:
+                store.close()
         finally:
-            store.close()
             self._refreshing.release()
         log.info(
             "energy-router: context prior: %d labelled rows read (%d contexts)",
