@@ -492,3 +492,40 @@ def test_a_refresh_that_cannot_open_the_table_leaves_the_next_one_free(tmp_path)
         a.refresh_table(f"sqlite:///{tmp_path / 'missing' / 'none.db'}")
     assert a.refresh_from(iter([]), wait_s=0.5) == 0 and a._refreshing.acquire(blocking=False)
     a._refreshing.release()
+
+
+def test_one_row_cannot_steer_a_candidate_s_energy_ratio():
+    """A row's measured / estimated joules count within [1/16, 16]: after 500 rows at the estimate, one request of
+    30,000 output tokens (2,000x its estimate) moves the shared candidate ratio by a few percent at most, while a
+    steady 3x still corrects fully (within the stated rule)."""
+    from litellm_energy_router.router.online import ROW_RATIO_MAX
+
+    oe = OnlineEnergy(["a"], [0.5], [0.01], [30])
+    for _ in range(500):
+        oe.update("a", 100, 30, 16.0, "ctx:honest", estimate_j=16.0)
+    oe.update("a", 100, 30_000, None, "ctx:hostile", estimate_j=16.0)  # token-based: 15,001 J
+    q, _ = oe.ratios("ctx:honest")
+    assert 1.0 < q[0] < 1.0 + ROW_RATIO_MAX / 500 + 0.01
+    steady = OnlineEnergy(["a"], [0.5], [0.01], [30])
+    for _ in range(60):
+        steady.update("a", 100, 30, 48.0, "ctx:x", estimate_j=16.0)
+    assert steady.ratios("ctx:x")[0][0] == pytest.approx(3.0, rel=0.02)
+
+
+def test_one_key_cannot_mint_contexts_without_bound_through_its_system_prompts():
+    """The system prompt is the caller's to write: one authenticated key gets a context of its own for its first
+    MAX_SYSTEM_PROMPTS system prompts, every later one shares one; another key keeps its own contexts."""
+    from litellm_energy_router.router.context import MAX_SYSTEM_PROMPTS
+
+    md = [{"user_api_key_alias": "flood"}]
+    keys = {
+        request_context(
+            "q", md, "pool", [{"role": "system", "content": f"prompt {i}"}, {"role": "user", "content": "q"}]
+        ).key
+        for i in range(MAX_SYSTEM_PROMPTS + 200)
+    }
+    assert len(keys) == MAX_SYSTEM_PROMPTS + 1
+    sys0 = [{"role": "system", "content": "prompt 0"}, {"role": "user", "content": "q"}]
+    assert request_context("q", md, "pool", sys0).key in keys  # an admitted prompt keeps its context
+    other = [{"user_api_key_alias": "quiet"}]
+    assert request_context("q", other, "pool", sys0).key not in keys

@@ -3,7 +3,8 @@
 **Context** (what the proxy knows of a request, never what a caller claims): LiteLLM's authenticated
 ``user_api_key_*`` fields (key hash or alias, team id, user id) and the authenticated key's tags
 (``user_api_key_metadata.tags``: the key's own metadata, written by the proxy), the model group, and a hash of
-the system prompt. They hash into one **context key** ``ctx:<16 hex>`` (no name, no prompt text kept). Below
+the system prompt (the first :data:`MAX_SYSTEM_PROMPTS` an identity sends; later ones share ``other``). They
+hash into one **context key** ``ctx:<16 hex>`` (no name, no prompt text kept). Below
 it every request has a **text cluster** ``cl:<b>``: a SimHash bucket (:data:`CLUSTER_BITS` bits: the signs of
 fixed random projections of the request's hashed byte-n-gram sketch, :func:`.length_model.sketch`), the same
 in every process and after every retrain. Levels, most specific first: context key → cluster → pool. A request
@@ -39,6 +40,8 @@ MAX_CONTEXTS = 20_000
 CLUSTER_BITS = 4  # 16 text clusters
 _PROJ = np.random.default_rng(20240522).standard_normal((SKETCH, CLUSTER_BITS)).astype(np.float32)
 _BIT = 1 << np.arange(CLUSTER_BITS)  # a sign per projection → the bucket's bit
+MAX_SYSTEM_PROMPTS = 32  # distinct system prompts one authenticated identity gets a context of its own for
+MAX_IDENTITIES = 10_000  # identities whose system prompts are remembered (least recently seen dropped)
 _AUTH_FIELDS = ("user_api_key_hash", "user_api_key_alias", "user_api_key_team_id", "user_api_key_user_id")
 
 
@@ -80,6 +83,30 @@ def system_prompt(messages: Any) -> str | None:
     return None
 
 
+class _SystemPrompts:
+    """Per authenticated identity, the first :data:`MAX_SYSTEM_PROMPTS` system-prompt hashes it sent; a later one
+    is ``other``: the system prompt is the caller's to write, so one key cannot mint contexts without bound and
+    push every other tenant's learned state out of the bounded stores. Thread-safe, bounded."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[str, set[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def admit(self, identity: str, digest: str) -> str:
+        with self._lock:
+            known = self._seen.pop(identity, None) or set()
+            self._seen[identity] = known
+            while len(self._seen) > MAX_IDENTITIES:
+                self._seen.popitem(last=False)
+            if digest in known or len(known) < MAX_SYSTEM_PROMPTS:
+                known.add(digest)
+                return digest
+            return "other"
+
+
+_SYSTEMS = _SystemPrompts()
+
+
 def request_context(
     text: str | None, metadata: Sequence[Mapping[str, Any]] = (), model_group: str | None = None, messages: Any = None
 ) -> Context:
@@ -98,7 +125,8 @@ def request_context(
             parts.append("tags=" + ",".join(sorted(str(t)[:100] for t in tags[:20])))
     sp = system_prompt(messages)
     if sp:
-        parts.append("system=" + hashlib.sha256(sp[:8192].encode("utf-8", "replace")).hexdigest())
+        digest = hashlib.sha256(sp[:8192].encode("utf-8", "replace")).hexdigest()
+        parts.append("system=" + _SYSTEMS.admit("\x00".join(parts), digest))
     key = None
     if parts:
         parts.append(f"group={model_group or ''}")

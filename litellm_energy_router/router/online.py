@@ -11,6 +11,9 @@ correct a wrong length prior even without a meter). Joules estimated: the decisi
 the served candidate (before any online correction); without it, the checkpoint's J/token with its unknown-task
 prior of the output tokens.
 
+One row's measured joules count within ``ROW_RATIO_MAX`` (16) times its estimate either way: a request of
+30,000 output tokens (or a meter's glitch) moves its candidate's ratio as a 16x row does, not as a 1,000x one.
+
 **Shrinkage** (the stated rule): with ``n`` the (decayed) row count of a level, its ratio enters as
 ``(n * q + N0 * parent) / (n + N0)``: the candidate's rows shrink toward the checkpoint (ratio 1), a context's
 rows toward the candidate's. ``adjust(E, context) -> E' = q' * E``. So for requests like those seen, after ``n``
@@ -32,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+ROW_RATIO_MAX = 16.0  # one row's measured / estimated joules counts within [1/16, 16]: no single row steers a level
 N0 = 4.0  # pseudo-rows of the parent level (checkpoint, then candidate) in every shrunk ratio
 WINDOW = 500.0  # rows: older rows' weight decays by 1 - 1/WINDOW per update of the same key
 MAX_KEYS = 10_000  # context keys kept (per state); the least recently updated beyond it are dropped
@@ -106,6 +110,7 @@ class OnlineEnergy:
         est = float(estimate_j) if _ok(estimate_j) else pt * self.j_prompt[k] + self.prior_tokens[k] * self.j_out[k]
         if est <= 0:
             return False
+        j = min(max(j, est / ROW_RATIO_MAX), est * ROW_RATIO_MAX)
         with self._lock:
             self._cand[k].add(j, est, self.decay)
             if context:
