@@ -65,6 +65,11 @@ DECISION_SECONDS = Histogram(
     "Decision time, seconds",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
 )
+DECISIONS_EVICTED = Counter(
+    "energy_router_decisions_evicted",
+    "decisions dropped from a bounded book before their request's callback read them (more requests in flight)",
+    ["book"],
+)
 FALLBACKS = Counter("energy_router_fallbacks", "Requests served by the fallback, per reason", ["reason"])
 RELOADS = Counter("energy_router_reloads", "Checkpoint (re)loads, per result", ["result"])
 CHECKPOINT_LOAD_SECONDS = Histogram(

@@ -529,3 +529,18 @@ def test_one_key_cannot_mint_contexts_without_bound_through_its_system_prompts()
     assert request_context("q", md, "pool", sys0).key in keys  # an admitted prompt keeps its context
     other = [{"user_api_key_alias": "quiet"}]
     assert request_context("q", other, "pool", sys0).key not in keys
+
+
+def test_a_decision_dropped_before_its_callback_is_counted():
+    """More requests in flight than the decision book holds: the oldest decisions drop (their rows lose the
+    propensity, context and estimate) and each drop is counted in energy_router_decisions_evicted_total."""
+    from litellm_energy_router.litellm_glue.decision import Decision, DecisionBook
+    from litellm_energy_router.metrics import DECISIONS_EVICTED
+
+    book = DecisionBook(maxsize=3, name="test")
+    before = DECISIONS_EVICTED.labels(book="test")._value.get()
+    mds = [{} for _ in range(5)]
+    for md in mds:
+        book.put(md, Decision(candidate="a"))
+    assert DECISIONS_EVICTED.labels(book="test")._value.get() - before == 2
+    assert book.get({"metadata": mds[0]}) is None and book.get({"metadata": mds[4]}) is not None

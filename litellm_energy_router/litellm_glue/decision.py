@@ -86,13 +86,17 @@ class DecisionBook:
     """Decisions made in this process, keyed by the identity of the request's metadata dict.
 
     Each entry holds the dict itself, so its ``id`` cannot be reused while the entry lives, and a lookup
-    checks ``is``. Bounded (``maxsize`` entries, oldest dropped): requests no callback reads back, e.g.
-    the filter without the energy callback, cost no more than that. Thread-safe (LiteLLM logs sync calls
+    checks ``is``. Bounded (``maxsize`` entries, oldest dropped, counted in
+    ``energy_router_decisions_evicted_total{book}``): requests no callback reads back, e.g. the filter without the
+    energy callback, cost no more than that; more requests in flight than that lose their oldest decisions. Thread-safe (LiteLLM logs sync calls
     on its own threads).
     """
 
-    def __init__(self, maxsize: int = 4096) -> None:
+    def __init__(self, maxsize: int = 16_384, name: str = "decisions") -> None:
+        from litellm_energy_router.metrics import DECISIONS_EVICTED
+
         self.maxsize = maxsize
+        self._evicted = DECISIONS_EVICTED.labels(book=name)
         self._d: OrderedDict[int, tuple[dict[str, Any], Decision]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -106,6 +110,7 @@ class DecisionBook:
             self._d[id(md)] = (md, decision)
             while len(self._d) > self.maxsize:
                 self._d.popitem(last=False)
+                self._evicted.inc()  # that request's row loses its decision (propensity, context, estimate)
 
     def discard(self, md: dict[str, Any]) -> None:
         with self._lock:

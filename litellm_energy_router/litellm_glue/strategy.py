@@ -63,7 +63,7 @@ from litellm_energy_router.metrics import (
 from litellm_energy_router.settings import Settings, load_settings
 
 log = logging.getLogger("litellm_energy_router")
-HEADERS_BOOK = DecisionBook()  # proxy decisions whose figures the response-headers hook has not sent yet
+HEADERS_BOOK = DecisionBook(name="headers")  # proxy decisions whose figures the response-headers hook has not sent yet
 
 
 def strip_caller_decision(request_kwargs: Mapping[str, Any] | None) -> None:
