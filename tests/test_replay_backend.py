@@ -32,6 +32,7 @@ def test_replay_backend_serves_the_printed_config():
         assert cfg["litellm_settings"]["callbacks"] == [
             "litellm_energy_router.litellm_glue.proxy_router.energy_router",
             "litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger",
+            "prometheus",  # /metrics, as README's config
         ]
         deps = cfg["model_list"]
         by_id = {d["model_info"]["id"]: d["model_info"]["energy_router_candidate"] for d in deps}

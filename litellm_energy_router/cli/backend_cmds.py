@@ -26,6 +26,7 @@ def proxy_config(api_base: str, candidates: list[str], group: str = GROUP) -> di
             "callbacks": [
                 "litellm_energy_router.litellm_glue.proxy_router.energy_router",
                 "litellm_energy_router.litellm_glue.callback.proxy_logger.energy_logger",
+                "prometheus",  # /metrics, ours included (docs/metrics.md)
             ]
         },
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
