@@ -399,3 +399,52 @@ def test_paired_fold_delta():
     assert ev.paired_fold_delta("perfect", "same") == (0.0, 0.0)
     m = ev.method("perfect")
     assert len(m.aiq_folds) == 4 and all(a > 0 for a in m.aiq_folds)
+
+
+def test_rows_that_record_no_energy_are_one_line_not_a_division_by_zero():
+    """Every held-out row at 0 J (a meter that wrote zeros): AIQ has no energy axis; one line naming it."""
+    from litellm_energy_router.training.data import MatrixError
+    from litellm_energy_router.training.evaluate import evaluate
+
+    Y = np.array([[0.0, 1.0], [1.0, 1.0]])
+    with pytest.raises(MatrixError, match="record 0 J for every candidate"):
+        evaluate(Y, np.zeros_like(Y), {"r": (Y, np.zeros_like(Y))}, ["small", "large"])
+
+
+def test_a_tournament_label_wins_over_a_later_production_label_of_the_same_pair(sqlite_url):
+    """A shadow or tournament run and a production run label one (query, candidate) pair: the matrix keeps the
+    unbiased run whatever was written last, as the pairs reader does, so training rows, pairs and the promotion
+    gate's held-out truth agree."""
+    import time
+
+    from router_fixtures import planted_rows
+
+    from litellm_energy_router.table import open_store
+
+    store = open_store(sqlite_url)
+    cands, queries, runs = planted_rows(6, prefix="a")
+    store.write(queries, runs, candidates=cands)
+    first = next(store.iter_runs())
+    time.sleep(0.01)
+    keep = ("query_id", "candidate", "energy_j", "prompt_tokens", "completion_tokens")
+    store.write(runs=[{**{k: first[k] for k in keep}, "source": "production", "score": 1.0 - first["score"]}])
+    m = load_matrix(store)
+    qi, ci = list(m.ids).index(first["query_id"]), m.candidates.index(first["candidate"])
+    assert m.Y[qi, ci] == first["score"]
+    store.close()
+
+
+def test_a_table_stored_without_text_says_so(sqlite_url):
+    """Every query fully labelled but stored without its text (privacy mode): the error names that, not "no
+    query has labelled runs for all candidates"."""
+    from router_fixtures import planted_rows
+
+    from litellm_energy_router.table import open_store
+
+    store = open_store(sqlite_url)
+    cands, queries, runs = planted_rows(5, prefix="p")
+    store.write([q.model_copy(update={"text": None}) for q in queries], runs, candidates=cands)
+    with pytest.raises(MatrixError, match=r"5 fully labelled queries are stored without their text"):
+        load_matrix(store)
+    assert len(load_matrix(store, require_text=False)) == 5
+    store.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import subprocess
 import sys
@@ -257,3 +258,81 @@ def test_rows_read_within_the_skew_margin_are_not_new_again_unless_relabelled(sq
     store.write(runs=[{**{k: first[k] for k in keep}, "score": 1.0 - float(first["score"])}])  # relabelled
     assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.late) == 1
     store.close()
+
+
+def test_the_joules_rule_does_not_pass_a_worse_checkpoint_when_neither_reaches_the_target():
+    """Neither checkpoint reaches the target accuracy on the held-out rows ("never" both): the joules rule compares
+    the best accuracy each reaches instead of passing any candidate (a shuffled-label one was promoted)."""
+    from litellm_energy_router.training.data import TableMatrix
+    from litellm_energy_router.training.retrain_gate import compare
+
+    rng = np.random.default_rng(0)
+    n = 200
+    Y = (rng.random((n, 2)) < [0.5, 0.8]).astype(float)
+    E = np.tile([10.0, 50.0], (n, 1))
+    hold = TableMatrix(
+        candidates=["small", "large"],
+        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+        tasks=np.array(["t"] * n, dtype=object),
+        texts=["x"] * n,
+        prompt_tokens=np.full(n, 10.0),
+        Y=Y,
+        E=E,
+        T=np.full((n, 2), np.nan),
+    )
+
+    class Fixed:
+        def __init__(self, P):
+            self.P = P
+
+        def predict_proba(self, m):
+            return self.P
+
+        def predict_energy(self, m):
+            return m.E
+
+    good = Fixed(np.where(Y > 0, 0.9, 0.1))  # knows each answer: reaches what the data allows
+    bad = Fixed(rng.random((n, 2)))  # noise
+    cfg = RetrainConfig.model_validate({"rule": "joules", "target_accuracy": 1.0})
+    out = compare(bad, good, hold, cfg)
+    assert out["candidate"]["joules_at_target"] is None and out["serving"]["joules_at_target"] is None
+    assert out["promote"] is False, out["why"]
+    assert compare(good, bad, hold, cfg)["promote"] is True
+
+
+def test_a_split_with_nothing_held_out_stops_before_training(tmp_path, sqlite_url):
+    """Too few queries for the held-out share: one line before any training (it trained, then the gate crashed
+    on an empty held-out set with a traceback), and no checkpoint or pointer is written."""
+    from litellm_energy_router.training.data import MatrixError
+
+    _add(sqlite_url, "a", n=4)
+    with pytest.raises(MatrixError, match=r"4 queries split into 4 to train on and 0 held out"):
+        run_retrain(_cfg(tmp_path, sqlite_url).model_copy(update={"holdout_fraction": 0.01}))
+    assert not (tmp_path / "current.json").exists()
+
+
+def test_reports_hold_no_nan_or_infinity(tmp_path):
+    """An off-policy estimate that does not exist (one logged row: an infinite interval; SNIPS with no overlap: NaN)
+    is null in the retrain report and in eval's off_policy.json: strict JSON parsers (jq, JS) read them."""
+    from litellm_energy_router.training.ope import Estimate
+    from litellm_energy_router.training.retrain import _write_reports
+
+    est = Estimate(value=math.nan, lo=-math.inf, hi=math.inf, n=1, ess=1.0)
+    assert est.as_dict() == {"value": None, "lo": None, "hi": None, "n": 1, "ess": 1.0, "level": 0.95}
+    report = {
+        "status": "rejected",
+        "message": "m",
+        "new_rows": 1,
+        "train_queries": 10,
+        "train_seconds": 1.0,
+        "comparison": {},
+        "off_policy": {"candidate": {"n": 1, "accuracy_snips": est.as_dict(), "joules_snips": est.as_dict()}},
+        "other": [np.float64("nan"), {"x": math.inf}],
+    }
+    jp, mp = _write_reports(tmp_path, "v1", report)
+
+    def refuse(c):
+        raise ValueError(c)
+
+    doc = json.loads(jp.read_text(), parse_constant=refuse)
+    assert doc["other"] == [None, {"x": None}] and "accuracy n/a [n/a, n/a]" in mp.read_text()

@@ -177,3 +177,12 @@ def test_token_model_learns_per_query_output_length_and_serves_the_same_offsets(
     np.testing.assert_allclose(got, tm.offset([texts[i] for i in code], [12.0] * 6, ["code"] * 6))
     assert (got[long_[code]] > 100).all() and (got[~long_[code]] < -100).all()
     assert not served.offset([texts[0]], [12.0], ["never-seen"]).any()  # an unseen task keeps the mean
+
+
+def test_fewer_training_queries_than_folds_is_one_line(planted):
+    """``select_folds`` above the training queries: one line naming both (a ValueError traceback before)."""
+    from litellm_energy_router.training.data import MatrixError
+    from litellm_energy_router.training.selection import select
+
+    with pytest.raises(MatrixError, match=r"3 training queries cannot make 5 folds"):
+        select(planted.take(np.arange(3)), ["task_prior"], folds=5)

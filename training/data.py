@@ -25,6 +25,8 @@ import numpy as np
 from litellm_energy_router.errors import UserError
 from litellm_energy_router.redact import redact_url
 
+from .pair_weights import UNBIASED_SOURCES
+
 
 class MatrixError(UserError, ValueError):
     """The table cannot be turned into a training/evaluation matrix; one line saying why."""
@@ -156,7 +158,9 @@ def load_matrix(
 
     A query is kept only when every candidate has a labelled run (score and energy present) for it;
     the counts of dropped queries are in ``matrix.dropped``. When a (query, candidate) pair has several
-    runs (several sources), the most recently updated one wins. ``candidates`` default: every candidate
+    runs (several sources), a tournament, shadow or import run wins over a production one (as in
+    :mod:`.pairs`: the same label for the training rows, the pairs and the gate's held-out truth), then the most
+    recently updated. ``candidates`` default: every candidate
     with a labelled run, ordered by mean energy ascending. Queries stored without text (privacy) cannot
     be learned from and are dropped (counted in ``dropped["no_text"]``) unless ``require_text=False``,
     which keeps them with ``text=None``.
@@ -179,7 +183,8 @@ MAX_SEEN = 2000  # runs read within the skew margin the watermark remembers (mor
 class _RunScan:
     """What :func:`load_matrix` keeps of one pass over the runs."""
 
-    # (updated, run id, score, energy_j (J), completion_tokens) of the winning run per (query, candidate):
+    # (unbiased source, updated, run id, score, energy_j (J), completion_tokens) of the winning run per (query,
+    # candidate):
     # a small tuple, not the row, so memory holds what the matrix needs and not every row read
     best: dict[tuple[str, str], tuple[float, int, float, float, float]] = field(default_factory=dict)
     qinfo: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # query id -> (task, text)
@@ -215,8 +220,8 @@ def _scan_runs(
         if r.get("score") is None or r.get("energy_j") is None:
             continue
         key = (qid, r["candidate"])
-        rank = (float(r.get("updated") or 0), int(r["id"]))
-        if key not in best or rank >= best[key][:2]:
+        rank = (float(r["source"] in UNBIASED_SOURCES), float(r.get("updated") or 0), int(r["id"]))
+        if key not in best or rank >= best[key][:3]:
             ct = r.get("completion_tokens")
             best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
     # the ``updated`` watermark is no later than the scan's start (less a clock-skew margin between the table's
@@ -233,7 +238,7 @@ def _candidate_order(best: dict[tuple[str, str], tuple], candidates: Sequence[st
     if candidates is None:
         energy: dict[str, list[float]] = {}
         for (_, c), r in best.items():
-            energy.setdefault(c, []).append(r[3])
+            energy.setdefault(c, []).append(r[4])
         return sorted(energy, key=lambda c: (float(np.mean(energy[c])), c))
     cands = list(candidates)
     if len(set(cands)) != len(cands):
@@ -270,10 +275,15 @@ def _assemble(scan: _RunScan, cands: list[str], require_text: bool, store: Any) 
         e = np.empty(K)
         t = np.full(K, np.nan)
         for k, r in enumerate(rows):
-            y[k], e[k], t[k] = r[2], r[3], r[4]
+            y[k], e[k], t[k] = r[3], r[4], r[5]
         Y.append(y)
         E.append(e)
         T.append(t)
+    if not ids and dropped["no_text"]:
+        raise MatrixError(
+            f"table {redact_url(getattr(store, 'url', '?'))}: {dropped['no_text']} fully labelled queries are stored "
+            "without their text (privacy.store_text: false), and this scorer learns from text"
+        )
     if not ids:
         raise MatrixError(
             f"table {redact_url(getattr(store, 'url', '?'))}: 0 fully labelled queries (none has labelled runs for all {K} candidates {cands})"

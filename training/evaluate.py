@@ -32,6 +32,8 @@ import numpy as np
 from litellm_energy_router.knob import Knob
 from litellm_energy_router.router.decide import decide, lambda_grid
 
+from .data import MatrixError
+
 # -- hull and area ------------------------------------------------------------------------------------
 
 
@@ -341,6 +343,8 @@ def evaluate(
         raise ValueError(f"evaluate: Y {Y.shape}, E {E.shape} and {len(candidates)} candidates disagree")
     se, sa = E.mean(axis=0), Y.mean(axis=0)
     x_max = float(se.max())
+    if not x_max > 0:  # AIQ is an area per joule of the costliest candidate: 0 J has none
+        raise MatrixError(f"evaluate: the rows record {x_max:g} J for every candidate ({', '.join(candidates)})")
     best = int(np.lexsort((se, -sa))[0])  # most accurate; ties: cheaper
     ev = Evaluation(list(candidates), n, se, sa, x_max, best, [], n_folds=len(folds) if folds is not None else 0)
     _add_references(ev, Y, E, n_points)

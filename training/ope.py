@@ -55,8 +55,9 @@ class Estimate:
     def covers(self, x: float) -> bool:
         return self.lo <= x <= self.hi
 
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, float | None]:
+        """The fields, a non-finite one (an interval from one row, SNIPS with no overlap) as None: JSON has no NaN."""
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
 
     def __str__(self) -> str:
         return f"{self.value:.4g} [{self.lo:.4g}, {self.hi:.4g}]"

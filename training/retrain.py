@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import shutil
 import time
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import open_store
 
-from .data import TableMatrix, holdout_split, near_duplicate_groups
+from .data import MatrixError, TableMatrix, holdout_split, near_duplicate_groups
 from .retrain_config import RetrainConfig, load_retrain_config  # noqa: F401 (re-exported)
 from .retrain_gate import compare, estimate_off_policy, promote_or_delete, set_pointer  # noqa: F401 (re-exported)
 
@@ -71,10 +72,21 @@ def _serving(pointer: Path) -> tuple[Path | None, Any]:
     return d, read_manifest(d)
 
 
+def _finite(v: Any) -> Any:
+    """``v`` with every non-finite float (NaN, ±inf: an estimate that does not exist) as None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Path, Path]:
     rdir.mkdir(parents=True, exist_ok=True)
     jp, mp = rdir / f"{version}.json", rdir / f"{version}.md"
-    jp.write_text(json.dumps(report, indent=2, default=str))
+    jp.write_text(json.dumps(_finite(report), indent=2, default=str, allow_nan=False))  # strict JSON: jq, JS, Go
     cmp_ = report.get("comparison", {})
     lines = [
         f"# Retrain {version}: {report['status']}",
@@ -101,9 +113,11 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
     for name, est in report.get("off_policy", {}).items():
         if "accuracy_snips" in est:
             a, j = est["accuracy_snips"], est["joules_snips"]
+            f = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731 (None: not estimable)
             lines.append(
-                f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows): accuracy {a['value']:.3f} "
-                f"[{a['lo']:.3f}, {a['hi']:.3f}], {j['value']:.1f} J [{j['lo']:.1f}, {j['hi']:.1f}]"
+                f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows): accuracy {f(a['value'], '.3f')} "
+                f"[{f(a['lo'], '.3f')}, {f(a['hi'], '.3f')}], {f(j['value'], '.1f')} J "
+                f"[{f(j['lo'], '.1f')}, {f(j['hi'], '.1f')}]"
             )
     mp.write_text("\n".join(lines) + "\n")
     return jp, mp
@@ -245,6 +259,11 @@ def _read(run: _Run, store: Any, tc: Any, transform_train: Any) -> tuple[TableMa
             m.ids, cfg.holdout_fraction, salt=cfg.holdout_salt, groups=near_duplicate_groups(m.texts, m.ids, m.tasks)
         )
     train_m, hold = m.take(tr), m.take(te)
+    if not len(hold) or not len(train_m):  # before training: the gate would have nothing to compare on
+        raise MatrixError(
+            f"retrain: {len(m)} queries split into {len(train_m)} to train on and {len(hold)} held out "
+            f"(holdout_fraction {cfg.holdout_fraction}, by near-duplicate group): label more queries"
+        )
     if transform_train is not None:
         train_m = transform_train(train_m)
     pairs = None

@@ -66,7 +66,10 @@ def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig)
     c, s, tol = out["candidate"], out["serving"], cfg.tolerance
     aiq_ok = c["aiq"] >= s["aiq"] - tol
     cj, sj = c["joules_at_target"], s["joules_at_target"]
-    j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
+    if sj is None and cj is None:  # neither reaches the target: the one that gets closer to it
+        j_ok = c["max_accuracy"] >= s["max_accuracy"] - tol
+    else:
+        j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
     ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
     fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
     out["promote"] = bool(ok)

@@ -35,7 +35,7 @@ from litellm_energy_router.router.baseline_scorers import stack_features, stack_
 
 from .baselines import make_baseline
 from .crossval import Factory, OutOfFold, cv_splits, out_of_fold
-from .data import TableMatrix
+from .data import MatrixError, TableMatrix
 from .evaluate import Evaluation, evaluate
 from .selection_result import (  # noqa: F401 (re-exported)
     Selection,
@@ -209,6 +209,8 @@ def select(
     stack = next((n for n in names if known[n][1].combines), None)  # the stack, cross-fitted on the bases
     if stack is not None and len(bases) < 2:
         raise ValueError(f"scorer {stack!r} needs at least two of {', '.join(stack_bases())} among the scorers")
+    if m.n < max(folds, 2):
+        raise MatrixError(f"selection: {m.n} training queries cannot make {folds} folds (select_folds): label more")
     splits = cv_splits(m, folds, seed)
     methods = {
         **(extra or {}),
