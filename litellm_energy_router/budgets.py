@@ -32,7 +32,9 @@ never serves a capped key on a spend it cannot see.
 
 **Spend and staleness.** Spend = the ledger's sum for the budget's period (``er_ledger``, written by every
 proxy's callback in the row's transaction) at the last read + the decision-time estimates (Ê, or its gCO2e)
-of the requests this process routed since that read started. A background thread reads the table every
+of the requests this process routed in the ``pending_s`` (300 s) before that read started, and since: a request
+counts locally from its decision until its row can be in the ledger (a stream of minutes included), and the
+overlap with the ledger is at most ``pending_s`` of this process's traffic, counted twice (the safe side). A background thread reads the table every
 ``refresh_s``; nothing on the request path touches the table. A request served by any proxy sharing the
 table is in every proxy's spend at most ``refresh_s`` + that proxy's ``writer.flush_interval_s`` + its
 energy settle time (0 with the ``estimate`` meter; ``energy.settle_timeout_s`` at most) after it ended,
@@ -46,7 +48,8 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Literal, Mapping
 
@@ -93,6 +96,14 @@ class BudgetSettings(BaseModel):
     )
     keys: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM key alias -> budget")
     teams: dict[str, Budget] = Field(default_factory=dict, description="LiteLLM team alias or team id -> budget")
+    pending_s: float = Field(
+        300.0,
+        ge=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="seconds a routed request's decision-time estimate stays in this process's spend before the "
+        "ledger read that follows them (its row is written when the request ends: a long stream, the settle time)",
+    )
     max_stale_s: float | None = Field(
         None,
         gt=0,
@@ -106,6 +117,21 @@ class BudgetSettings(BaseModel):
     def stale_s(self) -> float:
         """Seconds without a ledger read after which a hard budget's spend counts as unknown."""
         return self.max_stale_s if self.max_stale_s is not None else max(3 * self.refresh_s, 30.0)
+
+
+def check_budget_sources(budgets: BudgetSettings, ledger: bool, carbon: Any) -> None:
+    """A budget reads its spend from the ledger, and a gCO2e one needs every deployment priced in grams: else it
+    would never bind (0 spent for ever), which a hard cap must not do silently. Raises ValueError naming it."""
+    named = {f"budgets.keys.{k}": b for k, b in budgets.keys.items()}
+    named.update({f"budgets.teams.{k}": b for k, b in budgets.teams.items()})
+    if named and not ledger:
+        raise ValueError(f"{next(iter(named))}: budgets read their spend from the ledger; set accounting.ledger: true")
+    grams = [n for n, b in named.items() if b.unit == "gco2e"]
+    if grams and carbon.default_site is None and carbon.provider is None:
+        raise ValueError(
+            f"{grams[0]}: unit gco2e needs every deployment priced in grams: set carbon.default_site "
+            "(a deployment without model_info.energy_router_site has no carbon intensity)"
+        )
 
 
 class BudgetExceeded(Exception):
@@ -166,7 +192,8 @@ class BudgetState:
     name: str
     cfg: Budget
     table: float = 0.0  # ledger sum of the period at the last read
-    local: float = 0.0  # this process's decision-time estimates since that read started
+    local: float = 0.0  # this process's decision-time estimates not yet dropped (sum of ``charges``)
+    charges: deque = field(default_factory=deque)  # [second (monotonic, whole), sum]: what ``local`` holds
     mu: float = 0.0
     z: float = 0.0  # the dual state before the projection: μ = max(0, z)
     period: str = ""
@@ -222,12 +249,12 @@ class BudgetBook:
         """The budgets of a request (its metadata dicts): its key's, then its team's."""
         out: list[BudgetState] = []
         for md in mds:
-            for field, book in (
+            for key_field, book in (
                 ("user_api_key_alias", self.keys),
                 ("user_api_key_team_alias", self.teams),
                 ("user_api_key_team_id", self.teams),
             ):
-                v = md.get(field)
+                v = md.get(key_field)
                 st = book.get(str(v)) if v is not None else None
                 if st is not None and st not in out:
                     out.append(st)
@@ -254,11 +281,16 @@ class BudgetBook:
         """Add a routed request's decision-time estimate to its budgets' local spend."""
         if not states or not figures:
             return
+        sec = float(int(time.monotonic()))
         with self._lock:
             for st in states:
                 v = figures.get("co2e_grams_estimate" if st.cfg.unit == "gco2e" else "joules_estimate")
                 if v is not None:
                     st.local += float(v)
+                    if st.charges and st.charges[-1][0] == sec:
+                        st.charges[-1][1] += float(v)
+                    else:
+                        st.charges.append([sec, float(v)])
 
     # -- refresh ------------------------------------------------------------------------------------------
     def _read(self, now_s: float) -> dict[int, float]:
@@ -275,7 +307,6 @@ class BudgetBook:
         now = self.clock()
         with self._lock:
             self.read_started = time.monotonic()
-            seen = {id(st): st.local for st in self.states}
         try:
             sums = self._read(now)
         except Exception as e:  # noqa: BLE001 - a table outage keeps the last view (and the local spend)
@@ -287,7 +318,10 @@ class BudgetBook:
             for st in self.states:
                 if sums is not None:  # table first: a lock-free reader may see the spend high, never low
                     st.table = sums[id(st)]
-                    st.local -= seen[id(st)]
+                    old = self.read_started - self.cfg.pending_s  # charged before: its row is in what was read
+                    while st.charges and st.charges[0][0] < old:
+                        st.local -= st.charges.popleft()[1]
+                    st.local = max(st.local, 0.0) if st.charges else 0.0
                     st.reads += 1
                     st.read_ok = time.monotonic()
                 st.step(now)

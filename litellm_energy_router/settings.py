@@ -37,7 +37,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from litellm_energy_router.budgets import BudgetSettings
+from litellm_energy_router.budgets import BudgetSettings, check_budget_sources
 from litellm_energy_router.energy.carbon import CarbonSettings
 from litellm_energy_router.errors import UserError, one_line, reading
 from litellm_energy_router.knob import KnobSettings
@@ -299,6 +299,11 @@ class Settings(BaseSettings):
     carbon: CarbonSettings = Field(default_factory=CarbonSettings)
     accounting: AccountingSettings = Field(default_factory=AccountingSettings)
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
+
+    @model_validator(mode="after")
+    def _budgets_can_see_their_spend(self) -> "Settings":
+        check_budget_sources(self.budgets, self.accounting.ledger, self.carbon)
+        return self
 
 
 def resolve_env_refs(value: Any, environ: Mapping[str, str] | None = None, path: str = "") -> Any:

@@ -89,6 +89,7 @@ def plant(
         ("{limit: 10, pace: [1, 2]}", "budgets.teams.research.pace' = list"),
         ("{limit: 10, eta: -1}", "budgets.teams.research.eta' = -1"),
         ("{limit: 10, hard: true}", "unknown config key 'budgets.teams.research.hard'"),
+        ("{limit: 10, unit: gco2e}", "budgets.teams.research: unit gco2e needs every deployment priced in grams"),
     ],
 )
 def test_bad_budget_is_one_line_naming_the_field(tmp_path, yaml_budget, field):
@@ -98,6 +99,19 @@ def test_bad_budget_is_one_line_naming_the_field(tmp_path, yaml_budget, field):
         load_settings(cfg, environ={})
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(str(cfg)) and field in msg
+
+
+def test_a_budget_that_could_never_see_its_spend_is_refused(tmp_path):
+    """With the ledger off a budget reads 0 for ever: refused at load, one line, instead of never binding."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("energy_router:\n  accounting: {ledger: false}\n  budgets:\n    keys:\n      svc-a: {limit: 10}\n")
+    with pytest.raises(ConfigError, match=r"budgets.keys.svc-a: budgets read their spend from the ledger"):
+        load_settings(cfg, environ={})
+    cfg.write_text(
+        "energy_router:\n  carbon: {default_site: lab, sites: {lab: {intensity_g_per_kwh: 350}}}\n"
+        "  budgets:\n    keys:\n      svc-a: {limit: 10, unit: gco2e}\n"
+    )
+    assert load_settings(cfg, environ={}).budgets.keys["svc-a"].unit == "gco2e"
 
 
 def test_cli_refuses_a_zero_budget_in_one_line(tmp_path, capsys, monkeypatch):
@@ -154,8 +168,10 @@ def test_multiplier_rises_ahead_of_pace_and_decays_to_zero_behind(sqlite_url):
 
 
 def test_own_spend_counts_at_decision_and_once_after_the_write(sqlite_url):
-    book = BudgetBook(
-        BudgetSettings(keys={"svc-a": {"limit": 100.0, "mode": "hard"}}), sqlite_url, clock=lambda: DAY0 + 7200
+    book = BudgetBook(  # pending_s 0: a charge drops at the first read after it (its row is written by then here)
+        BudgetSettings(keys={"svc-a": {"limit": 100.0, "mode": "hard"}}, pending_s=0),
+        sqlite_url,
+        clock=lambda: DAY0 + 7200,
     )
     st = book.keys["svc-a"]
     [matched] = book.match([{"user_api_key_alias": "svc-a", "user_api_key_team_id": "team-1"}])
@@ -172,6 +188,37 @@ def test_own_spend_counts_at_decision_and_once_after_the_write(sqlite_url):
     ) as e:
         book.apply(Knob.point(lambda_=0.0), [st])
     assert e.value.status_code == 429
+    book.close()
+
+
+def test_a_long_request_counts_until_its_row_can_be_in_the_ledger(sqlite_url, monkeypatch):
+    """A stream of minutes: its row reaches the ledger when it ends, after several reads. Its decision-time estimate
+    stays in the local spend for pending_s after the reads (it was dropped at the first one, so a capped key could
+    keep long streams in flight unseen), then gives way to the ledger's figure."""
+    from litellm_energy_router import budgets as budgets_mod
+
+    now = [1000.0]
+    monkeypatch.setattr(budgets_mod.time, "monotonic", lambda: now[0])
+    book = BudgetBook(
+        BudgetSettings(keys={"svc-a": {"limit": 100.0, "mode": "hard"}}), sqlite_url, clock=lambda: DAY0 + 7200
+    )
+    st = book.keys["svc-a"]
+    book.tick()
+    book.charge([st], {"joules_estimate": 60.0})  # the stream starts
+    for _ in range(10):  # 50 s of reads while it streams: no row yet
+        now[0] += 5.0
+        book.tick()
+    assert st.spent == pytest.approx(60.0)
+    book.charge([st], {"joules_estimate": 45.0})
+    with pytest.raises(BudgetExceeded):  # 105 of 100 J: the stream in flight counts
+        book.apply(Knob.point(lambda_=0.0), [st])
+    plant(sqlite_url, "s1", 62.0)  # the first stream ends: its row
+    now[0] += 300.0
+    book.tick()
+    assert st.spent == pytest.approx(62.0 + 45.0)  # its estimate gave way to the row; the second still counts
+    now[0] += 300.0
+    book.tick()
+    assert st.spent == pytest.approx(62.0) and st.local == 0.0
     book.close()
 
 

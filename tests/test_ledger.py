@@ -183,3 +183,7 @@ def test_report_command(sqlite_url, tmp_path):
     assert png.stat().st_size > 5000
     r = run(app, ["report", "--db", sqlite_url, "--by", "planet"])
     assert r.exit_code == 2 and "--by 'planet'" in r.output
+    r = run(app, ["report", "--db", sqlite_url, "--until", "2026-13-01"])
+    assert r.exit_code == 2 and "--until '2026-13-01'" in r.output and "--since" not in r.output
+    r = run(app, ["report", "--db", sqlite_url, "--since", "2026-02-01", "--until", "2026-01-01"])
+    assert r.exit_code == 2 and "--since 2026-02-01 is after --until 2026-01-01" in r.output

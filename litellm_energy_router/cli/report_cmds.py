@@ -29,8 +29,8 @@ COLUMNS = [
 ]
 
 
-def _since(v: Optional[str]) -> Optional[str]:
-    """``YYYY-MM-DD`` or ``Nd`` (N days ago, UTC) -> ``YYYY-MM-DD``."""
+def _since(v: Optional[str], option: str = "--since") -> Optional[str]:
+    """``YYYY-MM-DD`` or ``Nd`` (N days ago, UTC) -> ``YYYY-MM-DD``; ``option`` names it in an error."""
     if v is None:
         return None
     if v.endswith("d") and v[:-1].isdigit():
@@ -38,7 +38,7 @@ def _since(v: Optional[str]) -> Optional[str]:
     try:
         return date.fromisoformat(v).isoformat()
     except ValueError:
-        fail(f"--since {v!r}: expected YYYY-MM-DD or a number of days such as 7d")
+        fail(f"{option} {v!r}: expected YYYY-MM-DD or a number of days such as 7d")
         raise  # unreachable
 
 
@@ -92,7 +92,9 @@ def report_cmd(
     if plot is not None and (plot.is_dir() or plot.suffix.lower() != ".png"):
         fail(f"--plot {plot}: expected a .png file name")
     url = db_url(db, config)
-    lo, hi = _since(since), _since(until)
+    lo, hi = _since(since), _since(until, "--until")
+    if lo is not None and hi is not None and lo > hi:
+        fail(f"--since {lo} is after --until {hi}: an empty report")
     with _store(url, create=False) as store:  # reads an existing table, creates none
         rows = [_row(r, by) for r in store.ledger(by, since=lo, until=hi)]
         per_day = store.ledger("day", since=lo, until=hi, extra="team") if plot is not None else []
