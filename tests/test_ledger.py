@@ -187,3 +187,21 @@ def test_report_command(sqlite_url, tmp_path):
     assert r.exit_code == 2 and "--until '2026-13-01'" in r.output and "--since" not in r.output
     r = run(app, ["report", "--db", sqlite_url, "--since", "2026-02-01", "--until", "2026-01-01"])
     assert r.exit_code == 2 and "--since 2026-02-01 is after --until 2026-01-01" in r.output
+
+
+def test_a_failed_retry_of_a_failed_run_still_adds_its_joules(any_url):
+    """LiteLLM retries a request on the same candidate and it fails again: the retry's joules were spent and reach
+    the ledger (no second request; they were dropped), the run holds the latest attempt, and a replay of either
+    attempt adds nothing."""
+    store = open_store(any_url)
+    first = production("flaky", status="failure", joules=4.0)
+    write(store, [first])
+    again = production("flaky", status="failure", joules=6.0)
+    retry = (again[0], again[1].model_copy(update={"created": T0 + 3}), again[2])
+    write(store, [retry])
+    write(store, [retry])  # the same row again (a spool replay): skipped, nothing added
+    write(store, [first])  # the first attempt replayed late: older than the run, skipped
+    (t1,) = store.ledger("team")
+    assert t1["requests"] == 1 and t1["joules_measured"] == pytest.approx(4.0 + 6.0)
+    assert [r["energy_j"] for r in store.iter_runs()] == [6.0]
+    store.close()

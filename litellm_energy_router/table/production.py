@@ -68,7 +68,7 @@ class Plan:
     upgrades: list[Run] = field(default_factory=list)
     reassigned: list[tuple[str, str]] = field(default_factory=list)
     skipped: int = 0
-    stored: list[tuple[int, bool]] = field(default_factory=list)  # (pair index, a new request) of each stored run
+    stored: list[tuple[int, bool]] = field(default_factory=list)
 
 
 def stored_calls(conn: Any, query_ids: Sequence[str]) -> dict[str, _Call]:
@@ -112,6 +112,10 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
             call.runs[r.candidate] = (r.status, r.created)
             plan.upgrades.append(r)
             plan.stored.append((i, False))
+        elif had[0] == "failure" and r.status == "failure" and (r.created or 0) > (had[1] or 0):
+            call.runs[r.candidate] = (r.status, r.created)  # a later failed attempt: its joules were spent too
+            plan.upgrades.append(r)  # the run holds the latest attempt (so a replay of it is skipped)
+            plan.stored.append((i, False))
         else:
             plan.skipped += 1
     return plan
@@ -126,7 +130,8 @@ def _reassign(plan: Plan, q: Query, r: Run) -> str:
 
 
 def apply_upgrades(conn: Any, runs: Sequence[Run], now: float) -> None:
-    """Replace each named candidate's failed production run by its successful retry (score untouched)."""
+    """Replace each named candidate's failed production run by its retry (a success, or a later failed attempt;
+    score untouched)."""
     t = schema.runs
     keep = {"query_id", "candidate", "source", "score"}
     for run in runs:
