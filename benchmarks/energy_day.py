@@ -289,7 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     extra = {
         "knob": {"per_key": {"app-b1": {"objective": "carbon", "lambda": lam_c}}},
-        "budgets": {"refresh_s": 0.25, "teams": {"team-a": {"limit": budget, "pace": hourly_traffic()}}},
+        # pending_s in real seconds: this replay runs a day in minutes and writes each row within a second
+        "budgets": {
+            "refresh_s": 0.25,
+            "pending_s": 1.0,
+            "teams": {"team-a": {"limit": budget, "pace": hourly_traffic()}},
+        },
     }
     s_b = settings(a.workdir, "budgeted", ckpt, csv, cands, extra)
     log(f"run 2: team-a soft budget {budget / 1e3:.0f} kJ/day, app-b1 objective carbon")

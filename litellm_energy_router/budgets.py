@@ -193,7 +193,7 @@ class BudgetState:
     cfg: Budget
     table: float = 0.0  # ledger sum of the period at the last read
     local: float = 0.0  # this process's decision-time estimates not yet dropped (sum of ``charges``)
-    charges: deque = field(default_factory=deque)  # [second (monotonic, whole), sum]: what ``local`` holds
+    charges: deque = field(default_factory=deque)  # [second, latest time, sum] (monotonic s): what ``local`` holds
     mu: float = 0.0
     z: float = 0.0  # the dual state before the projection: μ = max(0, z)
     period: str = ""
@@ -281,16 +281,16 @@ class BudgetBook:
         """Add a routed request's decision-time estimate to its budgets' local spend."""
         if not states or not figures:
             return
-        sec = float(int(time.monotonic()))
+        now = time.monotonic()
         with self._lock:
             for st in states:
                 v = figures.get("co2e_grams_estimate" if st.cfg.unit == "gco2e" else "joules_estimate")
                 if v is not None:
                     st.local += float(v)
-                    if st.charges and st.charges[-1][0] == sec:
-                        st.charges[-1][1] += float(v)
+                    if st.charges and st.charges[-1][0] == int(now):  # one entry per second: bounded
+                        st.charges[-1][1:] = [now, st.charges[-1][2] + float(v)]
                     else:
-                        st.charges.append([sec, float(v)])
+                        st.charges.append([int(now), now, float(v)])
 
     # -- refresh ------------------------------------------------------------------------------------------
     def _read(self, now_s: float) -> dict[int, float]:
@@ -319,8 +319,8 @@ class BudgetBook:
                 if sums is not None:  # table first: a lock-free reader may see the spend high, never low
                     st.table = sums[id(st)]
                     old = self.read_started - self.cfg.pending_s  # charged before: its row is in what was read
-                    while st.charges and st.charges[0][0] < old:
-                        st.local -= st.charges.popleft()[1]
+                    while st.charges and st.charges[0][1] < old:  # its latest charge is older
+                        st.local -= st.charges.popleft()[2]
                     st.local = max(st.local, 0.0) if st.charges else 0.0
                     st.reads += 1
                     st.read_ok = time.monotonic()

@@ -11,23 +11,51 @@ the harness's memory) is out of reach of any in-process check (docs/security.md)
 import ast
 import operator
 
-_PLAIN = (bool, int, float, complex, str, bytes, type(None), list, tuple, dict, set, frozenset)
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+# what a comparison, a membership test or a truth test of the tests calls on a value
+_DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__contains__")
+SOLUTION_FILE = "solution.py"  # the file name the harness compiles the solution under
+# bound now: the solution runs in this process and could replace operator.eq and the like later
+_OPS = {
+    "Eq": operator.eq,
+    "NotEq": operator.ne,
+    "Lt": operator.lt,
+    "LtE": operator.le,
+    "Gt": operator.gt,
+    "GtE": operator.ge,
+    "In": operator.contains,
+    "NotIn": operator.contains,
+    "Is": operator.is_,
+    "IsNot": operator.is_not,
+}
+_code_file = operator.attrgetter("__code__.co_filename")
+
+
+def _own(t):
+    """True when type ``t`` has a comparison or truth method written in the solution (a Python function compiled
+    from its file), however it was made: ``class X(int)``, ``type(...)``, a lambda assigned to ``__eq__``."""
+    for name in _DUNDERS:
+        f = getattr(t, name, None)
+        try:
+            if _code_file(f) == SOLUTION_FILE:
+                return True
+        except AttributeError:  # a C slot (int, Counter's parent dict, numpy): not the solution's
+            continue
+    return False
 
 
 def _honest(v):
-    """True when ``v`` holds no value whose comparison or truth the solution defines: no instance of a class
-    it made (its ``__module__`` is the solution's) and no subclass of a standard type (``class X(int)``)."""
-    stack, seen = [v], set()
+    """True when ``v`` holds no value whose comparison or truth the solution defines (:func:`_own`); standard and
+    library types, subclasses included (Counter, namedtuple, numpy scalars), compare as they do anywhere."""
+    stack, seen, own = [v], set(), {}
     while stack:
         x = stack.pop()
         t = type(x)
-        if t in _PLAIN:
-            if t in (list, tuple, set, frozenset, dict) and id(x) not in seen:
-                seen.add(id(x))
-                stack.extend(x.items() if t is dict else x)
-            continue
-        if getattr(t, "__module__", "") == "solution" or issubclass(t, _PLAIN):
+        if own.setdefault(t, _own(t)) if t not in own else own[t]:
             return False
+        if t in _CONTAINERS and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.items() if t is dict else x)
     return True
 
 
@@ -38,14 +66,19 @@ def checked(v):
 
 
 def compare(left, ops, rights):
-    fn = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt}
-    fn.update(GtE=operator.ge, In=lambda a, b: a in b, NotIn=lambda a, b: a not in b)
-    fn.update(Is=operator.is_, IsNot=operator.is_not)
-    for op, right in zip(ops, rights):
-        if not fn[op](checked(left), checked(right)):
-            return False
+    """A (chained) comparison as Python evaluates it, each operand checked first; the result is the operator's own
+    (a numpy array stays an array)."""
+    result = True
+    for i, (op, right) in enumerate(zip(ops, rights)):
+        if i and not result:  # a chain stops at the first false link, as Python's does
+            return result
+        a, b = checked(left), checked(right)
+        if op in ("In", "NotIn"):
+            result = _OPS[op](b, a) if op == "In" else not _OPS[op](b, a)
+        else:
+            result = _OPS[op](a, b)
         left = right
-    return True
+    return result
 
 
 def tests_tree(tests):

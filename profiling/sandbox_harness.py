@@ -31,7 +31,7 @@ import stat
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # read now: the host's paths vanish in step 1
-from sandbox_asserts import checked, compare, tests_tree  # noqa: E402
+from sandbox_asserts import SOLUTION_FILE, checked, compare, tests_tree  # noqa: E402
 
 del sys.path[0]
 
@@ -266,6 +266,19 @@ _PATH_EVENTS = {
     "os.chflags": 1,
     "os.lchflags": 1,
 }
+# where each event's dir_fd arguments sit (CPython's audit arguments; -1 or None when the call gave none)
+_DIR_FD_ARGS = {
+    "os.remove": (1,),
+    "os.rmdir": (1,),
+    "os.rename": (2, 3),
+    "os.chmod": (2,),
+    "os.chown": (3,),
+    "os.link": (2, 3),
+    "os.symlink": (2,),
+    "os.mkdir": (2,),
+    "os.utime": (3,),
+    "shutil.rmtree": (1,),
+}
 # native code, and C libraries that create files the audit hook never hears of (sqlite3's ATTACH,
 # dbm files, POSIX semaphores in /dev/shm)
 _NATIVE = {
@@ -303,6 +316,12 @@ def install_guard(workdir):
         except Exception:  # noqa: BLE001
             return False
 
+    def fd_path(fd):
+        try:
+            return os.readlink(f"/proc/self/fd/{int(fd)}")
+        except (OSError, TypeError, ValueError):
+            return "/"  # unknown: outside
+
     def hook(event, args):
         if event in _BLOCKED:
             raise PermissionError(f"sandbox: {event} is not allowed")
@@ -318,8 +337,10 @@ def install_guard(workdir):
         n = _PATH_EVENTS.get(event)
         if n and not all(inside(p) for p in args[:n]):
             raise PermissionError(f"sandbox: {event} outside the work directory is not allowed")
-        if n and any(a is not None and a != -100 for a in args[n:] if isinstance(a, int)):  # AT_FDCWD is -100
-            raise PermissionError(f"sandbox: {event} with dir_fd is not allowed")
+        for i in _DIR_FD_ARGS.get(event, ()):  # a dir_fd must name a directory inside (shutil.rmtree uses them)
+            fd = args[i] if i < len(args) else None
+            if fd not in (None, -1) and not inside(fd_path(fd)):
+                raise PermissionError(f"sandbox: {event} through a directory outside the work directory")
 
     sys.addaudithook(hook)
     import posix
@@ -371,7 +392,7 @@ def run(code, tests, nonce):
     scope = {"__name__": "solution", "__builtins__": __builtins__}
     try:
         tree = tests_tree(tests)
-        exec(compile(code, "solution.py", "exec"), scope)
+        exec(compile(code, SOLUTION_FILE, "exec"), scope)
         scope.update(__er_compare__=compare, __er_checked__=checked)
         exec(compile(tree, "tests.py", "exec"), scope)
     except BaseException as e:  # noqa: BLE001  (SystemExit and KeyboardInterrupt included: a fail)

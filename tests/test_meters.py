@@ -268,7 +268,36 @@ def test_nvml_power_sampling_refuses_a_stale_reading_when_the_driver_fails():
     assert m._sampler.errors > 0
     failing["on"] = False
     time.sleep(0.3)
-    assert m.read().total_j > 0  # sampling recovered
+    with pytest.raises(RuntimeError, match="gap"):  # once: a window across the gap has no figure
+        m.read()
+    a = m.read()
+    time.sleep(0.3)
+    assert m.read().total_j - a.total_j == pytest.approx(250.0 * 0.3, rel=0.3)  # sampling recovered
+    m.close()
+
+
+def test_nvml_power_sampling_invents_no_joules_for_a_gap_no_read_saw():
+    """Samples fail for longer than stale_s while nobody reads: the recovery does not hold the last power over the
+    gap; the first read after it raises, so a window that straddles the gap is not measured."""
+    import pynvml
+
+    failing = {"on": False}
+
+    def power(t):
+        if failing["on"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return 250.0
+
+    g = FakeGPU(power_w=power, has_counter=False, has_instant_field=False)
+    m = NvmlMeter(nvml=make_fake_pynvml([g]), sample_hz=20)
+    before = m.read().total_j
+    failing["on"] = True
+    time.sleep(m._sampler.stale_s + 0.3)
+    failing["on"] = False
+    time.sleep(0.2)  # recovered before anyone read
+    with pytest.raises(RuntimeError, match="gap"):
+        m.read()
+    assert m.read().total_j - before < 250.0 * 0.6  # not 250 W x the whole gap
     m.close()
 
 

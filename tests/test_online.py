@@ -495,9 +495,9 @@ def test_a_refresh_that_cannot_open_the_table_leaves_the_next_one_free(tmp_path)
 
 
 def test_one_row_cannot_steer_a_candidate_s_energy_ratio():
-    """A row's measured / estimated joules count within [1/16, 16]: after 500 rows at the estimate, one request of
-    30,000 output tokens (2,000x its estimate) moves the shared candidate ratio by a few percent at most, while a
-    steady 3x still corrects fully (within the stated rule)."""
+    """A row's measured / estimated ratio counts within 16x of what its level learned: after 500 rows at the
+    estimate, one request of 30,000 output tokens (900x its estimate) moves the shared candidate ratio by a few
+    percent at most, while a steady 3x corrects fully and traffic priced 100x too low is learned in tens of rows."""
     from litellm_energy_router.router.online import ROW_RATIO_MAX
 
     oe = OnlineEnergy(["a"], [0.5], [0.01], [30])
@@ -510,6 +510,10 @@ def test_one_row_cannot_steer_a_candidate_s_energy_ratio():
     for _ in range(60):
         steady.update("a", 100, 30, 48.0, "ctx:x", estimate_j=16.0)
     assert steady.ratios("ctx:x")[0][0] == pytest.approx(3.0, rel=0.02)
+    far = OnlineEnergy(["a"], [0.5], [0.01], [30])  # a new kind of traffic priced 100x too low (issue 22)
+    for _ in range(30):
+        far.update("a", 100, 30, 1600.0, "ctx:new", estimate_j=16.0)
+    assert far.ratios("ctx:new")[0][0] > 80.0  # learned within tens of rows: the bound follows the level
 
 
 def test_one_key_cannot_mint_contexts_without_bound_through_its_system_prompts():

@@ -177,6 +177,12 @@ def test_process_isolation_still_grades_and_contains(tmp_path):
     ok = asyncio.run(sandbox.run(GOOD, "assert sum_squares([1, 2]) == 5"))
     bad = asyncio.run(sandbox.run(f"import os\nos.remove({str(sentinel)!r})", "assert True"))
     fork = asyncio.run(sandbox.run("import subprocess\nsubprocess.run(['true'])", "assert True"))
+    # inside the work dir every file operation works (shutil.rmtree goes through dir_fds)
+    inside = (
+        "import os, shutil, tempfile\nos.makedirs('t/u')\nopen('t/u/f', 'w').write('x')\nos.rename('t/u/f', 't/g')\n"
+        "shutil.rmtree('t')\ntempfile.TemporaryDirectory(dir='.').cleanup()\nx = 1"
+    )
+    assert asyncio.run(sandbox.run(inside, "assert x == 1")).passed
     # through a directory's fd: the 'open' audit event carries no dir_fd, os.remove's does
     d = f"import os\nd = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
     via_fd = asyncio.run(sandbox.run(d + "os.remove('keep_me.txt', dir_fd=d)", "assert True"))
@@ -186,3 +192,69 @@ def test_process_isolation_still_grades_and_contains(tmp_path):
     assert ok.passed and not bad.passed and not fork.passed and not via_fd.passed and not made.passed
     assert all("not allowed" in r.reason for r in (bad, fork, via_fd, made)), [bad, fork, via_fd, made]
     assert sentinel.read_text() == "precious" and not (tmp_path / "new.txt").exists()
+
+
+def _graded(code: str, tests: str) -> str:
+    """Run ``code`` then ``tests`` as the harness does (its checks, no sandbox): "passed" or the failure."""
+    import operator
+
+    from litellm_energy_router.profiling.sandbox_asserts import SOLUTION_FILE, checked, compare, tests_tree
+
+    scope = {"__name__": "solution"}
+    saved = dict(vars(operator))  # a solution may patch the module: this process is the test run's own
+    try:
+        tree = tests_tree(tests)
+        exec(compile(code, SOLUTION_FILE, "exec"), scope)
+        scope.update(__er_compare__=compare, __er_checked__=checked)
+        exec(compile(tree, "tests.py", "exec"), scope)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    finally:
+        vars(operator).update(saved)
+    return "passed"
+
+
+@pytest.mark.parametrize(
+    "code, tests",
+    [
+        ("from collections import Counter\ndef f(s):\n    return Counter(s)", "assert f('aab') == {'a': 2, 'b': 1}"),
+        (
+            "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n    return P(1, 2)",
+            "assert f() == (1, 2)",
+        ),
+        (
+            "from collections import defaultdict\ndef f():\n    d = defaultdict(int)\n    d['a'] += 1\n    return d",
+            "assert f() == {'a': 1}",
+        ),
+        ("import numpy as np\ndef f(x):\n    return np.float64(x) * 2", "assert f(1.5) == 3.0"),
+        ("import numpy as np\ndef f():\n    return np.array([1, 2])", "assert (f() == np.array([1, 2])).all()"),
+        ("def f(x):\n    return x", "assert 1 < f(2) < 3\nassert f(None) is None\nassert 2 in [f(2)]\nassert not f(0)"),
+        ("import math\ndef f():\n    return 0.1 + 0.2", "assert math.isclose(f(), 0.3)\nassert set([f()]) == {f()}"),
+        (
+            "def f(n):\n    return [i * i for i in range(n)]",
+            "assert all(x >= 0 for x in f(4))\nassert f(3) == [0, 1, 4]",
+        ),
+        ("def f():\n    return 3", "class Node:\n    def __eq__(self, o):\n        return True\nassert Node() == f()"),
+    ],
+)
+def test_the_assert_checks_pass_correct_answers(code, tests):
+    """Standard and library types (Counter, namedtuple, defaultdict, numpy) compare as anywhere, a comparison keeps
+    its own result (a numpy array), chains, ``in``, ``is``, ``not``, generator expressions and classes the tests
+    define: correct code passes."""
+    assert _graded(code, tests) == "passed"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "class _Any:\n    __eq__ = lambda s, o: True\ndef f(x):\n    return _Any()",
+        "class N(int):\n    def __eq__(s, o):\n        return True\ndef f(x):\n    return N(0)",
+        "def f(x):\n    return [type('T', (), {'__eq__': lambda s, o: True})()]",
+        "def f(x):\n    class B:\n        __bool__ = lambda s: True\n    return B()",
+        "import operator\noperator.eq = lambda a, b: True\ndef f(x):\n    return 0",
+    ],
+)
+def test_the_assert_checks_fail_values_that_say_they_are_right(code):
+    """A value whose comparison or truth the solution wrote (a class, an int subclass, one made by type(), one
+    nested in a list, one made inside the function), and a patched operator module: the asserts fail."""
+    assert _graded(code, "assert f(2) == [5]\nassert f(2) == 5 or f(2)") != "passed"

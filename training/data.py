@@ -183,10 +183,10 @@ MAX_SEEN = 2000  # runs read within the skew margin the watermark remembers (mor
 class _RunScan:
     """What :func:`load_matrix` keeps of one pass over the runs."""
 
-    # (unbiased source, updated, run id, score, energy_j (J), completion_tokens) of the winning run per (query,
+    # (unbiased source 0/1, updated, run id, score, energy_j (J), completion_tokens) of the winning run per (query,
     # candidate):
     # a small tuple, not the row, so memory holds what the matrix needs and not every row read
-    best: dict[tuple[str, str], tuple[float, int, float, float, float]] = field(default_factory=dict)
+    best: dict[tuple[str, str], tuple[float, float, int, float, float, float]] = field(default_factory=dict)
     qinfo: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # query id -> (task, text)
     ptoks: dict[str, list[int]] = field(default_factory=dict)  # query id -> prompt tokens of its runs
     last: dict[str, int] = field(default_factory=dict)  # query id -> its largest run id
@@ -198,8 +198,8 @@ class _RunScan:
 def _scan_runs(
     store: Any, candidates: Sequence[str] | None, sources: Sequence[str] | None, since_id: int | None
 ) -> _RunScan:
-    """One pass over ``store.iter_runs``: the winning labelled run per (query, candidate) (the most
-    recently updated, then the largest id), each query's task, text and prompt tokens, and the watermarks."""
+    """One pass over ``store.iter_runs``: the winning labelled run per (query, candidate) (a tournament, shadow or
+    import run first, then the most recently updated, then the largest id), each query's task, text and prompt tokens, and the watermarks."""
     s = _RunScan()
     best, last = s.best, s.last
     wanted = set(candidates) if candidates is not None else None

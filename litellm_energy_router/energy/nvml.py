@@ -135,6 +135,7 @@ class _PowerIntegrator:
         self.period = 1.0 / hz
         self.stale_s = max(1.0, 10.0 * self.period)  # s
         self.errors = 0  # failed samples (NVML errors)
+        self._gap: float | None = None  # s: a gap in the samples no read has reported yet
         self._instant = {i: True for i in handles}  # try NVML_FI_DEV_POWER_INSTANT first
         self._lock = threading.Lock()
         t = time.monotonic()
@@ -165,8 +166,11 @@ class _PowerIntegrator:
         t = time.monotonic()
         with self._lock:
             dt = t - self._last_t
-            for i in self._j:
-                self._j[i] += self._last_w[i] * dt  # hold each sample until the next: readings stay monotone
+            if dt > self.stale_s:  # samples failed over a gap: nothing is invented for it, the next read says so
+                self._gap = dt
+            else:
+                for i in self._j:
+                    self._j[i] += self._last_w[i] * dt  # hold each sample until the next: readings stay monotone
             self._last_t, self._last_w = t, p
 
     def _run(self) -> None:
@@ -182,6 +186,9 @@ class _PowerIntegrator:
         with self._lock:
             t = time.monotonic()
             tail = t - self._last_t  # extend with the last power so readings stay monotone
+            if self._gap is not None:  # a window across it has no figure (the tournament ledger drops it)
+                gap, self._gap = self._gap, None
+                raise RuntimeError(f"NVML power samples had a gap of {gap:.1f} s ({self.errors} failed samples)")
             if tail > self.stale_s:
                 raise RuntimeError(f"NVML power samples stale for {tail:.1f} s ({self.errors} failed samples)")
             return EnergyReading(timestamp_s=t, joules={i: j + self._last_w[i] * tail for i, j in self._j.items()})

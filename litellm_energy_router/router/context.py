@@ -126,7 +126,7 @@ def request_context(
     sp = system_prompt(messages)
     if sp:
         digest = hashlib.sha256(sp[:8192].encode("utf-8", "replace")).hexdigest()
-        parts.append("system=" + _SYSTEMS.admit("\x00".join(parts), digest))
+        parts.append("system=" + (_SYSTEMS.admit("\x00".join(parts), digest) if parts else digest))  # no identity: SDK
     key = None
     if parts:
         parts.append(f"group={model_group or ''}")

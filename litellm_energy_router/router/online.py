@@ -11,8 +11,10 @@ correct a wrong length prior even without a meter). Joules estimated: the decisi
 the served candidate (before any online correction); without it, the checkpoint's J/token with its unknown-task
 prior of the output tokens.
 
-One row's measured joules count within ``ROW_RATIO_MAX`` (16) times its estimate either way: a request of
-30,000 output tokens (or a meter's glitch) moves its candidate's ratio as a 16x row does, not as a 1,000x one.
+One row's measured / estimated ratio counts within ``ROW_RATIO_MAX`` (16) times its level's current ratio either
+way: a request of 30,000 output tokens (or a meter's glitch) among rows at the estimate moves its candidate's ratio
+as a 16x row does, not as a 1,000x one, while traffic really priced 100x too low is learned in a few rows (each
+row may go 16x beyond what the level learned so far).
 
 **Shrinkage** (the stated rule): with ``n`` the (decayed) row count of a level, its ratio enters as
 ``(n * q + N0 * parent) / (n + N0)``: the candidate's rows shrink toward the checkpoint (ratio 1), a context's
@@ -35,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-ROW_RATIO_MAX = 16.0  # one row's measured / estimated joules counts within [1/16, 16]: no single row steers a level
+ROW_RATIO_MAX = 16.0  # a row's ratio counts within [q/16, 16 q] of its level's ratio q: no single row steers it
 N0 = 4.0  # pseudo-rows of the parent level (checkpoint, then candidate) in every shrunk ratio
 WINDOW = 500.0  # rows: older rows' weight decays by 1 - 1/WINDOW per update of the same key
 MAX_KEYS = 10_000  # context keys kept (per state); the least recently updated beyond it are dropped
@@ -52,6 +54,13 @@ class _Sums:
 
     def add(self, j_meas: float, j_est: float, decay: float) -> None:
         self.n, self.j_meas, self.j_est = self.n * decay + 1, self.j_meas * decay + j_meas, self.j_est * decay + j_est
+
+
+def _bounded(j: float, est: float, s: _Sums) -> float:
+    """``j`` (J) within ``ROW_RATIO_MAX`` of what level ``s`` has learned: ``est * q`` times [1/R, R], q its
+    measured / estimated ratio so far (1 before any row)."""
+    q = s.j_meas / s.j_est if s.n > 0 and s.j_est > 0 else 1.0
+    return min(max(j, est * q / ROW_RATIO_MAX), est * q * ROW_RATIO_MAX)
 
 
 def shrink(n: float, observed: float, parent: float, n0: float = N0) -> float:
@@ -110,12 +119,11 @@ class OnlineEnergy:
         est = float(estimate_j) if _ok(estimate_j) else pt * self.j_prompt[k] + self.prior_tokens[k] * self.j_out[k]
         if est <= 0:
             return False
-        j = min(max(j, est / ROW_RATIO_MAX), est * ROW_RATIO_MAX)
         with self._lock:
-            self._cand[k].add(j, est, self.decay)
+            self._cand[k].add(_bounded(j, est, self._cand[k]), est, self.decay)
             if context:
                 sums = self._ctx.pop(context, None) or [_Sums() for _ in self.candidates]
-                sums[k].add(j, est, self.decay)
+                sums[k].add(_bounded(j, est, sums[k]), est, self.decay)
                 self._ctx[context] = sums
                 while len(self._ctx) > MAX_KEYS:
                     self._ctx.popitem(last=False)
