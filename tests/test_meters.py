@@ -246,9 +246,8 @@ def test_gpu_check_script_on_fake_nvml(monkeypatch, capsys):
     assert float(fields["conservation_err"]) < 0.01
 
 
-def test_nvml_power_sampling_refuses_a_stale_reading_when_the_driver_fails():
-    """NVML power samples failing: a read no longer extends the last power over the gap (a made-up figure), it
-    raises once no good sample came for ``stale_s``, so the request's joules are unknown, not invented."""
+def _flaky_power_meter():
+    """A 250 W GPU without an energy counter (power sampling at 20 Hz) whose samples fail while ``failing["on"]``."""
     import pynvml
 
     failing = {"on": False}
@@ -259,7 +258,13 @@ def test_nvml_power_sampling_refuses_a_stale_reading_when_the_driver_fails():
         return 250.0
 
     g = FakeGPU(power_w=power, has_counter=False, has_instant_field=False)
-    m = NvmlMeter(nvml=make_fake_pynvml([g]), sample_hz=20)
+    return NvmlMeter(nvml=make_fake_pynvml([g]), sample_hz=20), failing
+
+
+def test_nvml_power_sampling_refuses_a_stale_reading_when_the_driver_fails():
+    """NVML power samples failing: a read no longer extends the last power over the gap (a made-up figure), it
+    raises once no good sample came for ``stale_s``, so the request's joules are unknown, not invented."""
+    m, failing = _flaky_power_meter()
     m.read()
     failing["on"] = True
     time.sleep(m._sampler.stale_s + 0.3)
@@ -279,17 +284,7 @@ def test_nvml_power_sampling_refuses_a_stale_reading_when_the_driver_fails():
 def test_nvml_power_sampling_invents_no_joules_for_a_gap_no_read_saw():
     """Samples fail for longer than stale_s while nobody reads: the recovery does not hold the last power over the
     gap; the first read after it raises, so a window that straddles the gap is not measured."""
-    import pynvml
-
-    failing = {"on": False}
-
-    def power(t):
-        if failing["on"]:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
-        return 250.0
-
-    g = FakeGPU(power_w=power, has_counter=False, has_instant_field=False)
-    m = NvmlMeter(nvml=make_fake_pynvml([g]), sample_hz=20)
+    m, failing = _flaky_power_meter()
     before = m.read().total_j
     failing["on"] = True
     time.sleep(m._sampler.stale_s + 0.3)
