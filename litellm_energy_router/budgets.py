@@ -34,8 +34,8 @@ never serves a capped key on a spend it cannot see.
 proxy's callback in the row's transaction) at the last read + the decision-time estimates (Ê, or its gCO2e)
 of the requests this process routed in the ``pending_s`` (300 s) before that read started, and since: a request
 counts locally from its decision until its row can be in the ledger (a stream of minutes included), and the
-overlap with the ledger is at most ``pending_s`` of this process's traffic, counted twice (the safe side). A background thread reads the table every
-``refresh_s``; nothing on the request path touches the table. A request served by any proxy sharing the
+overlap with the ledger is at most ``pending_s`` of this process's traffic, counted twice (the safe side). A
+background thread reads the table every ``refresh_s``; nothing on the request path touches the table. A request served by any proxy sharing the
 table is in every proxy's spend at most ``refresh_s`` + that proxy's ``writer.flush_interval_s`` + its
 energy settle time (0 with the ``estimate`` meter; ``energy.settle_timeout_s`` at most) after it ended,
 plus one table read; this process's own requests count from their decision on.

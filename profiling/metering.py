@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from typing import Any, Iterable, Protocol
 
 from litellm_energy_router.energy.attribution import split_energy
@@ -84,7 +85,7 @@ class EnergyLedger:
         """Read the meter and share its delta among the open windows; False when the read failed."""
         try:
             now = float(self.meter.read().total_j)
-            if now != now or now in (float("inf"), float("-inf")):
+            if not math.isfinite(now):
                 raise ValueError(f"reading {now}")
         except Exception as e:  # noqa: BLE001  (a meter hiccup must not lose the tournament)
             if not self._failed:

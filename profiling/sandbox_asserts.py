@@ -15,18 +15,19 @@ _CONTAINERS = (list, tuple, set, frozenset, dict)
 # what a comparison, a membership test or a truth test of the tests calls on a value
 _DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__contains__")
 SOLUTION_FILE = "solution.py"  # the file name the harness compiles the solution under
-# bound now: the solution runs in this process and could replace operator.eq and the like later
+# the comparisons as syntax, not the operator module's functions: the solution runs in this process and could
+# replace operator.eq and the like
 _OPS = {
-    "Eq": operator.eq,
-    "NotEq": operator.ne,
-    "Lt": operator.lt,
-    "LtE": operator.le,
-    "Gt": operator.gt,
-    "GtE": operator.ge,
-    "In": operator.contains,
-    "NotIn": operator.contains,
-    "Is": operator.is_,
-    "IsNot": operator.is_not,
+    "Eq": lambda a, b: a == b,
+    "NotEq": lambda a, b: a != b,
+    "Lt": lambda a, b: a < b,
+    "LtE": lambda a, b: a <= b,
+    "Gt": lambda a, b: a > b,
+    "GtE": lambda a, b: a >= b,
+    "In": lambda a, b: a in b,
+    "NotIn": lambda a, b: a not in b,
+    "Is": lambda a, b: a is b,
+    "IsNot": lambda a, b: a is not b,
 }
 _code_file = operator.attrgetter("__code__.co_filename")
 
@@ -51,7 +52,9 @@ def _honest(v):
     while stack:
         x = stack.pop()
         t = type(x)
-        if own.setdefault(t, _own(t)) if t not in own else own[t]:
+        if t not in own:
+            own[t] = _own(t)
+        if own[t]:
             return False
         if t in _CONTAINERS and id(x) not in seen:
             seen.add(id(x))
@@ -72,11 +75,7 @@ def compare(left, ops, rights):
     for i, (op, right) in enumerate(zip(ops, rights)):
         if i and not result:  # a chain stops at the first false link, as Python's does
             return result
-        a, b = checked(left), checked(right)
-        if op in ("In", "NotIn"):
-            result = _OPS[op](b, a) if op == "In" else not _OPS[op](b, a)
-        else:
-            result = _OPS[op](a, b)
+        result = _OPS[op](checked(left), checked(right))
         left = right
     return result
 

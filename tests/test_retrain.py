@@ -249,14 +249,14 @@ def test_rows_read_within_the_skew_margin_are_not_new_again_unless_relabelled(sq
     store.write(queries, runs, candidates=cands)  # just now: inside the margin of a scan starting now
     scan = data_mod._scan_runs(store, None, None, None)
     total = store.count_runs()
-    assert 0 < len(scan.late) == total and scan.max_upd < min(scan.late.values())
+    assert 0 < len(scan.seen) == total and scan.max_upd < min(scan.seen.values())
     assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd) == total  # without: all again
-    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.late) == 0
+    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.seen) == 0
     first = next(store.iter_runs())
     keep = ("query_id", "candidate", "source", "energy_j", "prompt_tokens", "completion_tokens")
     time.sleep(0.01)
     store.write(runs=[{**{k: first[k] for k in keep}, "score": 1.0 - float(first["score"])}])  # relabelled
-    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.late) == 1
+    assert store.count_labelled(since_id=scan.max_id, since_updated=scan.max_upd, seen=scan.seen) == 1
     store.close()
 
 

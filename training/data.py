@@ -192,24 +192,26 @@ class _RunScan:
     last: dict[str, int] = field(default_factory=dict)  # query id -> its largest run id
     max_id: int = 0  # the largest run id read
     max_upd: float = 0.0  # the latest ``updated`` time read (Unix s)
-    late: dict[int, float] | None = field(default_factory=dict)  # runs read updated within the skew margin
+    seen: dict[int, float] | None = field(default_factory=dict)  # runs read updated within the skew margin
 
 
 def _scan_runs(
     store: Any, candidates: Sequence[str] | None, sources: Sequence[str] | None, since_id: int | None
 ) -> _RunScan:
     """One pass over ``store.iter_runs``: the winning labelled run per (query, candidate) (a tournament, shadow or
-    import run first, then the most recently updated, then the largest id), each query's task, text and prompt tokens, and the watermarks."""
+    import run first, then the most recently updated, then the largest id), each query's task, text and prompt
+    tokens, and the watermarks."""
     s = _RunScan()
     best, last = s.best, s.last
     wanted = set(candidates) if candidates is not None else None
-    started = time.time()
+    cut = time.time() - WATERMARK_SKEW_S  # the scan's start, less the writers' clock skew
     for r in store.iter_runs(sources=list(sources) if sources else None, since_id=since_id):
+        upd = float(r.get("updated") or 0.0)
         s.max_id = max(s.max_id, int(r["id"]))
-        s.max_upd = max(s.max_upd, float(r.get("updated") or 0.0))
-        if s.late is not None and float(r.get("updated") or 0.0) > started - WATERMARK_SKEW_S:
-            s.late[int(r["id"])] = float(r["updated"])
-            s.late = s.late if len(s.late) <= MAX_SEEN else None
+        s.max_upd = max(s.max_upd, upd)
+        if s.seen is not None and upd > cut:
+            s.seen[int(r["id"])] = upd
+            s.seen = s.seen if len(s.seen) <= MAX_SEEN else None
         if wanted is not None and r["candidate"] not in wanted:
             continue
         qid = r["query_id"]
@@ -220,15 +222,15 @@ def _scan_runs(
         if r.get("score") is None or r.get("energy_j") is None:
             continue
         key = (qid, r["candidate"])
-        rank = (float(r["source"] in UNBIASED_SOURCES), float(r.get("updated") or 0), int(r["id"]))
+        rank = (float(r["source"] in UNBIASED_SOURCES), upd, int(r["id"]))
         if key not in best or rank >= best[key][:3]:
             ct = r.get("completion_tokens")
             best[key] = (*rank, float(r["score"]), float(r["energy_j"]), np.nan if ct is None else float(ct))
     # the ``updated`` watermark is no later than the scan's start (less a clock-skew margin between the table's
     # writers and this process): a label written to a row the scan had passed, while rows updated after it were
     # read, counts as new for the next run instead of falling between two watermarks; the runs read within the
-    # margin are remembered (``late``) so the next run does not count them again while they are unchanged
-    s.max_upd = min(s.max_upd, started - WATERMARK_SKEW_S)
+    # margin are remembered (``seen``) so the next run does not count them again while they are unchanged
+    s.max_upd = min(s.max_upd, cut)
     return s
 
 
@@ -300,6 +302,6 @@ def _assemble(scan: _RunScan, cands: list[str], require_text: bool, store: Any) 
         dropped=dropped,
         max_run_id=scan.max_id,
         max_updated=scan.max_upd,
-        seen=scan.late,
+        seen=scan.seen,
         last_run=np.array([scan.last[i] for i in ids], dtype=np.int64),
     )

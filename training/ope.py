@@ -40,6 +40,17 @@ def _z(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2)
 
 
+def finite(v: Any) -> Any:
+    """``v`` with every non-finite float (NaN, ±inf: an estimate that does not exist) as None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    return v
+
+
 @dataclass
 class Estimate:
     """One off-policy estimate: ``value`` with a ``level`` (e.g. 0.95) interval [``lo``, ``hi``];
@@ -57,7 +68,7 @@ class Estimate:
 
     def as_dict(self) -> dict[str, float | None]:
         """The fields, a non-finite one (an interval from one row, SNIPS with no overlap) as None: JSON has no NaN."""
-        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
+        return finite(asdict(self))
 
     def __str__(self) -> str:
         return f"{self.value:.4g} [{self.lo:.4g}, {self.hi:.4g}]"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import math
 import shutil
 import time
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import open_store
 
 from .data import MatrixError, TableMatrix, holdout_split, near_duplicate_groups
+from .ope import finite
 from .retrain_config import RetrainConfig, load_retrain_config  # noqa: F401 (re-exported)
 from .retrain_gate import compare, estimate_off_policy, promote_or_delete, set_pointer  # noqa: F401 (re-exported)
 
@@ -72,21 +72,10 @@ def _serving(pointer: Path) -> tuple[Path | None, Any]:
     return d, read_manifest(d)
 
 
-def _finite(v: Any) -> Any:
-    """``v`` with every non-finite float (NaN, ±inf: an estimate that does not exist) as None."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
-
-
 def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Path, Path]:
     rdir.mkdir(parents=True, exist_ok=True)
     jp, mp = rdir / f"{version}.json", rdir / f"{version}.md"
-    jp.write_text(json.dumps(_finite(report), indent=2, default=str, allow_nan=False))  # strict JSON: jq, JS, Go
+    jp.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False))  # strict JSON: jq, JS, Go
     cmp_ = report.get("comparison", {})
     lines = [
         f"# Retrain {version}: {report['status']}",

@@ -88,8 +88,8 @@ class DecisionBook:
     Each entry holds the dict itself, so its ``id`` cannot be reused while the entry lives, and a lookup
     checks ``is``. Bounded (``maxsize`` entries, oldest dropped, counted in
     ``energy_router_decisions_evicted_total{book}``): requests no callback reads back, e.g. the filter without the
-    energy callback, cost no more than that; more requests in flight than that lose their oldest decisions. Thread-safe (LiteLLM logs sync calls
-    on its own threads).
+    energy callback, cost no more than that; more requests in flight than that lose their oldest decisions.
+    Thread-safe (LiteLLM logs sync calls on its own threads).
     """
 
     def __init__(self, maxsize: int = 16_384, name: str = "decisions") -> None:

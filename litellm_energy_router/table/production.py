@@ -68,7 +68,7 @@ class Plan:
     upgrades: list[Run] = field(default_factory=list)
     reassigned: list[tuple[str, str]] = field(default_factory=list)
     skipped: int = 0
-    stored: list[tuple[int, bool]] = field(default_factory=list)
+    stored: list[tuple[int, bool]] = field(default_factory=list)  # (pair index, a new request): runs the ledger adds
 
 
 def stored_calls(conn: Any, query_ids: Sequence[str]) -> dict[str, _Call]:
@@ -108,13 +108,11 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
             call.runs[r.candidate] = (r.status, r.created)
             plan.runs.append(r)
             plan.stored.append((i, False))  # another candidate's attempt of the same request
-        elif had[0] == "failure" and r.status == "success":
+        elif had[0] == "failure" and (r.status == "success" or (r.created or 0) > (had[1] or 0)):
+            # its successful retry, or a later failed attempt (its joules were spent too): the run holds the latest,
+            # so a replay of it is skipped
             call.runs[r.candidate] = (r.status, r.created)
             plan.upgrades.append(r)
-            plan.stored.append((i, False))
-        elif had[0] == "failure" and r.status == "failure" and (r.created or 0) > (had[1] or 0):
-            call.runs[r.candidate] = (r.status, r.created)  # a later failed attempt: its joules were spent too
-            plan.upgrades.append(r)  # the run holds the latest attempt (so a replay of it is skipped)
             plan.stored.append((i, False))
         else:
             plan.skipped += 1
