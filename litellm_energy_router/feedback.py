@@ -12,6 +12,12 @@ reusing the id — or a replayed row — never receives or resets this label. Se
     POST /v1/feedback   {"call_id": "<litellm call id>", "score": 0.0..1.0}
     -> 200 {"call_id": ..., "score": ..., "updated": n (0: already so)} | 400 | 401 | 404 unknown id | 409 | 422 | 503
 
+Two kinds of bearer: the operator's ``feedback.token`` labels any call; with ``feedback.caller_keys`` a LiteLLM
+virtual key labels only the calls made with that key (``owner``: the key's SHA-256, which is LiteLLM's
+``user_api_key_hash`` for a virtual key and is stored with each production row). Another key's call, a row
+written before rows recorded their key, or one made with the master key is "unknown" to a caller key: the answer
+is the same 404 as for an id that was never served, so a key cannot learn which ids exist.
+
 A row reaches the table a moment after its response (the writer batches): feedback sent before that
 gets 404 and can be retried.
 """
@@ -19,6 +25,7 @@ gets 404 and can be retried.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import math
 from typing import Any
@@ -49,13 +56,18 @@ def parse_score(value: Any) -> float:
     return s
 
 
-def apply_feedback(store: TableStore, call_id: str, score: Any) -> int:
+def apply_feedback(store: TableStore, call_id: str, score: Any, *, owner: str | None = None) -> int:
     """Label the successful production run(s) of ``call_id`` with ``score``. Returns rows changed (0 when
-    they already had that score)."""
+    they already had that score). ``owner``: a caller key's hash; only runs recorded with that ``key_hash`` are
+    found (None: the operator, every run)."""
     s = parse_score(score)
     if not isinstance(call_id, str) or not call_id or len(call_id) > 256:
         raise FeedbackError(f"call id {str(call_id)[:80]!r} is not a LiteLLM call id", 400)
-    runs = [r for r in store.runs_for_call(stored_call_id(call_id)) if r.source == "production"]
+    runs = [
+        r
+        for r in store.runs_for_call(stored_call_id(call_id))
+        if r.source == "production" and (owner is None or _owned(r.key_hash, owner))
+    ]
     if not runs:
         raise FeedbackError(f"unknown call id {call_id!r} (no production row yet)", 404)
     ok = [r for r in runs if r.status != "failure"]
@@ -67,19 +79,39 @@ def apply_feedback(store: TableStore, call_id: str, score: Any) -> int:
     return len(changed)
 
 
-def feedback_app(store: TableStore, token: str) -> Any:
-    """The aiohttp application of the feedback endpoint. ``token`` is required."""
+def _owned(key_hash: str | None, owner: str) -> bool:
+    return key_hash is not None and hmac.compare_digest(key_hash.encode(), owner.encode())
+
+
+MAX_KEY_BYTES = 512
+
+
+def bearer_owner(header: bytes, expected: bytes | None, caller_keys: bool) -> tuple[bool, str | None]:
+    """(authorised, owner) of an ``Authorization`` header: the operator's ``expected`` header → (True, None), any
+    call; with ``caller_keys`` another non-empty bearer → (True, its SHA-256 hex): the calls made with that key."""
+    if expected is not None and hmac.compare_digest(header, expected):
+        return True, None
+    key = header[7:] if header[:7] == b"Bearer " else b""
+    if caller_keys and 0 < len(key.strip()) == len(key) <= MAX_KEY_BYTES:
+        return True, hashlib.sha256(key).hexdigest()  # LiteLLM's hash_token: sha256 of the key's UTF-8 bytes
+    return False, None
+
+
+def feedback_app(store: TableStore, token: str | None, *, caller_keys: bool = False) -> Any:
+    """The aiohttp application of the feedback endpoint: the operator's ``token``, LiteLLM virtual keys
+    (``caller_keys``: each labels its own calls), or both; at least one is required."""
     from aiohttp import web
 
-    if not token:
-        raise ValueError("feedback endpoint: a bearer token is required (set feedback.token)")
-    expected = f"Bearer {token}".encode()
+    if not token and not caller_keys:
+        raise ValueError("feedback endpoint: a bearer token is required (set feedback.token or feedback.caller_keys)")
+    expected = f"Bearer {token}".encode() if token else None
 
     async def post(request: web.Request) -> web.Response:
         # surrogateescape: a header with a byte that is not UTF-8 is a wrong token (401), not a server error
-        if not hmac.compare_digest(
-            request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected
-        ):
+        ok, owner = bearer_owner(
+            request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected, caller_keys
+        )
+        if not ok:
             return web.json_response({"error": "missing or wrong bearer token"}, status=401)
         try:
             body = await request.json()
@@ -87,7 +119,7 @@ def feedback_app(store: TableStore, token: str) -> Any:
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": 'body must be JSON {"call_id": str, "score": number}'}, status=400)
         try:
-            n = await asyncio.to_thread(apply_feedback, store, call_id, score)
+            n = await asyncio.to_thread(apply_feedback, store, call_id, score, owner=owner)
         except FeedbackError as e:
             return web.json_response({"error": str(e)}, status=e.status)
         except TableError as e:

@@ -229,7 +229,10 @@ class WriterSettings(_Section):
 class FeedbackSettings(_Section):
     """Quality labels for production rows, keyed by LiteLLM call id."""
 
-    token: str | None = Field(None, description="bearer token the feedback endpoint requires (use os.environ/...)")
+    token: str | None = Field(None, description="operator bearer token: labels any call (use os.environ/...)")
+    caller_keys: bool = Field(
+        False, description="also take a LiteLLM virtual key as the bearer: it labels only the calls made with that key"
+    )
     host: str = "127.0.0.1"
     port: int = Field(9401, ge=1, le=65535)
 

@@ -5,6 +5,7 @@ metadata names another team is charged to its own key's team; a key over its har
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADERS_HOOK = hasattr(CustomLogger, "async_post_call_response_headers_hook")
 NAMES = ["mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat", "meta/llama-2-70b-chat"]
 AUTH = """
+import hashlib
+
 from fastapi import HTTPException
 from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
 
@@ -47,7 +50,8 @@ async def user_api_key_auth(request, api_key):
     if api_key not in KEYS:
         raise HTTPException(status_code=401, detail="unknown key")
     alias, team, team_alias = KEYS[api_key]
-    return UserAPIKeyAuth(api_key=api_key, key_alias=alias, team_id=team, team_alias=team_alias, user_id="u-" + alias)
+    # api_key: the key's SHA-256, as LiteLLM's database-backed virtual keys carry it (user_api_key_hash)
+    return UserAPIKeyAuth(api_key=hashlib.sha256(api_key.encode()).hexdigest(), key_alias=alias, team_id=team, team_alias=team_alias, user_id="u-" + alias)
 """
 
 
@@ -208,3 +212,40 @@ def test_key_over_its_hard_budget_gets_429(proxy):
     msg = json.loads(e.value.read())["error"]["message"]
     assert "energy-router: budget keys.svc-capped exhausted:" in msg and "of 1e-06 J this day" in msg, msg
     assert _post(port, "sk-search-0123456789", "Tell me about rivers number 13")[0] == 200  # another key is not capped
+
+
+def test_a_key_labels_its_own_calls_through_the_feedback_endpoint(proxy):
+    """Each production row records the authenticated key's hash (never one the request's metadata claims); with
+    feedback.caller_keys that key, as the bearer, labels its own call and no other key's."""
+    from litellm_energy_router.feedback import feedback_app
+    from litellm_energy_router.threaded_app import ThreadedApp
+
+    port, search, ads = proxy["port"], "sk-search-0123456789", "sk-ads-0123456789"
+    ids = {}
+    for key in (search, ads):
+        spoof = {"user_api_key_hash": hashlib.sha256(search.encode()).hexdigest()}  # the Ads call claims Search's
+        ids[key] = _post(port, key, f"Tell me about lakes, {key[3:6]}", metadata=spoof)[1]["x-litellm-call-id"]
+    store = open_store(proxy["db"])
+    deadline = time.time() + 60
+    while time.time() < deadline and len([r for r in store.iter_runs() if r["call_id"] in ids.values()]) < 2:
+        time.sleep(0.3)
+    owners = {r["call_id"]: r["key_hash"] for r in store.iter_runs() if r["call_id"] in ids.values()}
+    assert owners == {ids[k]: hashlib.sha256(k.encode()).hexdigest() for k in (search, ads)}
+    with ThreadedApp(lambda: feedback_app(store, None, caller_keys=True)) as srv:
+
+        def label(key, cid):
+            body = json.dumps({"call_id": cid, "score": 1.0}).encode()
+            req = urllib.request.Request(
+                f"{srv.url}/v1/feedback", data=body, headers={"Authorization": f"Bearer {key}"}, method="POST"
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        assert label(search, ids[ads]) == 404 and label(ads, ids[search]) == 404
+        assert label(ads, ids[ads]) == 200
+    scores = {r["call_id"]: r["score"] for r in store.iter_runs() if r["call_id"] in ids.values()}
+    store.close()
+    assert scores == {ids[search]: None, ids[ads]: 1.0}

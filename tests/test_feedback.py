@@ -43,8 +43,8 @@ def _snapshot(store):
     }
 
 
-def _row(i: int, status: str = "success"):
-    return served_row(i, status=status, text=f"q{i}", start_s=100.0 + i, end_s=101.0 + i, propensity=0.5)
+def _row(i: int, status: str = "success", **over):
+    return served_row(i, status=status, text=f"q{i}", start_s=100.0 + i, end_s=101.0 + i, propensity=0.5, **over)
 
 
 def test_apply_feedback(table):
@@ -115,6 +115,53 @@ def test_http_endpoint(sqlite_url, tmp_path):
         r = httpx.post(url, json={"call_id": "call-0", "score": 0.25}, headers=auth)
         assert r.status_code == 200 and r.json() == {"call_id": "call-0", "score": 0.25, "updated": 1}
     assert _snapshot(store)["call-0"][0] == 0.25
+    store.close()
+
+
+def test_a_caller_key_labels_only_the_calls_made_with_it(sqlite_url, tmp_path):
+    """feedback.caller_keys: a LiteLLM virtual key is a bearer that labels the calls it made (rows record
+    ``user_api_key_hash``, the key's SHA-256), never another key's, a master-key call or a row with no key; those
+    answer the same 404 as an id never served. The operator's token still labels any call."""
+    import hashlib
+
+    h = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731  (LiteLLM's hash_token)
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings()
+    )
+    w.submit(_row(0, key_hash=h("sk-alice")))
+    w.submit(_row(1, key_hash=h("sk-bob")))
+    w.submit(_row(2, key_hash="litellm-proxy-master-key"))  # what LiteLLM logs for the master key
+    w.submit(_row(3))  # no key (the SDK Router, or a row from before the column)
+    w.close()
+    store = open_store(sqlite_url)
+    assert {r["call_id"]: r["key_hash"] for r in store.iter_runs()}["call-0"] == h("sk-alice")
+    with ThreadedApp(lambda: feedback_app(store, "tok", caller_keys=True)) as srv:
+        url = f"{srv.url}/v1/feedback"
+
+        def post(key, cid, score=1.0):
+            return httpx.post(url, json={"call_id": cid, "score": score}, headers={"Authorization": f"Bearer {key}"})
+
+        before = _snapshot(store)
+        for key, cid in [("sk-bob", "call-0"), ("sk-alice", "call-1"), ("sk-alice", "call-2"), ("sk-alice", "call-3")]:
+            r = post(key, cid)
+            assert r.status_code == 404 and r.json()["error"] == f"unknown call id {cid!r} (no production row yet)"
+        r = post("sk-alice", "never-served")
+        assert r.status_code == 404 and r.json()["error"] == "unknown call id 'never-served' (no production row yet)"
+        assert httpx.post(url, json={"call_id": "call-0", "score": 1}).status_code == 401  # no bearer
+        assert post("-", "call-0").status_code == 404  # any other bearer is a key that owns nothing
+        assert _snapshot(store) == before
+        assert post("sk-alice", "call-0").json() == {"call_id": "call-0", "score": 1.0, "updated": 1}
+        assert post("sk-bob", "call-1", 0.0).json()["updated"] == 1
+        assert post("tok", "call-2", 0.5).json()["updated"] == 1 and post("tok", "call-0", 0.0).json()["updated"] == 1
+    snap = _snapshot(store)
+    assert [snap[f"call-{i}"][0] for i in range(4)] == [0.0, 0.0, 0.5, None]
+    with ThreadedApp(lambda: feedback_app(store, "tok")) as srv:  # caller keys off (the default): a key is a 401
+        r = httpx.post(
+            f"{srv.url}/v1/feedback",
+            json={"call_id": "call-0", "score": 1},
+            headers={"Authorization": "Bearer sk-alice"},
+        )
+        assert r.status_code == 401
     store.close()
 
 

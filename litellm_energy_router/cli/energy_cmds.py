@@ -178,12 +178,17 @@ def feedback_serve(
         None, "--port", min=0, max=65535, help="TCP port (default: feedback.port; 0: any free port)"
     ),
     token: Optional[str] = typer.Option(
-        None, "--token", envvar="ENERGY_ROUTER_FEEDBACK_TOKEN", help="bearer token (default: feedback.token); required"
+        None, "--token", envvar="ENERGY_ROUTER_FEEDBACK_TOKEN", help="operator bearer token (default: feedback.token)"
+    ),
+    caller_keys: Optional[bool] = typer.Option(
+        None,
+        "--caller-keys/--no-caller-keys",
+        help="a LiteLLM virtual key labels the calls made with it (default: feedback.caller_keys)",
     ),
     db: Optional[str] = DbOpt,
     config: Optional[Path] = ConfigOpt,
 ) -> None:
-    """Serve POST /v1/feedback {"call_id", "score"} (token-protected)."""
+    """Serve POST /v1/feedback {"call_id", "score"} (the operator's token, or a caller's own LiteLLM key)."""
     import asyncio
 
     from aiohttp import web
@@ -193,14 +198,18 @@ def feedback_serve(
 
     s = settings_or_fail(config)
     token = token or s.feedback.token
-    if not token:
-        fail("feedback serve: a bearer token is required (--token, ENERGY_ROUTER_FEEDBACK_TOKEN or feedback.token)")
+    caller_keys = s.feedback.caller_keys if caller_keys is None else caller_keys
+    if not token and not caller_keys:
+        fail(
+            "feedback serve: a bearer token is required (--token, ENERGY_ROUTER_FEEDBACK_TOKEN or feedback.token), "
+            "or --caller-keys"
+        )
     host = host or s.feedback.host
     port = s.feedback.port if port is None else port
     store = open_store(db or s.table.url, create=False)
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(store, token), access_log=None)
+        runner = web.AppRunner(make_app(store, token, caller_keys=caller_keys), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

@@ -90,6 +90,9 @@ class Run(_Row):
     context: str | None = Field(
         None, max_length=64, description="hashed context keys of a production run (router/context.py)"
     )
+    key_hash: str | None = Field(
+        None, max_length=200, description="LiteLLM's user_api_key_hash of the key that made a production run"
+    )
 
 
 def text_hash(text: str, salt: str = "") -> str:

@@ -8,8 +8,10 @@ do not bump ``SCHEMA_VERSION`` and older and newer proxies can share one table d
 tournament, shadow and import rows and for rows written before the column existed) is one such addition;
 so are ``energy_estimate_j`` (the router's decision-time estimate for the served candidate, J),
 ``energy_reference_j`` (its estimate for the reference deployment, J), ``co2e_g`` (grams CO2e of the settled
-energy), ``site`` (the deployment's site) and ``context`` (a production run's hashed context keys,
-``router/context.py``), and the ``er_ledger`` table (:mod:`.ledger`).
+energy), ``site`` (the deployment's site), ``context`` (a production run's hashed context keys,
+``router/context.py``) and ``key_hash`` (a production run's ``user_api_key_hash``: the key that made the call, whose
+holder alone may label it with a caller key, :mod:`litellm_energy_router.feedback`), and the ``er_ledger`` table
+(:mod:`.ledger`).
 Energy columns are joules (J), power watts (W), times seconds, ``created``/``updated`` Unix seconds.
 """
 
@@ -91,6 +93,7 @@ runs = Table(
     Column("co2e_g", Float),
     Column("site", String(100)),
     Column("context", String(64)),
+    Column("key_hash", String(200)),
     UniqueConstraint("query_id", "candidate", "source", name="uq_er_runs_key"),
     Index("ix_er_runs_candidate", "candidate"),
     Index("ix_er_runs_updated", "updated"),

@@ -93,6 +93,7 @@ class RecordBuilder:
                 created=row.end_s,
                 router_version=row.router_version,
                 context=row.context,
+                key_hash=row.key_hash,
                 **figures,
             )
         except ValidationError as err:
