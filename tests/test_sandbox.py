@@ -258,3 +258,29 @@ def test_the_assert_checks_fail_values_that_say_they_are_right(code):
     """A value whose comparison or truth the solution wrote (a class, an int subclass, one made by type(), one
     nested in a list, one made inside the function), and a patched operator module: the asserts fail."""
     assert _graded(code, "assert f(2) == [5]\nassert f(2) == 5 or f(2)") != "passed"
+
+
+def test_a_program_that_timed_out_on_a_busy_host_runs_again_alone(tmp_path):
+    """A correct program slowed past the wall-clock limit (here: held while a file on the host exists, which only
+    ``process`` isolation can see) is run again alone and passes; an endless loop times out on every try, and with
+    ``timeout_retries: 0`` the first timeout is the verdict (the earlier behaviour)."""
+    busy = tmp_path / "busy"
+    busy.write_text("")
+    held = f"import os, time\nwhile os.path.exists({str(busy)!r}):\n    time.sleep(0.02)\n" + GOOD
+    test = "assert sum_squares([1, 2]) == 5"
+
+    async def free_later():
+        cfg = SandboxConfig(timeout_s=1, isolation="process", timeout_retries=2)
+        run = asyncio.ensure_future(Sandbox(cfg).run(held, test))
+        await asyncio.sleep(1.3)  # after the first try's timeout (1 s)
+        busy.unlink()
+        return await run
+
+    r = asyncio.run(free_later())
+    assert r.passed and "all tests passed (on try" in r.reason and "run alone after a timeout" in r.reason, r
+    loop = "while True:\n    pass\n"
+    r = asyncio.run(Sandbox(SandboxConfig(timeout_s=1, isolation="process")).run(loop, test))
+    assert not r.passed and r.reason == "timed out after 1 s (2 tries, the retries run alone)", r
+    busy.write_text("")
+    r = asyncio.run(Sandbox(SandboxConfig(timeout_s=1, isolation="process", timeout_retries=0)).run(held, test))
+    assert not r.passed and r.reason == "timed out after 1 s", r
