@@ -194,13 +194,15 @@ class Sandbox:
     async def _alone_run(self, code: str, tests: str, isolation: str) -> SandboxResult:
         """One run holding every slot of the sandbox (one such run at a time): nothing of ours beside it."""
         assert self._sem is not None and self._alone is not None
+        held = 0
         async with self._alone:
-            for _ in range(self.config.max_parallel):
-                await self._sem.acquire()
             try:
+                while held < self.config.max_parallel:  # cancelled half way: the finally gives back what it holds
+                    await self._sem.acquire()
+                    held += 1
                 return await self._execute(code, tests, isolation)
             finally:
-                for _ in range(self.config.max_parallel):
+                for _ in range(held):
                     self._sem.release()
 
     def _spec(self, work: Path, isolation: str, probe: bool) -> dict:

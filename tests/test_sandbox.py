@@ -284,3 +284,24 @@ def test_a_program_that_timed_out_on_a_busy_host_runs_again_alone(tmp_path):
     busy.write_text("")
     r = asyncio.run(Sandbox(SandboxConfig(timeout_s=1, isolation="process", timeout_retries=0)).run(held, test))
     assert not r.passed and r.reason == "timed out after 1 s", r
+
+
+def test_a_retry_cancelled_while_it_waits_for_the_slots_gives_back_what_it_took():
+    """The alone retry takes every slot one by one; cancelled half way (a tournament stopped), it gives back the
+    slots it held, so the sandbox still runs ``max_parallel`` programs at once."""
+
+    async def scenario():
+        sandbox = Sandbox(SandboxConfig(timeout_s=2, isolation="process", max_parallel=2))
+        loop = asyncio.ensure_future(sandbox.run("while True:\n    pass\n", "assert True"))
+        await asyncio.sleep(1.6)
+        long = asyncio.ensure_future(sandbox.run("import time\ntime.sleep(1.2)\n", "assert True"))  # holds a slot
+        await asyncio.sleep(0.7)  # the loop timed out (2 s); its retry holds the free slot and waits for the other
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+        assert (await long).passed
+        both = await asyncio.gather(*[sandbox.run("import time\ntime.sleep(0.3)\n", "assert True") for _ in range(2)])
+        return both, sandbox._sem._value
+
+    both, free = asyncio.run(scenario())
+    assert all(r.passed for r in both) and free == 2, (both, free)
