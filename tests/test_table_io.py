@@ -66,3 +66,58 @@ def test_bad_value_names_line_and_field(tmp_path, sqlite_url):
 def test_unknown_suffix(tmp_path, sqlite_url):
     with pytest.raises(ValueError, match="unknown format"):
         export_table(open_store(sqlite_url), tmp_path / "x.json")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_every_run_field_survives_an_export_and_its_import(tmp_path, sqlite_url, pg_url, fmt):
+    """An export holds the whole run, accounting and attribution included (context, key hash, site, CO2e, the
+    decision-time estimates): imported elsewhere it is the same row, and imported over its own table it changes
+    nothing (it wiped those columns). Written in batches: the export never holds the table."""
+    from litellm_energy_router.table import Candidate, Query, Run
+
+    full = dict(
+        source="production",
+        score=1.0,
+        latency_s=1.5,
+        ttft_s=0.2,
+        prompt_tokens=10,
+        completion_tokens=5,
+        energy_j=12.5,
+        avg_power_w=300.0,
+        energy_method="nvml_counter",
+        gpu="H100",
+        propensity=0.9,
+        status="success",
+        grade_note="n",
+        created=1000.0,
+        router_version="v1",
+        energy_estimate_j=11.0,
+        energy_reference_j=40.0,
+        co2e_g=0.002,
+        site="north",
+        context="ctx:0123456789abcdef|cl:3",
+        key_hash="ab" * 32,
+    )
+    assert set(full) | {"query_id", "candidate", "call_id"} == set(Run.model_fields)  # a new field joins this test
+    src = open_store(sqlite_url)
+    qs = [
+        Query(id=f"prod-c{i}", task="production", text=f"t{i}", text_hash=f"{i:064d}", source="production")
+        for i in range(5)
+    ]
+    src.write(
+        qs,
+        [Run(query_id=q.id, candidate="m", call_id=f"c{i}", **full) for i, q in enumerate(qs)],
+        candidates=[Candidate(name="m")],
+    )
+    runs = lambda s: sorted(  # noqa: E731
+        tuple((k, r[k]) for k in sorted(Run.model_fields)) for r in s.iter_runs()
+    )
+    out = tmp_path / f"export.{fmt}"
+    assert export_table(src, out, batch=2) == 5
+    dst = open_store(pg_url)
+    assert import_table(dst, out) == 5 and runs(dst) == runs(src)
+    before = runs(src)
+    import_table(src, out)
+    assert runs(src) == before
+    src.close()
+    dst.close()

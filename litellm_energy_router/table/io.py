@@ -20,24 +20,9 @@ from litellm_energy_router.table.store import TableStore
 
 CANDIDATE_COLUMNS = ["candidate", "model", "params_b", "active_params_b", "hardware"]
 QUERY_COLUMNS = ["query_id", "task", "text", "text_hash", "reference", "query_source", "query_created"]
-RUN_COLUMNS = [
-    "source",
-    "score",
-    "latency_s",
-    "ttft_s",
-    "prompt_tokens",
-    "completion_tokens",
-    "energy_j",
-    "avg_power_w",
-    "energy_method",
-    "gpu",
-    "propensity",
-    "call_id",
-    "status",
-    "grade_note",
-    "created",
-    "router_version",
-]
+#: every run field but its key's query and candidate (in the query and candidate columns): an export holds the
+#: whole row, so importing it over the same table changes nothing
+RUN_COLUMNS = [f for f in Run.model_fields if f not in ("query_id", "candidate")]
 FLAT_COLUMNS = QUERY_COLUMNS + CANDIDATE_COLUMNS + RUN_COLUMNS
 _INT = {"prompt_tokens", "completion_tokens"}
 _FLOAT = {
@@ -51,6 +36,9 @@ _FLOAT = {
     "propensity",
     "created",
     "query_created",
+    "energy_estimate_j",
+    "energy_reference_j",
+    "co2e_g",
 }
 
 
@@ -68,25 +56,36 @@ def _flat_rows(store: TableStore) -> Iterable[dict[str, Any]]:
         yield {k: r.get(k) for k in FLAT_COLUMNS}
 
 
-def export_table(store: TableStore, path: str | Path) -> int:
-    """Write every run (joined with query and candidate) to ``path``. Returns the row count."""
+def export_table(store: TableStore, path: str | Path, *, batch: int = 5000) -> int:
+    """Write every run (joined with query and candidate) to ``path``, streamed (``batch`` rows in memory at a
+    time). Returns the row count."""
     path = Path(path)
     fmt = _fmt(path)
-    rows = list(_flat_rows(store))
+    n = 0
     if fmt == "csv":
         with open(path, "w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=FLAT_COLUMNS)
             w.writeheader()
-            for row in rows:
+            for row in _flat_rows(store):
                 w.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+                n += 1
+        return n
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-        types = {c: pa.float64() if c in _FLOAT else pa.int64() if c in _INT else pa.string() for c in FLAT_COLUMNS}
-        table = pa.table({c: pa.array([r[c] for r in rows], type=types[c]) for c in FLAT_COLUMNS})
-        pq.write_table(table, path)
-    return len(rows)
+    types = {c: pa.float64() if c in _FLOAT else pa.int64() if c in _INT else pa.string() for c in FLAT_COLUMNS}
+    schema = pa.schema([(c, types[c]) for c in FLAT_COLUMNS])
+    with pq.ParquetWriter(path, schema) as out:
+        part: list[dict[str, Any]] = []
+        for row in _flat_rows(store):
+            part.append(row)
+            if len(part) >= batch:
+                out.write_table(pa.Table.from_pylist(part, schema=schema))
+                n, part = n + len(part), []
+        if part or not n:
+            out.write_table(pa.Table.from_pylist(part, schema=schema))
+            n += len(part)
+    return n
 
 
 def _read(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
