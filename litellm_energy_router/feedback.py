@@ -16,7 +16,7 @@ Two kinds of bearer: the operator's ``feedback.token`` labels any call; with ``f
 virtual key labels only the calls made with that key (``owner``: the key's SHA-256, which is LiteLLM's
 ``user_api_key_hash`` for a virtual key and is stored with each production row). Another key's call, a row
 written before rows recorded their key, or one made with the master key is "unknown" to a caller key: the answer
-is the same 404 as for an id that was never served, so a key cannot learn which ids exist.
+is the same 404 as for an id that was never served (this endpoint tells a key nothing of other calls).
 
 A row reaches the table a moment after its response (the writer batches): feedback sent before that
 gets 404 and can be retried.
@@ -83,17 +83,21 @@ def _owned(key_hash: str | None, owner: str) -> bool:
     return key_hash is not None and hmac.compare_digest(key_hash.encode(), owner.encode())
 
 
-MAX_KEY_BYTES = 512
+MAX_CREDENTIAL_BYTES = 4096
 
 
-def bearer_owner(header: bytes, expected: bytes | None, caller_keys: bool) -> tuple[bool, str | None]:
-    """(authorised, owner) of an ``Authorization`` header: the operator's ``expected`` header → (True, None), any
-    call; with ``caller_keys`` another non-empty bearer → (True, its SHA-256 hex): the calls made with that key."""
-    if expected is not None and hmac.compare_digest(header, expected):
+def bearer_owner(header: bytes, token: bytes | None, caller_keys: bool) -> tuple[bool, str | None]:
+    """(authorised, owner) of an ``Authorization`` header (``Bearer <credential>``, the scheme in any case): the
+    operator's ``token`` → (True, None), any call; with ``caller_keys`` another credential → (True, its SHA-256
+    hex): the calls made with that key."""
+    scheme, _, cred = header.strip().partition(b" ")
+    cred = cred.strip()
+    if scheme.lower() != b"bearer" or not cred or len(cred) > MAX_CREDENTIAL_BYTES:
+        return False, None
+    if token is not None and hmac.compare_digest(cred, token):
         return True, None
-    key = header[7:] if header[:7] == b"Bearer " else b""
-    if caller_keys and 0 < len(key.strip()) == len(key) <= MAX_KEY_BYTES:
-        return True, hashlib.sha256(key).hexdigest()  # LiteLLM's hash_token: sha256 of the key's UTF-8 bytes
+    if caller_keys:
+        return True, hashlib.sha256(cred).hexdigest()  # LiteLLM's hash_token: sha256 of the key's UTF-8 bytes
     return False, None
 
 
@@ -104,7 +108,7 @@ def feedback_app(store: TableStore, token: str | None, *, caller_keys: bool = Fa
 
     if not token and not caller_keys:
         raise ValueError("feedback endpoint: a bearer token is required (set feedback.token or feedback.caller_keys)")
-    expected = f"Bearer {token}".encode() if token else None
+    expected = token.encode("utf-8", "surrogateescape") if token else None
 
     async def post(request: web.Request) -> web.Response:
         # surrogateescape: a header with a byte that is not UTF-8 is a wrong token (401), not a server error

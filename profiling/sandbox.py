@@ -187,8 +187,7 @@ class Sandbox:
         while r.timed_out and tries <= self.config.timeout_retries:
             r, tries = await self._alone_run(code, tests, isolation), tries + 1
         if tries > 1:
-            how = f"on try {tries}, run alone after a timeout" if r.passed else f"{tries} tries, the retries run alone"
-            r = replace(r, reason=f"{r.reason} ({how})")
+            r = replace(r, reason=f"{r.reason} (try {tries}, run alone after {tries - 1} timeout{'s' * (tries > 2)})")
         return r
 
     async def _alone_run(self, code: str, tests: str, isolation: str) -> SandboxResult:

@@ -44,7 +44,8 @@ def _snapshot(store):
 
 
 def _row(i: int, status: str = "success", **over):
-    return served_row(i, status=status, text=f"q{i}", start_s=100.0 + i, end_s=101.0 + i, propensity=0.5, **over)
+    fields = {"text": f"q{i}", "start_s": 100.0 + i, "end_s": 101.0 + i, "propensity": 0.5}
+    return served_row(i, status=status, **{**fields, **over})
 
 
 def test_apply_feedback(table):
@@ -188,3 +189,57 @@ def test_cli(sqlite_url, tmp_path):
     store = open_store(sqlite_url)
     assert _snapshot(store)["call-0"][0] == 0.0
     store.close()
+
+
+def test_another_keys_row_under_a_call_id_never_joins_that_call(sqlite_url, tmp_path):
+    """A call belongs to the key that made it: a row of another key under the same call id and text (its failed
+    retry, another candidate's attempt) is stored as another request, so that key cannot label the call or take it
+    over; the owner's own retry replaces its failed run and stays its own."""
+    import hashlib
+
+    h = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=PrivacySettings()
+    )
+    w.submit(_row(0, status="failure", key_hash=h("sk-victim")))
+    w.submit(_row(0, key_hash=h("sk-attacker"), end_s=105.0))  # the same call id and text, a success
+    w.submit(_row(0, candidate="zero-one-ai/Yi-34B-Chat", key_hash=h("sk-attacker"), end_s=106.0))
+    w.submit(_row(1, status="failure", key_hash=h("sk-victim")))
+    w.submit(_row(1, key_hash=h("sk-victim"), end_s=107.0))  # the owner's retry
+    w.close()
+    store = open_store(sqlite_url)
+    rows = [(r["call_id"], r["candidate"], r["status"], r["key_hash"]) for r in store.iter_runs()]
+    mine = [r for r in rows if r[0] in ("call-0", "call-1")]
+    assert mine == [
+        ("call-0", "mistralai/mistral-7b-chat", "failure", h("sk-victim")),
+        ("call-1", "mistralai/mistral-7b-chat", "success", h("sk-victim")),
+    ], rows
+    assert sum(r[0].startswith("dup-") and r[3] == h("sk-attacker") for r in rows) == 2
+    with pytest.raises(FeedbackError) as e:
+        apply_feedback(store, "call-0", 1.0, owner=h("sk-attacker"))
+    assert e.value.status == 404
+    assert apply_feedback(store, "call-1", 1.0, owner=h("sk-victim")) == 1
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "header,ok,owner",
+    [
+        (b"Bearer tok", True, None),
+        (b"bearer tok", True, None),  # the scheme is case-insensitive (RFC 9110)
+        (b"BEARER  tok ", True, None),
+        (b"Bearer sk-a", True, "sha"),
+        (b"Basic tok", False, None),
+        (b"Bearer ", False, None),
+        (b"tok", False, None),
+        (b"Bearer " + b"k" * 5000, False, None),
+    ],
+)
+def test_bearer_parsing(header, ok, owner):
+    import hashlib
+
+    from litellm_energy_router.feedback import bearer_owner
+
+    got = bearer_owner(header, b"tok", True)
+    assert got == (ok, hashlib.sha256(b"sk-a").hexdigest() if owner == "sha" else owner)
+    assert bearer_owner(header, b"tok", False) == ((ok and owner is None), None)

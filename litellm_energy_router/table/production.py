@@ -7,8 +7,9 @@ pairs, in batch order, in one transaction that no other production write interle
 
 * a row equal to a stored one (same query, candidate, source and ``created``) is a replay (the writer's
   spool after a lost acknowledgement, a duplicated event): skipped;
-* a row whose call id already holds another request — another text (``text_hash``), or a successful
-  run already — is stored under a fresh server-side call id (``dup-<uuid4>``), never over the first;
+* a row whose call id already holds another request — another text (``text_hash``), another key (``key_hash``:
+  a retry comes from the key that made the call), or a successful run already — is stored under a fresh
+  server-side call id (``dup-<uuid4>``), never over the first;
   feedback for the original call id keeps reaching only the first request's row;
 * otherwise it belongs to the same request (LiteLLM's retries of one call): a new candidate's run is
   added; a success replaces that candidate's failed run (its score untouched); anything else keeps the
@@ -53,6 +54,7 @@ class _Call:
 
     text_hash: str
     runs: dict[str, tuple[str | None, float]] = field(default_factory=dict)  # candidate -> (status, created)
+    owner: str | None = None  # the key_hash of its first run: the key that made the call
 
     def succeeded(self) -> bool:
         return any(status == "success" for status, _ in self.runs.values())
@@ -80,9 +82,12 @@ def stored_calls(conn: Any, query_ids: Sequence[str]) -> dict[str, _Call]:
         chunk = ids[i : i + 500]
         for qid, h in conn.execute(select(q.c.id, q.c.text_hash).where(q.c.id.in_(chunk))):
             out[qid] = _Call(h)
-        stmt = select(r.c.query_id, r.c.candidate, r.c.status, r.c.created)
-        for qid, cand, status, created in conn.execute(stmt.where(r.c.query_id.in_(chunk), r.c.source == "production")):
+        stmt = select(r.c.query_id, r.c.candidate, r.c.status, r.c.created, r.c.key_hash)
+        where = stmt.where(r.c.query_id.in_(chunk), r.c.source == "production").order_by(r.c.id)
+        for qid, cand, status, created, key in conn.execute(where):
             if qid in out:
+                if not out[qid].runs:
+                    out[qid].owner = key
                 out[qid].runs[cand] = (status, created)
     return out
 
@@ -93,7 +98,7 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
     for i, (q, r) in enumerate(pairs):
         call = calls.get(q.id)
         if call is None:
-            calls[q.id] = _Call(q.text_hash, {r.candidate: (r.status, r.created)})
+            calls[q.id] = _Call(q.text_hash, {r.candidate: (r.status, r.created)}, r.key_hash)
             plan.queries.append(q)
             plan.runs.append(r)
             plan.stored.append((i, True))
@@ -101,7 +106,7 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
         had = call.runs.get(r.candidate)
         if had is not None and had[1] == r.created:
             plan.skipped += 1  # the same row again
-        elif call.text_hash != q.text_hash or call.succeeded():
+        elif call.text_hash != q.text_hash or call.owner != r.key_hash or call.succeeded():
             plan.reassigned.append((r.call_id or "", _reassign(plan, q, r)))
             plan.stored.append((i, True))
         elif had is None:
@@ -131,7 +136,7 @@ def apply_upgrades(conn: Any, runs: Sequence[Run], now: float) -> None:
     """Replace each named candidate's failed production run by its retry (a success, or a later failed attempt;
     score untouched)."""
     t = schema.runs
-    keep = {"query_id", "candidate", "source", "score"}
+    keep = {"query_id", "candidate", "source", "score", "key_hash"}
     for run in runs:
         values = {k: v for k, v in run.model_dump().items() if k not in keep}
         where = and_(
