@@ -32,7 +32,8 @@ never serves a capped key on a spend it cannot see.
 
 **Spend and staleness.** Spend = the ledger's sum for the budget's period (``er_ledger``, written by every
 proxy's callback in the row's transaction) at the last read + the decision-time estimates (Ê, or its gCO2e)
-of the requests this process routed in the ``pending_s`` (300 s) before that read started, and since: a request
+of the requests this process routed (a request it did not decide: its budget's typical charge; one being scored:
+the same, until decided) in the ``pending_s`` (300 s) before that read started, and since: a request
 counts locally from its decision until its row can be in the ledger (a stream of minutes included), and the
 overlap with the ledger is at most ``pending_s`` of this process's traffic, counted twice (the safe side). A
 background thread reads the table every ``refresh_s``; nothing on the request path touches the table. A request served by any proxy sharing the
@@ -201,6 +202,8 @@ class BudgetState:
     last_pace: float = 0.0
     reads: int = 0
     read_ok: float = -math.inf  # time.monotonic() of the last ledger read that succeeded
+    typical: float = 0.0  # a routed request's charge, smoothed (:data:`TYPICAL_WEIGHT`): what an undecided one counts
+    held: float = 0.0  # requests admitted and not yet decided, at ``typical`` each (:meth:`BudgetBook.hold`)
 
     @property
     def where(self) -> str:
@@ -208,7 +211,7 @@ class BudgetState:
 
     @property
     def spent(self) -> float:
-        return self.table + self.local
+        return self.table + self.local + self.held
 
     def step(self, now_s: float) -> None:
         """One multiplier update at ``now_s`` (the module docstring's rule)."""
@@ -219,6 +222,18 @@ class BudgetState:
         self.z += self.cfg.eta * ((spent - self.last_spent) - (pace - self.last_pace)) / self.cfg.limit
         self.mu = max(0.0, self.z)
         self.last_spent, self.last_pace = spent, pace
+
+
+TYPICAL_WEIGHT = 0.2  # weight of the latest charge in a budget's typical per-request charge (an EWMA)
+
+
+def _add(st: BudgetState, v: float, now: float) -> None:
+    """``v`` into ``st``'s local spend at ``now`` (monotonic s), one entry per second (bounded); under the lock."""
+    st.local += v
+    if st.charges and st.charges[-1][0] == int(now):
+        st.charges[-1][1:] = [now, st.charges[-1][2] + v]
+    else:
+        st.charges.append([int(now), now, v])
 
 
 class BudgetBook:
@@ -286,11 +301,32 @@ class BudgetBook:
             for st in states:
                 v = figures.get("co2e_grams_estimate" if st.cfg.unit == "gco2e" else "joules_estimate")
                 if v is not None:
-                    st.local += float(v)
-                    if st.charges and st.charges[-1][0] == int(now):  # one entry per second: bounded
-                        st.charges[-1][1:] = [now, st.charges[-1][2] + float(v)]
-                    else:
-                        st.charges.append([int(now), now, float(v)])
+                    v = float(v)
+                    st.typical = v if st.typical <= 0 else st.typical + TYPICAL_WEIGHT * (v - st.typical)
+                    _add(st, v, now)
+
+    def charge_unrouted(self, states: list[BudgetState]) -> None:
+        """A request the router did not decide (it failed open: LiteLLM picks) spends all the same: counted at its
+        budgets' typical charge until its row is in the ledger."""
+        now = time.monotonic()
+        with self._lock:
+            for st in states:
+                if st.typical > 0:
+                    _add(st, st.typical, now)
+
+    def hold(self, states: list[BudgetState]) -> list[tuple[BudgetState, float]]:
+        """Count a request admitted and not yet decided (its score awaited) at its budgets' typical charge, so the
+        requests admitted beside it see it; :meth:`release` what this returns once it is decided or failed."""
+        with self._lock:
+            held = [(st, st.typical) for st in states if st.typical > 0]
+            for st, v in held:
+                st.held += v
+        return held
+
+    def release(self, held: list[tuple[BudgetState, float]]) -> None:
+        with self._lock:
+            for st, v in held:
+                st.held = max(st.held - v, 0.0)
 
     # -- refresh ------------------------------------------------------------------------------------------
     def _read(self, now_s: float) -> dict[int, float]:

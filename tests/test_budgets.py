@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from litellm import Router
@@ -386,3 +387,64 @@ def test_the_docs_budgets_example_is_valid_settings():
         s.budgets.refresh_s == BudgetSettings().refresh_s
         and s.budgets.teams["research"].eta == Budget.model_fields["eta"].default
     )
+
+
+def _lm_core(ckpt, url, limit_j):
+    from litellm_energy_router.litellm_glue.core import EnergyRouterCore
+
+    s = Settings.model_validate(
+        {
+            "router": {"checkpoint": str(ckpt), "timeout_ms": 30_000, "scorer": "lm", "cache_size": 0},
+            "candidates": [{"name": c} for c in CANDS],
+            "table": {"url": url},
+            "budgets": {"keys": {"svc-a": {"limit": limit_j, "mode": "hard"}}},
+        }
+    )
+    core = EnergyRouterCore(s)
+    core.runtime.wait_ready()
+    while core.budgets.states[0].reads < 1:  # the refresher's first ledger read (an empty ledger: 0 J)
+        time.sleep(0.02)
+    return core
+
+
+def test_requests_admitted_while_others_are_scored_count_against_a_hard_cap(planted_ckpt, sqlite_url):
+    """The LM scores on a thread: 8 requests of a capped key admitted together all passed the check before the
+    first was decided and charged. Each now counts at the budget's typical charge while it is scored, so the cap
+    admits what fits: 10 J spent, a typical 10 J per request, a 35 J cap → 3 of the 8."""
+    core = _lm_core(planted_ckpt, sqlite_url, 35.0)
+    book, md = core.budgets, {"metadata": {"user_api_key_alias": "svc-a"}}
+    book.charge(book.match([md["metadata"]]), {"joules_estimate": 10.0})  # one earlier request of 10 J
+    deps = pool_deployments(SimpleNamespace(base=lambda c: f"http://127.0.0.1:9/{c}"))
+    msgs = [{"role": "user", "content": "Tell me about rivers"}]
+
+    async def burst():
+        return await asyncio.gather(
+            *[core.choose(deps, msgs, request_kwargs=md) for _ in range(8)], return_exceptions=True
+        )
+
+    out = asyncio.run(burst())
+    refused = [r for r in out if isinstance(r, BudgetExceeded)]
+    assert len(out) - len(refused) == 3 and len(refused) == 5, out
+    st = book.keys["svc-a"]
+    assert st.held == 0.0 and st.local > 10.0  # every hold released; the 3 decisions charged
+    book.close()
+    core.runtime.close()
+
+
+def test_a_request_that_fails_open_counts_at_the_typical_charge(planted_ckpt, sqlite_url, monkeypatch):
+    """A request the router cannot decide (its scorer failed: LiteLLM picks) spends all the same: its budget's local
+    spend grows by the typical charge until its row lands."""
+    core = _lm_core(planted_ckpt, sqlite_url, 1e6)
+    book, md = core.budgets, {"metadata": {"user_api_key_alias": "svc-a"}}
+    book.charge(book.match([md["metadata"]]), {"joules_estimate": 10.0})
+
+    async def broken(text):  # a stand-in for a scorer failure (the fail-open path)
+        raise RuntimeError("scorer down")
+
+    monkeypatch.setattr(core.runtime, "score", broken)
+    deps = pool_deployments(SimpleNamespace(base=lambda c: f"http://127.0.0.1:9/{c}"))
+    dep, decision = asyncio.run(core.choose(deps, [{"role": "user", "content": "hi"}], request_kwargs=md))
+    assert dep is None and decision.fallback is not None
+    assert book.keys["svc-a"].local == pytest.approx(20.0) and book.keys["svc-a"].held == 0.0
+    book.close()
+    core.runtime.close()

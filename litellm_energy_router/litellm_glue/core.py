@@ -9,7 +9,8 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Collection, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -266,7 +267,26 @@ class EnergyRouterCore:
                 self._warn("figures", "energy-router: no energy figures: %s", e)
         return dep, decision
 
-    def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException) -> tuple[Any, Decision]:
+    @contextmanager
+    def _held(self, request_kwargs: Mapping[str, Any] | None) -> Iterator[None]:
+        """While the request is scored, its budgets count it at their typical charge (:meth:`.BudgetBook.hold`)."""
+        book = self.budgets
+        held = book.hold(book.match(metadata_dicts(request_kwargs))) if book is not None else []
+        try:
+            yield
+        finally:
+            if held:
+                book.release(held)  # type: ignore[union-attr]
+
+    def _failed(
+        self, deployments: Sequence[Mapping[str, Any]], e: BaseException, request_kwargs: Mapping[str, Any] | None
+    ) -> tuple[Any, Decision]:
+        """Fail open (LiteLLM's own choice); the request's budgets count it at their typical charge."""
+        if self.budgets is not None:
+            try:
+                self.budgets.charge_unrouted(self.budgets.match(metadata_dicts(request_kwargs)))
+            except Exception as err:  # noqa: BLE001 - accounting must not fail the request
+                self._warn("figures", "energy-router: unrouted request not charged: %s", err)
         if isinstance(e, asyncio.TimeoutError):
             return self._fallback(deployments, "timeout", f"> {self.settings.router.timeout_ms} ms")
         return self._fallback(deployments, _reason(e), str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -301,13 +321,15 @@ class EnergyRouterCore:
             if plan is None:
                 return None, None
             budget, rt = self.settings.router.timeout_ms / 1000, self.runtime
-            # an inline scorer (the student) scores in place: no task and no loop turns for wait_for to add
-            scored = rt.score_sync(plan[0]) if rt.inline else await asyncio.wait_for(rt.score(plan[0]), budget)
-            return self._decided(scored, deployments, plan, t0, request_kwargs, budget)
+            if rt.inline:  # the student scores in place: no task and no loop turns for wait_for to add
+                return self._decided(rt.score_sync(plan[0]), deployments, plan, t0, request_kwargs, budget)
+            with self._held(request_kwargs):  # seen by the budget checks of requests admitted while it is scored
+                scored = await asyncio.wait_for(rt.score(plan[0]), budget)
+                return self._decided(scored, deployments, plan, t0, request_kwargs, budget)
         except CALLER_ERRORS:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
-            return self._failed(deployments, e)
+            return self._failed(deployments, e, request_kwargs)
 
     def choose_sync(
         self,
@@ -322,12 +344,14 @@ class EnergyRouterCore:
             plan = self._plan(deployments, messages, input, request_kwargs)
             if plan is None:
                 return None, None
-            scored = self.runtime.score_sync(plan[0])
-            return self._decided(scored, deployments, plan, t0, request_kwargs, self.settings.router.timeout_ms / 1000)
+            with self._held(request_kwargs):  # LiteLLM's sync calls may come from several threads
+                scored = self.runtime.score_sync(plan[0])
+                limit_s = self.settings.router.timeout_ms / 1000
+                return self._decided(scored, deployments, plan, t0, request_kwargs, limit_s)
         except CALLER_ERRORS:
             raise
         except Exception as e:  # noqa: BLE001
-            return self._failed(deployments, e)
+            return self._failed(deployments, e, request_kwargs)
 
 
 def _decision(
