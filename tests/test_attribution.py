@@ -222,7 +222,7 @@ def test_counter_granularity_still_conserves():
         t += 0.1 + rng.uniform(-0.02, 0.02)
         true_j = 250.0 * t
         att.add_sample(t, int(true_j * 10) / 10.0)  # updates in 0.1 J (100 ms at ~1 W)... quantised
-        att.add_request(f"q{i}", t - 0.15, t - 0.01, 50, 20)
+        att.add_request(f"q{i}", max(t - 0.15, 0.0), t - 0.01, 50, 20)  # none before the first reading
     att.add_sample(t + 1.0, int(250.0 * (t + 1.0) * 10) / 10.0)
     es = [att.energy(f"q{i}") for i in range(300)]
     assert all(e is not None for e in es)
@@ -289,3 +289,22 @@ def test_a_request_ending_on_a_sample_time_is_not_charged_the_next_interval():
     assert end > base + 10 * 0.1
     att.add_request("r", base, end, 0, 10, first_token=base)
     assert att.energy("r").energy_j == pytest.approx(300.0, rel=1e-6)
+
+
+def test_no_figure_for_a_request_the_meter_did_not_see_whole():
+    """A request that began before the meter's first reading (the agent restarted mid-request), or that spans reads
+    that failed (a power-sampling meter resumes without the gap's joules), gets no figure, never the part measured;
+    a request wholly after the gap gets its figure."""
+    a = Attributor()
+    for k in range(11):  # 300 W from t = 10 s to 20 s
+        a.add_sample(10.0 + k, 3000.0 + 300.0 * k)
+    a.add_request("early", 5.0, 15.0, 10, 100)  # began 5 s before the first reading
+    assert a.energy("early", final=True) is None
+    a.read_failed()  # reads fail from t = 20 s; the next one, at 23 s, restarts the sum without the gap's joules
+    for k in range(8):
+        a.add_sample(23.0 + k, 100.0 + 300.0 * k)
+    a.add_request("across", 18.0, 25.0, 10, 100)
+    a.add_request("after", 25.0, 29.0, 10, 100)
+    assert a.energy("across", final=True) is None
+    got = a.energy("after", final=True)
+    assert got is not None and got.settled and got.energy_j == pytest.approx(1200.0)  # 4 s at 300 W, alone

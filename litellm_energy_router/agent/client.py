@@ -13,6 +13,7 @@ meant), and a token sent in clear to a non-loopback host is warned about.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from urllib.parse import quote, urlsplit
 
@@ -117,14 +118,22 @@ class AgentMeter:
         if r.status_code != 200:
             self._warn(f"HTTP {r.status_code}: {r.text[:200]}")
             return RequestEnergy.unavailable() if final else None
-        d = r.json()
-        if d.get("energy_j") is None:
+        try:  # what a 200 says is checked too (a proxy in the way, a wrong service): a bad answer is no figure
+            d = r.json()
+            j, w, gpu = d.get("energy_j"), d.get("avg_power_w"), d.get("gpu")
+            if j is None:
+                return RequestEnergy.unavailable() if final else None
+            j, w = float(j), None if w is None else float(w)
+            if not (math.isfinite(j) and j >= 0 and (w is None or (math.isfinite(w) and w >= 0))):
+                raise ValueError(f"energy_j {j!r}, avg_power_w {w!r}")
+        except (ValueError, TypeError, AttributeError) as e:
+            self._warn(f"unusable answer: {str(e)[:200]}")
             return RequestEnergy.unavailable() if final else None
         return RequestEnergy(
-            energy_j=float(d["energy_j"]),
+            energy_j=j,
             method="agent",
-            avg_power_w=d.get("avg_power_w"),
-            gpu=d.get("gpu"),
+            avg_power_w=w,
+            gpu=str(gpu)[:200] if gpu else None,
             settled=bool(d.get("settled", True)),
         )
 

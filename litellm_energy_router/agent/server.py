@@ -61,7 +61,9 @@ from litellm_energy_router.agent.config import (  # noqa: F401 (re-exported)
 from litellm_energy_router.agent.tls import TLSConfigError, server_context
 from litellm_energy_router.energy.attribution import Attributor
 from litellm_energy_router.energy.meter import EnergyMeter
+from litellm_energy_router.metrics import RateLimitedWarning
 
+PROGRESS_TURN_S = 0.005  # the longest a progress batch holds the event loop before letting it turn, s
 log = logging.getLogger("litellm_energy_router.agent")
 
 VLLM_PROMPT = "vllm:prompt_tokens_total"
@@ -120,6 +122,7 @@ class EnergyAgent:
         self._last_reading: dict[int, float] = {}
         self._last_power_w = 0.0
         self._prev: tuple[float, float] | None = None
+        self._warn = RateLimitedWarning(log, 60.0)  # one line a minute through an outage, not sample_hz lines a second
         self.registry = CollectorRegistry()
         self.m_samples = Counter("energy_router_agent_samples", "meter samples taken", registry=self.registry)
         self.m_scrape_err = Counter(
@@ -211,7 +214,8 @@ class EnergyAgent:
             try:
                 await self.tick()
             except Exception as e:  # noqa: BLE001
-                log.warning("agent: meter read failed: %s", e)
+                self.attributor.read_failed()  # no figure across the gap
+                self._warn("read", "agent: meter read failed (no figure across it): %s", e)
             nxt += period
             await asyncio.sleep(max(0.0, nxt - loop.time()))
 
@@ -342,8 +346,12 @@ class EnergyAgent:
             body = parse_progress(await read_body(request, self.cfg.max_body_bytes), self._window())
         except ApiError as e:
             return self._refuse(e)
+        turn = time.perf_counter()
         for ev in body.events:  # validated as a whole: a bad event refuses the batch
             self.attributor.add_progress(_norm(ev.request_id), ev.t, ev.prompt_tokens, ev.output_tokens, ev.finished)
+            if time.perf_counter() - turn > PROGRESS_TURN_S:  # an event over a long history walks its intervals:
+                await asyncio.sleep(0)  # sampling and other callers go on between events
+                turn = time.perf_counter()
         return web.json_response({"accepted": len(body.events)})
 
 

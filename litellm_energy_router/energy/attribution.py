@@ -153,7 +153,9 @@ class Attributor(AttributionState):
                 agg = None
         with self._lock:
             if self._last is None:
-                self._last = (t, cumulative_j, agg)
+                if self._gap_from is not None and t > self._gap_from:  # reads failed in between: a hole
+                    self._holes = [*self._holes[-255:], (self._gap_from, t)]
+                self._last, self._gap_from = (t, cumulative_j, agg), None
                 return
             t_prev, e_prev, agg_prev = self._last
             if t <= t_prev:
@@ -177,6 +179,13 @@ class Attributor(AttributionState):
             self._update_floor()
             self._prune(t)
             self._expire_stale(t)
+
+    def read_failed(self) -> None:
+        """The meter could not be read: the span until the next reading has no energy (a power-sampling meter
+        resumes without the joules of the gap), so a request across it gets no figure."""
+        with self._lock:
+            if self._last is not None:
+                self._gap_from, self._last = self._last[0], None
 
     def request_started(self, request_id: str, t: float) -> None:
         """A request started at ``t`` (Unix s). Lock-free: safe on a serving hot path."""
@@ -263,9 +272,9 @@ class Attributor(AttributionState):
             r = self._reqs.get(request_id)
             if r is None or (not r.segments and not r.finished):
                 return None
-            if not self._ivs or (r.end if r.end is not None else r.known_until) <= self._ivs[0].t0:
-                return None  # entirely before the kept history
             end = r.end if r.end is not None else r.known_until
+            if not self._ivs or self._unmeasured(r.start, end):
+                return None  # before the kept history, or across failed reads: unknown, not the part measured
             settled = self._settled(request_id, r, end)
             if not settled and not final:
                 return None

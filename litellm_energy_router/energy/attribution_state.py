@@ -75,6 +75,8 @@ class AttributionState:
         self._trail: deque[float] = deque()
         self._floor: float | None = None
         self.dropped_intervals = 0
+        self._gap_from: float | None = None  # the last good sample before failed reads (Unix s)
+        self._holes: list[tuple[float, float]] = []  # spans with no reading (failed reads): no figure across them
 
     # -- internals (lock held) --------------------------------------------------------------------
     def _drain_started(self) -> None:
@@ -177,8 +179,14 @@ class AttributionState:
             self._trail.popleft()
         self._floor = min(self._trail) if self._trail else None
 
+    def _unmeasured(self, a: float, b: float) -> bool:
+        """Whether ``[a, b]`` (Unix s) is not wholly measured: it starts before the kept history (the meter began,
+        or its history was pruned, after it started) or crosses a span of failed reads."""
+        return a < self._ivs[0].t0 - _TOUCH_S or any(h0 < b and a < h1 for h0, h1 in self._holes)
+
     def _prune(self, now: float) -> None:
         horizon = now - self.history_s
+        self._holes = [h for h in self._holes if h[1] >= horizon]
         n = bisect.bisect_right(self._t1s, horizon)
         if n > max(64, len(self._ivs) // 10):
             del self._ivs[:n]

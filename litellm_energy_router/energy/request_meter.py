@@ -28,6 +28,7 @@ from litellm_energy_router.energy.meter import (
     make_meter,
     meter_options,
 )
+from litellm_energy_router.metrics import RateLimitedWarning
 
 log = logging.getLogger("litellm_energy_router.energy")
 
@@ -57,6 +58,7 @@ class AttributedMeter:
         self.gpu = getattr(meter, "gpu", None) or getattr(meter, "gpu_name", None)
         self._clock = clock
         self._stop = threading.Event()
+        self._warn = RateLimitedWarning(log, 60.0)
         self.sample()
         self._thread = None
         if sample_hz > 0:
@@ -75,7 +77,8 @@ class AttributedMeter:
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001 - keep sampling through transient driver errors
-                log.warning("energy meter %s: read failed: %s", self.name, e)
+                self.attributor.read_failed()  # no figure across the gap
+                self._warn("read", "energy meter %s: read failed (no figure across it): %s", self.name, e)
 
     def request_started(self, request_id: str, t_s: float) -> None:
         self.attributor.request_started(request_id, t_s)

@@ -315,3 +315,37 @@ def test_non_finite_vllm_counters_do_not_poison_the_window():
             w = httpx.get(f"{srv.url}/v1/energy", headers=AUTH).json()["window"]
             assert all(math.isfinite(x) for k, x in w.items() if k.endswith("_j")), w
             assert metric(srv.url, "energy_router_agent_vllm_scrape_errors_total") > 0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"energy_j": NaN, "settled": true}',
+        '{"energy_j": -50.0, "settled": true}',
+        '{"energy_j": 5.0, "avg_power_w": "x", "settled": true}',
+        "<html>proxy error</html>",
+        "[1, 2]",
+    ],
+)
+def test_the_agent_meter_takes_no_figure_from_a_bad_200(answer):
+    """What sits between the proxy and the agent may answer 200 with anything: a non-finite or negative figure, or
+    a body that is not the agent's JSON, is no figure (the estimate's fallback), never a settled wrong one."""
+    from litellm_energy_router.agent.client import AgentMeter
+    from litellm_energy_router.energy.meter import RequestUsage
+
+    async def energy(_):
+        return web.Response(text=answer, content_type="application/json")
+
+    def app():
+        a = web.Application()
+        a.router.add_get("/v1/energy/{rid}", energy)
+        return a
+
+    with ThreadedApp(app) as srv:
+        m = AgentMeter(srv.url, token=TOKEN)
+        usage = RequestUsage(
+            request_id="r1", candidate="m", start_s=1.0, end_s=2.0, prompt_tokens=3, completion_tokens=4
+        )
+        got = m.energy_for_request(usage, final=True)
+        m.close()
+    assert got is not None and got.energy_j is None
