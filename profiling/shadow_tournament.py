@@ -131,6 +131,7 @@ def shadow_jobs(
     privacy: PrivacySettings,
     max_tokens: int | None = None,
     now: float | None = None,
+    salt: str | None = None,
 ) -> list[Job]:
     """Jobs for queued production queries. A query row is written only when the callback has not
     written it yet (as a production query, honouring the privacy settings). Each job's runs carry the context
@@ -139,8 +140,12 @@ def shadow_jobs(
     query the table does not hold yet (the writer may still be flushing or spooling it) waits for a later run while
     it is younger than :data:`DEFER_S` (``now``: Unix s, default the clock); an older one runs without a context. An entry
     whose query id holds a query of another time (``created``: the request's start, the same in the queue and the
-    table) is another request's, whose id was used twice: skipped, never run or labelled under that query."""
+    table) is another request's, whose id was used twice: skipped, never run or labelled under that query. ``salt``: the
+    proxies' query-hash salt (:func:`~litellm_energy_router.litellm_glue.callback.private_files.query_salt`; default
+    ``privacy.salt``); without one a query the table does not hold is not written (an unsalted hash of a short
+    prompt can be guessed, and would not match the production row's): the entry waits."""
     task = OpenQuestion()
+    salt = privacy.salt if salt is None else salt
     have = existing_queries(store, (e.query_id for e in entries))
     jobs, other, waiting, bare = [], 0, 0, 0
     now = time.time() if now is None else now
@@ -149,7 +154,7 @@ def shadow_jobs(
         if known is not None and abs(known[0] - e.created) > 1e-3:
             other += 1  # the table's query of that id is another request's (a call id used twice): not this one
             continue
-        if known is None and now - e.created < DEFER_S:
+        if known is None and (now - e.created < DEFER_S or not salt):
             waiting += 1
             continue
         bare += known is None or known[1] is None
@@ -162,7 +167,7 @@ def shadow_jobs(
                 e.task,
                 e.text,
                 store_text=privacy.store_text,
-                salt=privacy.salt,
+                salt=salt,
                 source="production",
                 created=e.created,
             )
@@ -172,7 +177,11 @@ def shadow_jobs(
     if other:
         log.warning("shadow queue: %d entries skipped: their query id holds another request's row", other)
     if waiting:
-        log.info("shadow queue: %d recent entries wait for their production row (a later run takes them)", waiting)
+        log.info(
+            "shadow queue: %d entries wait for their production row (a later run takes them)%s",
+            waiting,
+            "" if salt else "; without the proxies' salt (privacy.salt or privacy.salt_file) none is written here",
+        )
     if bare:
         log.info("shadow queue: %d entries without a production run's context (not written yet, or none)", bare)
     return jobs

@@ -111,6 +111,34 @@ def test_ledger_sums_once_per_stored_run(any_url):
     store.close()
 
 
+def test_replays_after_a_retry_or_a_move_count_nothing(any_url):
+    """The spool may replay a chunk again (a crash between the table's commit and the offset's save, a lost offset
+    file): a failed attempt replayed after its retry replaced it, and a row that was moved off a taken call id
+    (another text under it), change neither the runs nor the ledger (each was stored again before: a `dup-` row and
+    one more request per replay)."""
+    store = open_store(any_url)
+    fail = production("retry", status="failure", joules=2.0)
+    ok = production("retry", joules=9.0)
+    ok = (ok[0], ok[1].model_copy(update={"created": T0 + 5}), ok[2])
+    taken = production("taken")
+    other = production("taken", t=T0 + 10)
+    other = (other[0].model_copy(update={"text_hash": text_hash("another text")}), *other[1:])
+    write(store, [fail, ok, taken, other])
+
+    def state():
+        runs = sorted((r["call_id"], r["status"], r["created"]) for r in store.iter_runs())
+        return runs, [(r["team"], r["requests"], r["joules_measured"]) for r in store.ledger("team")]
+
+    before = state()
+    assert len(before[0]) == 3 and sum(c.startswith("dup-") for c, _, _ in before[0]) == 1
+    for _ in range(2):
+        write(store, [fail, ok, taken, other])  # the whole chunk again
+        write(store, [fail])  # or the failed attempt alone
+        write(store, [other])  # or the moved row alone
+        assert state() == before
+    store.close()
+
+
 def test_concurrent_writers_on_postgresql_never_lose_or_double(pg_url):
     """Four writers (own engines, as four proxies) add 4 x 40 batches of 10 rows, all to the same ledger keys."""
     open_store(pg_url).close()

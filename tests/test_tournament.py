@@ -298,6 +298,17 @@ def test_shadow_tournament_labels_production_queries(backend, any_url, tmp_path)
     assert shadow_jobs([fresh], store, privacy) == []
     later = shadow_jobs([fresh], store, privacy, now=fresh.created + DEFER_S + 1)
     assert [(j.item.query_id, j.context) for j in later] == [("prod-9", None)]
+    # without the proxies' salt (privacy.salt empty, no salt file where the proxy keeps it) the query is not
+    # written with an unsalted hash: it waits; with the proxy's salt file it is hashed as the proxy hashes it
+    from litellm_energy_router.litellm_glue.callback.private_files import load_or_create_salt, query_salt
+
+    bare = PrivacySettings(store_text=False)
+    assert query_salt(bare, tmp_path / "no-spool", create=False) is None
+    assert shadow_jobs([fresh], store, bare, now=fresh.created + DEFER_S + 1, salt=None) == []
+    proxy_salt = load_or_create_salt(tmp_path / "spool" / "salt")
+    salt = query_salt(bare, tmp_path / "spool", create=False)
+    (job,) = shadow_jobs([fresh], store, bare, now=fresh.created + DEFER_S + 1, salt=salt)
+    assert salt == proxy_salt and job.query.text_hash == text_hash("just asked", proxy_salt)
     store.close()
 
 

@@ -206,7 +206,10 @@ def shadow_tournament(
         except QueueError as e:
             fail(str(e))
         console.print(f"{len(entries)} queued queries in {qpath}", highlight=False)
-        return shadow_jobs(entries, store, st.privacy, cfg.generation.max_tokens)
+        from litellm_energy_router.litellm_glue.callback.private_files import query_salt
+
+        salt = query_salt(st.privacy, st.writer.spool_dir, create=False)
+        return shadow_jobs(entries, store, st.privacy, cfg.generation.max_tokens, salt=salt)
 
     _run(cfg, url, make_jobs, "shadow")
 

@@ -48,6 +48,19 @@ def fresh_call_id() -> str:
     return f"dup-{uuid.uuid4().hex}"
 
 
+def dup_call_id(q: Query, r: Run) -> str:
+    """The call id a row moved off a taken id is stored under: a digest of the row (its call id, candidate, time and
+    salted text hash), so a replay of the row (the spool after a lost acknowledgement) finds it there and is skipped
+    instead of stored again under another fresh id."""
+    key = "\x00".join((r.call_id or "", r.candidate, repr(r.created), q.text_hash))
+    return "dup-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def lookup_ids(pairs: Sequence[tuple[Query, Run]]) -> list[str]:
+    """The query ids :func:`plan_rows` reads: each row's, and the one it would move to (:func:`dup_call_id`)."""
+    return [q.id for q, _ in pairs] + [query_id_for(dup_call_id(q, r)) for q, r in pairs]
+
+
 @dataclass
 class _Call:
     """What the table holds (or this batch adds) for one production query."""
@@ -104,11 +117,18 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
             plan.stored.append((i, True))
             continue
         had = call.runs.get(r.candidate)
+        same = call.text_hash == q.text_hash and call.owner == r.key_hash
         if had is not None and had[1] == r.created:
             plan.skipped += 1  # the same row again
-        elif call.text_hash != q.text_hash or call.owner != r.key_hash or call.succeeded():
-            plan.reassigned.append((r.call_id or "", _reassign(plan, q, r)))
-            plan.stored.append((i, True))
+        elif same and r.status == "failure" and call.succeeded() and r.created < max(t for _, t in call.runs.values()):
+            plan.skipped += 1  # an attempt before the call's latest run (replayed after its retry replaced it)
+        elif not same or call.succeeded():
+            moved = _move(plan, q, r, calls)
+            if moved is None:
+                plan.skipped += 1  # moved before: its replay
+            else:
+                plan.reassigned.append((r.call_id or "", moved))
+                plan.stored.append((i, True))
         elif had is None:
             call.runs[r.candidate] = (r.status, r.created)
             plan.runs.append(r)
@@ -124,9 +144,17 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
     return plan
 
 
-def _reassign(plan: Plan, q: Query, r: Run) -> str:
-    fresh = fresh_call_id()
+def _move(plan: Plan, q: Query, r: Run, calls: dict[str, _Call]) -> str | None:
+    """Store the row under :func:`dup_call_id` (a random id when another request holds that one); None when it is
+    stored there already (a replay)."""
+    fresh = dup_call_id(q, r)
+    there = calls.get(query_id_for(fresh))
+    if there is not None:
+        if there.text_hash == q.text_hash and there.runs.get(r.candidate, (None, None))[1] == r.created:
+            return None
+        fresh = fresh_call_id()
     q2 = q.model_copy(update={"id": query_id_for(fresh)})
+    calls[q2.id] = _Call(q.text_hash, {r.candidate: (r.status, r.created)}, r.key_hash)
     plan.queries.append(q2)
     plan.runs.append(r.model_copy(update={"query_id": q2.id, "call_id": fresh}))
     return fresh

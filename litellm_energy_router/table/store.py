@@ -216,7 +216,7 @@ class SQLStore(TableReads):
                 # the lookups below are by key; a table grown since its last ANALYZE (a spool backlog
                 # replayed in one pass) would otherwise be sequentially scanned once per 500 ids
                 conn.execute(text("SET LOCAL enable_seqscan = off"))
-            plan = production.plan_rows(pairs, production.stored_calls(conn, [q.id for q, _ in pairs]))
+            plan = production.plan_rows(pairs, production.stored_calls(conn, production.lookup_ids(pairs)))
             known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
             check_references(
                 plan.runs + plan.upgrades, known_c, {q.id for q, _ in pairs} | {q.id for q in plan.queries}

@@ -280,3 +280,54 @@ def test_offset_file_and_directory_are_fsynced(tmp_path):
     assert any(j > renames[0] for j in dir_sync), "directory not fsynced after the offset rename"
     tmp_syncs = [i for i, c in enumerate(calls) if c.startswith(("fsync(", "fdatasync(")) and ".offset" in c]
     assert tmp_syncs and tmp_syncs[0] < renames[0], "offset file not fsynced before its rename"
+
+
+def test_a_row_the_table_cannot_take_is_set_aside_and_the_rest_go_on(any_url, tmp_path):
+    """With privacy.store_text, a caller's text holding a lone surrogate (valid JSON) or a NUL (PostgreSQL's text
+    refuses it) is stored readable; and a spool line that is JSON but not a record (an edited or damaged spool) goes
+    to rejected.jsonl while the rows after it are replayed. Either used to stop every later write (the batch taken
+    for a table outage, retried for ever)."""
+    from litellm_energy_router.table import TableError
+
+    def down(url):
+        raise TableError("down")
+
+    ws = WriterSettings(spool_dir=tmp_path / "spool", retry_max_s=0.2, flush_interval_s=0.05)
+    w = TableWriter(any_url, EstimateMeter(), writer=ws, privacy=PrivacySettings(), store_factory=down)
+    w.submit(served_row(0))
+    w.flush()
+    w.close(timeout=1)
+    (seg,) = (tmp_path / "spool").glob("spool-*.jsonl")
+    seg.write_text("".join(f"{bad}\n" for bad in ('{"k": "pending"}', '{"k": "row"}', "[1]")) + seg.read_text())
+    w = TableWriter(any_url, EstimateMeter(), writer=ws, privacy=PrivacySettings(store_text=True))
+    w.submit(served_row(1, text="lone \ud800 surrogate"))
+    w.submit(served_row(2, text="nul \x00 byte"))
+    w.submit(served_row(3))
+    w.flush(10)
+    assert w.wait_replayed(10)
+    w.close(timeout=5)
+    store = open_store(any_url)
+    texts = {r["call_id"]: r["text"] for r in store.iter_runs()}
+    store.close()
+    assert set(texts) == {"call-0", "call-1", "call-2", "call-3"}, texts
+    assert texts["call-1"] == "lone ? surrogate" and texts["call-2"] == "nul \ufffd byte"
+    rejected = [json.loads(line) for line in (tmp_path / "spool" / "rejected.jsonl").read_text().splitlines()]
+    reasons = sorted(r["reason"].split(" in ")[0].split(":")[0] for r in rejected)
+    assert reasons == ["malformed spool record", "malformed spool record", "unparsable line"], rejected
+
+
+def test_a_shadow_queue_line_torn_by_a_full_disk_is_cut_off(tmp_path):
+    """The shadow queue's append fails half way on a full disk: the torn line is cut back off, so the next entry starts
+    a line of its own and the queue stays readable (a torn line used to glue onto the next and fail the whole file)."""
+    from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
+    from litellm_energy_router.profiling.shadow_tournament import read_queue
+
+    path = tmp_path / "shadow" / "queue.jsonl"
+    q = ShadowQueue(path, fraction=1.0)
+    q.enqueue("prod-a", "production", "first", "a", 1.0)
+    size = path.stat().st_size
+    with _disk_full_after(size + 40), pytest.raises(OSError):
+        q.enqueue("prod-b", "production", "x" * 200, "b", 2.0)
+    q.enqueue("prod-c", "production", "third", "c", 3.0)
+    assert [e.query_id for e in read_queue(path)] == ["prod-a", "prod-c"]
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"

@@ -9,6 +9,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import Any
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -65,12 +66,21 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def append_durably(path: Path, data: bytes) -> None:
-    """Append ``data`` to the private file ``path`` and fsync it (and the directory when it was created)."""
+    """Append ``data`` to the private file ``path`` and fsync it (and the directory when it was created); a write that
+    fails half way is cut back off."""
     existed = path.exists()
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except OSError:  # a disk full half way: cut the torn line off, so the next append starts a line of its own
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            raise
     finally:
         os.close(fd)
     if not existed:
@@ -113,3 +123,18 @@ def load_or_create_salt(path: str | Path) -> str:
 def _narrow(p: Path) -> None:
     if stat.S_IMODE(p.stat().st_mode) & 0o077:
         os.chmod(p, FILE_MODE)
+
+
+def query_salt(privacy: Any, spool_dir: str | Path, *, create: bool = True) -> str | None:
+    """The salt of production query hashes: ``privacy.salt``, else the one generated once in ``privacy.salt_file``
+    (default ``<spool_dir>/salt``); ``create=False`` (a process other than the proxy: a shadow tournament) reads
+    that file and never makes one (None when it is not there)."""
+    if privacy.salt:
+        return str(privacy.salt)
+    path = Path(privacy.salt_file or Path(spool_dir) / "salt")
+    if create:
+        return load_or_create_salt(path)
+    try:
+        return path.read_text(encoding="ascii").strip() or None
+    except (FileNotFoundError, PermissionError, UnicodeDecodeError):
+        return None

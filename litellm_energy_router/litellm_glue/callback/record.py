@@ -69,7 +69,7 @@ class RecordBuilder:
             q = Query(
                 id=query_id_for(call_id),
                 task=self.task,
-                text=row.text if self.privacy.store_text else None,
+                text=_storable(row.text) if self.privacy.store_text else None,
                 text_hash=h if row.text is None else text_hash(row.text, self.salt),
                 source="production",
                 created=row.start_s,
@@ -145,15 +145,38 @@ class RecordBuilder:
         """Rows spilled to the spool before their energy was known get it (``energy``) and their records
         now, once: the chunk keeps the converted records for a retry. They were shadow-sampled when
         spilled; an invalid one goes to ``rejected.jsonl``."""
-        if all(r["k"] == "row" for r in chunk.records):
+        if all(isinstance(r, dict) and r.get("k") == "row" and _record_shape(r) for r in chunk.records):
             return
         out = []
         for d in chunk.records:
-            if d["k"] == "row":
-                out.append(d)
+            try:
+                if d.get("k") == "row" and _record_shape(d):
+                    out.append(d)
+                    continue
+                if d.get("k") == "row":
+                    raise ValueError("a 'row' record without its query, run and candidate")
+                if d.get("k") != "pending":
+                    raise ValueError(f"unknown spool record kind {str(d.get('k'))[:20]!r}")
+                row = PendingRow.from_json(d)
+                rec = self.record(row, energy(row), h=d.get("h"))
+            except Exception as e:  # noqa: BLE001 - a malformed line (an edited or damaged spool) is kept aside
+                msg = f"malformed spool record: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
+                self.spool.reject([d], msg)
+                REJECTED_ROWS.inc()
                 continue
-            row = PendingRow.from_json(d)
-            rec = self.record(row, energy(row), h=d.get("h"))
             if rec is not None:
                 out.append(rec)
         chunk.records = out
+
+
+def _record_shape(d: dict[str, Any]) -> bool:
+    """Whether a spooled ``row`` record has its query, run and candidate (the table write reads them)."""
+    q, r, c = d.get("q"), d.get("r"), d.get("c")
+    return isinstance(q, dict) and isinstance(r, dict) and isinstance(c, dict) and isinstance(c.get("name"), str)
+
+
+def _storable(text: str | None) -> str | None:
+    """``text`` as every database stores it: a lone surrogate (valid in JSON, not in UTF-8) becomes ``?``, a NUL
+    (PostgreSQL's text refuses it) U+FFFD."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd") if text is not None else None

@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from litellm_energy_router.litellm_glue.callback.private_files import append_durably
+from litellm_energy_router.litellm_glue.callback.private_files import append_durably, private_dir
 from litellm_energy_router.router.context import Context
 
 MAX_KEYS = 20_000  # context keys counted for ``new_context_requests``
@@ -132,6 +132,6 @@ class ShadowQueue:
         )
         with self._lock:
             if self.path.parent and not self.path.parent.exists():
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                private_dir(self.path.parent)  # 0700: the queue holds query text
             append_durably(self.path, (line + "\n").encode("utf-8"))
             self.enqueued += 1

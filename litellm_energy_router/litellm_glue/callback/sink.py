@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
 from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
 from litellm_energy_router.metrics import (
@@ -27,7 +27,7 @@ from litellm_energy_router.metrics import (
     RateLimitedWarning,
 )
 from litellm_energy_router.redact import redact, redact_url
-from litellm_energy_router.table import BadRowError, TableError
+from litellm_energy_router.table import TableError
 
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
@@ -182,7 +182,9 @@ class TableSink:
                 keep_first=True,
                 ledger=[r.get("l") for r in records],
             )
-        except (BadRowError, IntegrityError) as e:
+        except Exception as e:  # noqa: BLE001 - a table outage is retried; anything else is a row the table cannot take
+            if isinstance(e, _TRANSIENT) and not isinstance(e, (IntegrityError, DataError)):  # a row's, not the table's
+                raise
             self._known = None
             if len(records) == 1:
                 msg = str(e).splitlines()[0][:300]

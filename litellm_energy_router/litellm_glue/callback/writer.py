@@ -24,7 +24,6 @@ import logging
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from litellm_energy_router.energy.meter import RequestEnergy, RequestEnergyMeter
@@ -35,7 +34,7 @@ from litellm_energy_router.litellm_glue.callback.pending_row import (
     PendingRow,
 )
 from litellm_energy_router.litellm_glue.callback.private_files import (
-    load_or_create_salt,
+    query_salt,
 )
 from litellm_energy_router.litellm_glue.callback.record import RecordBuilder
 from litellm_energy_router.litellm_glue.callback.settle import EnergySettler
@@ -80,7 +79,7 @@ class TableWriter:
     ) -> None:
         self.url = url
         self.cfg = writer
-        self.salt = privacy.salt or load_or_create_salt(privacy.salt_file or Path(writer.spool_dir) / "salt")
+        self.salt = query_salt(privacy, writer.spool_dir) or ""
         self.spool = Spool(
             writer.spool_dir,
             max_bytes=int(writer.spool_max_mb * 2**20),
@@ -115,6 +114,7 @@ class TableWriter:
         self.max_in_memory = 0
         self._flush_req = 0
         self._stop = threading.Event()
+        self._last_error_log = -1e18  # time.monotonic() of the last logged unexpected error
         self._close_deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="energy-router-writer", daemon=True)
         if start:
@@ -188,7 +188,9 @@ class TableWriter:
                     self._hold(self.sink.commit(batch))
                 self.sink.maybe_replay(closing)
             except Exception:  # noqa: BLE001 - the writer thread must survive anything
-                log.exception("energy-router writer: unexpected error")
+                if time.monotonic() - self._last_error_log > 60.0:  # its traceback once a minute, not ten a second
+                    self._last_error_log = time.monotonic()
+                    log.exception("energy-router writer: unexpected error (repeats logged once a minute)")
                 time.sleep(0.1)
             WRITER_QUEUE_DEPTH.set(self._q.qsize() + len(self._pending) + len(self._ready))
             if closing:
