@@ -121,3 +121,20 @@ def test_every_run_field_survives_an_export_and_its_import(tmp_path, sqlite_url,
     assert runs(src) == before
     src.close()
     dst.close()
+
+
+def test_an_unknown_column_is_refused_before_anything_is_written(tmp_path, sqlite_url):
+    """A misspelt column (``scor``) would import every row without its label and overwrite the stored one: refused in
+    one line naming it, the table untouched."""
+    src = open_store(sqlite_url)
+    import_routerbench(src, bundled_files()[-1:], load_profile())
+    out = tmp_path / "export.csv"
+    export_table(src, out)
+    before = _rows(src)
+    lines = out.read_text().splitlines(keepends=True)
+    typo = tmp_path / "typo.csv"
+    typo.write_text(lines[0].replace(",score,", ",scor,") + "".join(lines[1:]))
+    with pytest.raises(BadRowError, match=r"typo.csv: unknown column 'scor'"):
+        import_table(src, typo)
+    assert _rows(src) == before
+    src.close()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
 from litellm_energy_router.errors import UserError, one_line
 
@@ -38,13 +38,13 @@ class EnergyEstimate(BaseModel):
     (production traffic, a new task) takes the conservative per-candidate prior ``output_tokens_prior``,
     never the other tasks' mean, unless the checkpoint's length model (:mod:`.length_model`) predicts it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN or negative joule would win every argmax
 
-    j_per_prompt_token: dict[str, float]
-    j_per_output_token: dict[str, float]
-    output_tokens: dict[str, dict[str, float]] = Field(description="task -> candidate -> mean output tokens")
-    output_tokens_any: dict[str, float] = Field(description="candidate -> mean output tokens, all tasks")
-    output_tokens_prior: dict[str, float] | None = Field(
+    j_per_prompt_token: dict[str, NonNegativeFloat]
+    j_per_output_token: dict[str, NonNegativeFloat]
+    output_tokens: dict[str, dict[str, NonNegativeFloat]] = Field(description="task -> candidate -> mean output tokens")
+    output_tokens_any: dict[str, NonNegativeFloat] = Field(description="candidate -> mean output tokens, all tasks")
+    output_tokens_prior: dict[str, NonNegativeFloat] | None = Field(
         None,
         description="candidate -> output tokens assumed for a task the table does not hold (a conservative "
         "chat-length prior, energy/profile.chat_output_tokens); None (older checkpoints): output_tokens_any",
@@ -147,6 +147,8 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     if p.is_file():
         try:
             target = json.loads(p.read_text())["checkpoint"]
+            if not isinstance(target, str) or not target:
+                raise TypeError(target)
         except (ValueError, KeyError, TypeError):
             raise CheckpointError(f'{p}: not a checkpoint pointer (expected JSON {{"checkpoint": "<dir>"}})') from None
         t = Path(target)

@@ -106,6 +106,7 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             ]
             if missing:
                 raise BadRowError(f"{path}: missing column {missing[0]!r}")
+            _no_unknown(path, reader.fieldnames or [])
             rows, wheres, start = [], [], reader.line_num + 1
             for r in reader:
                 rows.append({k: (None if v == "" else v) for k, v in r.items()})
@@ -118,12 +119,23 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     missing = [c for c in ("query_id", "task", "text_hash", "candidate", "source") if c not in table.column_names]
     if missing:
         raise BadRowError(f"{path}: missing column {missing[0]!r}")
+    _no_unknown(path, table.column_names)
     rows = table.to_pylist()
     for r in rows:
         for k, v in r.items():
             if isinstance(v, float) and math.isnan(v):
                 r[k] = None
     return rows, [f"row {i + 1}" for i in range(len(rows))]
+
+
+def _no_unknown(path: Path, columns: Iterable[str]) -> None:
+    """Refuse a column the table does not have: a misspelt ``score`` would import every row without its label and
+    overwrite the stored one."""
+    unknown = [c for c in columns if c not in FLAT_COLUMNS]
+    if unknown:
+        raise BadRowError(
+            f"{path}: unknown column {unknown[0]!r} (a table export's columns: {', '.join(FLAT_COLUMNS)})"
+        )
 
 
 def import_table(store: TableStore, path: str | Path) -> int:

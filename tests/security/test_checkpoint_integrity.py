@@ -67,3 +67,31 @@ def test_refused_checkpoint_is_retried_when_its_files_change(planted_ckpt, tmp_p
     shutil.copy(planted_ckpt / "student.npz", bad / "student.npz")  # the operator fixes the file, same directory
     rt.maybe_reload(block=True)
     assert rt.version == "v-bad" and rt.last_error is None
+
+
+@pytest.mark.parametrize("value", ["NaN", "-1e6", "Infinity"])
+def test_a_manifest_with_a_non_finite_or_negative_energy_is_refused(planted_ckpt, tmp_path, value):
+    """Ê from a manifest's J per token: a NaN wins every argmax and a negative figure makes energy a reward, so
+    such a checkpoint is refused (one line naming the field), never hot-reloaded."""
+    d = tmp_path / "ck"
+    shutil.copytree(planted_ckpt, d)
+    text = (d / "manifest.json").read_text()
+    m = json.loads(text)
+    cand = next(iter(m["energy"]["j_per_output_token"]))
+    m["energy"]["j_per_output_token"][cand] = "__X__"
+    (d / "manifest.json").write_text(json.dumps(m).replace('"__X__"', value))
+    with pytest.raises(CheckpointError) as e:
+        load_scorer(d)
+    assert "j_per_output_token" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("target", [None, 5, "", ["x"]])
+def test_a_pointer_naming_no_directory_is_a_checkpoint_error(tmp_path, target):
+    """A pointer file whose "checkpoint" is not a path is refused in one line (a TypeError had failed every
+    request open while a good model was loaded, and `retrain` printed a traceback)."""
+    from litellm_energy_router.router.checkpoint import resolve
+
+    p = tmp_path / "current.json"
+    p.write_text(json.dumps({"checkpoint": target}))
+    with pytest.raises(CheckpointError, match="not a checkpoint pointer"):
+        resolve(p)
