@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -115,11 +117,34 @@ def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
                 description=f"SFT loss {d.get('loss', float('nan')):.3f}" if "loss" in d else "SFT",
             )
 
+        # written beside ``out`` and swapped in at the end: a run killed half way (or refused) leaves the
+        # checkpoint that was there, which serving may use, whole
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
         try:
-            ck = train(store, out, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
+            train(store, tmp, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
         except (TrainingDataError, ValueError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
             fail(str(e))
-    return ck
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return _swap_in(tmp, out)
+
+
+def _swap_in(tmp: Path, out: Path) -> Path:
+    """``tmp`` in place of ``out``: the old directory moves aside first and is removed once the new one is in."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    return out
 
 
 def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None) -> None:

@@ -95,3 +95,37 @@ def test_a_pointer_naming_no_directory_is_a_checkpoint_error(tmp_path, target):
     p.write_text(json.dumps({"checkpoint": target}))
     with pytest.raises(CheckpointError, match="not a checkpoint pointer"):
         resolve(p)
+
+
+def test_train_killed_half_way_leaves_the_checkpoint_that_was_there(planted_ckpt, tmp_path):
+    """`energy-router train --out DIR` over an existing checkpoint (maybe the one serving uses) writes beside it and
+    swaps the new one in at the end: killed while training, DIR is still the old checkpoint, whole (it was rewritten
+    in place, file by file, and refused by its own hashes)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "ck"
+    shutil.copytree(planted_ckpt, out)
+    db = f"sqlite:///{planted_ckpt.parent / 't.db'}"
+    exe = str(Path(sys.executable).with_name("energy-router"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    p = subprocess.Popen(
+        [exe, "train", "--out", str(out), "--db", db, "--quick"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        tmp = list(tmp_path.glob(".ck.tmp-*"))
+        if tmp and any(f.is_file() for f in tmp[0].rglob("*")):  # the new checkpoint's first files are written
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "training ended before it could be killed"
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    assert load_scorer(out) is not None  # the old checkpoint: every file matches its manifest
+    assert json.loads((out / "manifest.json").read_text()) == json.loads((planted_ckpt / "manifest.json").read_text())

@@ -319,8 +319,9 @@ def test_a_row_the_table_cannot_take_is_set_aside_and_the_rest_go_on(any_url, tm
 def test_a_shadow_queue_line_torn_by_a_full_disk_is_cut_off(tmp_path):
     """The shadow queue's append fails half way on a full disk: the torn line is cut back off, so the next entry starts
     a line of its own and the queue stays readable (a torn line used to glue onto the next and fail the whole file)."""
-    from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
     from litellm_energy_router.profiling.shadow_tournament import read_queue
+
+    from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
 
     path = tmp_path / "shadow" / "queue.jsonl"
     q = ShadowQueue(path, fraction=1.0)
