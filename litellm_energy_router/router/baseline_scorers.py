@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from litellm_energy_router.router.checkpoint import CheckpointError, Manifest
+from litellm_energy_router.router.checkpoint import CheckpointError, Manifest, part_path
 from litellm_energy_router.router.scoring import CheckpointScorer
 
 BASELINE_FILE = "baseline.npz"
@@ -156,7 +156,7 @@ class BaselineScorer(CheckpointScorer):
         self.name = str(entry.get("kind", self.manifest.scorer))
         if self.name not in NEED:
             raise CheckpointError(f"{self.path}: baseline kind {self.name!r} is not one of {', '.join(NEED)}")
-        f = self.path / str(entry.get("file", BASELINE_FILE))
+        f = part_path(self.path, self.manifest, entry.get("file", BASELINE_FILE))
         try:
             with np.load(f, allow_pickle=False) as z:
                 self.arrays = {k: z[k] for k in z.files}

@@ -229,6 +229,16 @@ def verify_files(directory: Path, manifest: Manifest) -> None:
             raise CheckpointError(f"{directory / name}: SHA-256 does not match the manifest (changed after training)")
 
 
+def part_path(directory: Path, manifest: Manifest, name: Any) -> Path:
+    """The file of a part the manifest names (the student, a baseline's arrays): a plain file name in the
+    checkpoint directory, one of its hashed ``files`` when the manifest has them; anything else (``../x``, an absolute
+    path: a file nobody checked) is refused in one line."""
+    n = str(name)
+    if Path(n).name != n or n in ("", ".", "..") or (manifest.files and n not in manifest.files):
+        raise CheckpointError(f"{directory}: the manifest names part file {n[:120]!r}, not one of its own files")
+    return directory / n
+
+
 def point_to(pointer: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str]) -> None:
     """Atomically make ``pointer`` (a JSON file) name ``checkpoint_dir``."""
     pointer = Path(pointer)

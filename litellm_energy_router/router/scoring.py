@@ -30,6 +30,7 @@ import numpy as np
 from litellm_energy_router.router.checkpoint import (
     CheckpointError,
     Manifest,
+    part_path,
     read_manifest,
     resolve,
     verify_files,
@@ -166,7 +167,7 @@ class CheckpointScorer:
         if not entry:
             return None
         try:
-            part = load(self.path / str(entry.get("file", default_file)))
+            part = load(part_path(self.path, self.manifest, entry.get("file", default_file)))
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{self.path}: cannot load the {what} ({str(e).splitlines()[0]})") from None
         if part.n_candidates != len(self.manifest.candidates):

@@ -129,3 +129,18 @@ def test_train_killed_half_way_leaves_the_checkpoint_that_was_there(planted_ckpt
     p.wait(30)
     assert load_scorer(out) is not None  # the old checkpoint: every file matches its manifest
     assert json.loads((out / "manifest.json").read_text()) == json.loads((planted_ckpt / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["../other/student.npz", "/etc/passwd", "sub/student.npz", "nothashed.npz"])
+def test_a_part_file_outside_the_hashed_files_is_refused(planted_ckpt, tmp_path, name):
+    """The manifest names its student's file: a name outside the checkpoint's own hashed files (a path elsewhere, a
+    file nobody checked) is refused, never loaded."""
+    d = tmp_path / "ck"
+    shutil.copytree(planted_ckpt, d)
+    (tmp_path / "other").mkdir()
+    shutil.copy(d / "student.npz", tmp_path / "other" / "student.npz")
+    m = json.loads((d / "manifest.json").read_text())
+    m["student"]["file"] = name
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="not one of its own files"):
+        load_scorer(d, kind="student")
