@@ -120,7 +120,7 @@ def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
         # written beside ``out`` and swapped in at the end: a run killed half way (or refused) leaves the
         # checkpoint that was there, which serving may use, whole
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dead_runs(out)
         try:
             train(store, tmp, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
         except (TrainingDataError, ValueError) as e:
@@ -130,6 +130,21 @@ def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return _swap_in(tmp, out)
+
+
+def _remove_dead_runs(out: Path) -> None:
+    """Remove what runs into ``out`` that were killed left beside it (``.<name>.tmp-<pid>``, its pid gone)."""
+    for d in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        try:
+            if pid.isdigit() and int(pid) != os.getpid():
+                os.kill(int(pid), 0)
+                continue  # another run, still going
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _swap_in(tmp: Path, out: Path) -> Path:

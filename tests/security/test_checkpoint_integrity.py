@@ -129,6 +129,12 @@ def test_train_killed_half_way_leaves_the_checkpoint_that_was_there(planted_ckpt
     p.wait(30)
     assert load_scorer(out) is not None  # the old checkpoint: every file matches its manifest
     assert json.loads((out / "manifest.json").read_text()) == json.loads((planted_ckpt / "manifest.json").read_text())
+    left = list(tmp_path.glob(".ck.tmp-*"))
+    assert left  # the killed run's directory; the next run into DIR removes it
+    r = subprocess.run(
+        [exe, "train", "--out", str(out), "--db", db, "--quick"], env=env, capture_output=True, timeout=300
+    )
+    assert r.returncode == 0 and not list(tmp_path.glob(".ck.tmp-*")) and load_scorer(out) is not None
 
 
 @pytest.mark.parametrize("name", ["../other/student.npz", "/etc/passwd", "sub/student.npz", "nothashed.npz"])
