@@ -3,7 +3,9 @@ naming where it came from (file, line or row), the field and the value."""
 
 from __future__ import annotations
 
+import errno
 import gzip
+import os
 import threading
 import zlib
 from collections import deque
@@ -88,7 +90,13 @@ def user_error_line(err: BaseException) -> str | None:
         return " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, OSError) and err.filename is not None:
         return f"{err.filename}: {err.strerror or type(err).__name__}"
+    if isinstance(err, OSError) and err.errno in _MACHINE_ERRNOS:  # the machine's state, not a bug: no traceback
+        return f"{err.strerror or os.strerror(err.errno)} (errno {errno.errorcode.get(err.errno, err.errno)})"
     return None
+
+
+#: OSErrors about the machine (a full disk, a quota, a read-only file system) that name no file
+_MACHINE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, n))
 
 
 class RefusalLines:

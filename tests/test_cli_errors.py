@@ -235,3 +235,15 @@ def test_out_of_range_numbers_on_the_command_line_are_one_line(capsys, tmp_path,
 def test_a_port_out_of_range_is_one_line(capsys, tmp_path, argv):
     full = [*argv, "--port", "99999"]
     _one_line(*_run(capsys, full), "--port", full)
+
+
+def test_a_full_disk_is_one_line_not_a_traceback():
+    """ENOSPC (and a quota, a read-only file system) names no file: it was a traceback and exit 1; it is the
+    machine's state, so one line like any other user-facing error."""
+    import errno
+
+    from litellm_energy_router.errors import user_error_line
+
+    assert user_error_line(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device (errno ENOSPC)"
+    assert user_error_line(OSError(errno.EROFS, "Read-only file system")) == "Read-only file system (errno EROFS)"
+    assert user_error_line(OSError(errno.EPIPE, "Broken pipe")) is None  # not the machine's state: a bug's traceback
