@@ -182,9 +182,8 @@ class TableSink:
                 keep_first=True,
                 ledger=[r.get("l") for r in records],
             )
-        except Exception as e:  # noqa: BLE001 - a table outage is retried; anything else is a row the table cannot take
-            if isinstance(e, _TRANSIENT) and not isinstance(e, (IntegrityError, DataError)):  # a row's, not the table's
-                raise
+        except (ValueError, IntegrityError, DataError) as e:  # a row the table cannot take (BadRowError, a value the
+            # driver cannot encode: a ValueError), not the table's state: isolated; anything else is spooled and retried
             self._known = None
             if len(records) == 1:
                 msg = str(e).splitlines()[0][:300]
