@@ -205,7 +205,9 @@ class RateLimitedWarning:
         self.logger, self.period_s, self.level, self.max_keys = logger, period_s, level, max_keys
         self._last: OrderedDict[str, float] = OrderedDict()
 
-    def __call__(self, key: str, msg: str, *args: object) -> bool:
+    def __call__(self, key: str, msg: str, *args: object, exc_info: bool = False) -> bool:
+        """Log ``msg % args`` (with the exception being handled when ``exc_info``) unless ``key`` was logged less than
+        ``period_s`` ago; whether it was logged."""
         now = time.monotonic()
         if now - self._last.get(key, -1e18) < self.period_s:
             return False
@@ -213,5 +215,5 @@ class RateLimitedWarning:
         self._last.move_to_end(key)
         while len(self._last) > self.max_keys:
             self._last.popitem(last=False)
-        self.logger.log(self.level, msg, *args)
+        self.logger.log(self.level, msg, *args, exc_info=exc_info)
         return True

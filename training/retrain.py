@@ -299,7 +299,7 @@ def _train(run: _Run, train_m: TableMatrix, pairs: Any, tc: Any, tmp: Path) -> d
 
 
 @contextmanager
-def _removed_on_error(path: Path) -> Iterator[None]:
+def removed_on_error(path: Path) -> Iterator[None]:
     """Remove ``path`` (a checkpoint being written) when the block raises, then re-raise."""
     try:
         yield
@@ -320,7 +320,7 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         tc.init_from = str(run.serving_dir)
     tmp = run.vdir / f".tmp-{_version()}"
     log(f"retrain: {run.new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
-    with _removed_on_error(tmp):  # a run that fails leaves no half-written version directory behind
+    with removed_on_error(tmp):  # a run that fails leaves no half-written version directory behind
         t0 = time.time()
         selection = _train(run, train_m, pairs, tc, tmp)
         version, t_train = read_manifest(tmp).version, time.time() - t0

@@ -105,6 +105,7 @@ def _train_config(
 def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
     """Train on the table at ``url`` into ``out`` with an SFT progress bar; returns the checkpoint."""
     from litellm_energy_router.training.pipeline import TrainingDataError, train
+    from litellm_energy_router.training.retrain import removed_on_error
 
     with _store(url, create=False) as store, progress_bar() as bar:
         task = bar.add_task("SFT", total=None)
@@ -121,14 +122,11 @@ def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
         # checkpoint that was there, which serving may use, whole
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         _remove_dead_runs(out)
-        try:
-            train(store, tmp, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
-        except (TrainingDataError, ValueError) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            fail(str(e))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with removed_on_error(tmp):
+            try:
+                train(store, tmp, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
+            except (TrainingDataError, ValueError) as e:
+                fail(str(e))
     return _swap_in(tmp, out)
 
 

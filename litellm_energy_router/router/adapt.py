@@ -50,6 +50,7 @@ from litellm_energy_router.router.length_model import SUPPORT_BLEND
 from litellm_energy_router.router.online import Explore, OnlineEnergy
 
 log = logging.getLogger("litellm_energy_router")
+REFRESH_WAIT_S = 60.0  # the longest a context-prior refresh waits for the one running, s
 SUPPORT_LO, SUPPORT_HI = SUPPORT_BLEND  # cosine: no support at or below LO, full support from HI (docs/training.md)
 
 
@@ -195,7 +196,7 @@ class Adaptation:
         except Exception as e:  # noqa: BLE001 - the writer thread must not lose the row for this
             log.debug("energy-router: online update skipped: %s", e)
 
-    def refresh_from(self, rows: Iterable[Mapping[str, Any]], wait_s: float = 60.0) -> int:
+    def refresh_from(self, rows: Iterable[Mapping[str, Any]], wait_s: float = REFRESH_WAIT_S) -> int:
         """Add table rows (streamed, run id order) newer than the last read to the context prior; returns rows used.
         Refreshes run one at a time (another core of the process: waits up to ``wait_s``, then reads nothing), and
         a prior replaced meanwhile (``bind``) gets the rows again next time: nothing is counted twice or lost."""
@@ -232,7 +233,7 @@ class Adaptation:
         """:meth:`refresh_from` the table at ``url`` (runs after the last id read); logs and returns rows used."""
         from litellm_energy_router.table import open_store
 
-        if not self._refreshing.acquire(timeout=60.0):
+        if not self._refreshing.acquire(timeout=REFRESH_WAIT_S):
             return 0
         try:
             store = open_store(url, create=False)

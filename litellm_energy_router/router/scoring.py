@@ -166,8 +166,9 @@ class CheckpointScorer:
         file that does not load or does not have one output per candidate."""
         if not entry:
             return None
+        path = part_path(self.path, self.manifest, entry.get("file", default_file))  # its own one-line error
         try:
-            part = load(part_path(self.path, self.manifest, entry.get("file", default_file)))
+            part = load(path)
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{self.path}: cannot load the {what} ({str(e).splitlines()[0]})") from None
         if part.n_candidates != len(self.manifest.candidates):

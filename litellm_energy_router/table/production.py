@@ -8,9 +8,12 @@ pairs, in batch order, in one transaction that no other production write interle
 * a row equal to a stored one (same query, candidate, source and ``created``) is a replay (the writer's
   spool after a lost acknowledgement, a duplicated event): skipped;
 * a row whose call id already holds another request — another text (``text_hash``), another key (``key_hash``:
-  a retry comes from the key that made the call), or a successful run already — is stored under a fresh
-  server-side call id (``dup-<uuid4>``), never over the first;
-  feedback for the original call id keeps reaching only the first request's row;
+  a retry comes from the key that made the call), or a successful run already — is stored under a server-side
+  call id derived from the row (:func:`dup_call_id`; a random ``dup-<uuid4>`` when another request holds that one),
+  never over the first, and its replay finds it there; feedback for the original call id keeps reaching only the
+  first request's row;
+* a failed attempt older than the call's latest run of the same text and key (replayed after its retry replaced
+  it) is skipped;
 * otherwise it belongs to the same request (LiteLLM's retries of one call): a new candidate's run is
   added; a success replaces that candidate's failed run (its score untouched); anything else keeps the
   first row.

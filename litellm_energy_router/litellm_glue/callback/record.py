@@ -150,11 +150,11 @@ class RecordBuilder:
         out = []
         for d in chunk.records:
             try:
-                if d.get("k") == "row" and _record_shape(d):
+                if d.get("k") == "row":
+                    if not _record_shape(d):
+                        raise ValueError("a 'row' record without its query, run and candidate")
                     out.append(d)
                     continue
-                if d.get("k") == "row":
-                    raise ValueError("a 'row' record without its query, run and candidate")
                 if d.get("k") != "pending":
                     raise ValueError(f"unknown spool record kind {str(d.get('k'))[:20]!r}")
                 row = PendingRow.from_json(d)

@@ -41,7 +41,7 @@ from litellm_energy_router.litellm_glue.callback.settle import EnergySettler
 from litellm_energy_router.litellm_glue.callback.shadow_queue import ShadowQueue
 from litellm_energy_router.litellm_glue.callback.sink import TableSink, Tally
 from litellm_energy_router.litellm_glue.callback.spool import Chunk, Spool
-from litellm_energy_router.metrics import WRITER_QUEUE_DEPTH
+from litellm_energy_router.metrics import WRITER_QUEUE_DEPTH, RateLimitedWarning
 from litellm_energy_router.router.adapt import ADAPT
 from litellm_energy_router.table import open_store
 
@@ -114,7 +114,7 @@ class TableWriter:
         self.max_in_memory = 0
         self._flush_req = 0
         self._stop = threading.Event()
-        self._last_error_log = -1e18  # time.monotonic() of the last logged unexpected error
+        self._errors = RateLimitedWarning(log, 60.0, logging.ERROR)  # a traceback once a minute, not ten a second
         self._close_deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="energy-router-writer", daemon=True)
         if start:
@@ -188,9 +188,9 @@ class TableWriter:
                     self._hold(self.sink.commit(batch))
                 self.sink.maybe_replay(closing)
             except Exception:  # noqa: BLE001 - the writer thread must survive anything
-                if time.monotonic() - self._last_error_log > 60.0:  # its traceback once a minute, not ten a second
-                    self._last_error_log = time.monotonic()
-                    log.exception("energy-router writer: unexpected error (repeats logged once a minute)")
+                self._errors(
+                    "loop", "energy-router writer: unexpected error (repeats logged once a minute)", exc_info=True
+                )
                 time.sleep(0.1)
             WRITER_QUEUE_DEPTH.set(self._q.qsize() + len(self._pending) + len(self._ready))
             if closing:
