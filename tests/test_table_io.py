@@ -138,3 +138,55 @@ def test_an_unknown_column_is_refused_before_anything_is_written(tmp_path, sqlit
         import_table(src, typo)
     assert _rows(src) == before
     src.close()
+
+
+def test_an_earlier_export_imported_over_the_table_keeps_what_the_table_holds(tmp_path, sqlite_url):
+    """An export made before a label arrived, and by a release without the newer columns (no ``key_hash``, no
+    ``co2e_g``), imported over the table: its empty values and missing columns never erase a stored value (they
+    wiped the label, the CO2e and the key's hash); a value it does hold is written."""
+    from litellm_energy_router.table import Candidate, Query, Run
+
+    store = open_store(sqlite_url)
+    q = Query(id="q1", task="t", text="x", text_hash="1" * 64, source="production")
+    run = dict(query_id="q1", candidate="m", source="production", call_id="c1", energy_j=5.0)
+    store.write([q], [Run(**run)], candidates=[Candidate(name="m", params_b=7.0)])
+    old = tmp_path / "old.csv"
+    export_table(store, old)
+    store.write([q], [Run(**run, score=1.0, co2e_g=0.5, key_hash="ab" * 32)])  # labelled and accounted since
+    lines = old.read_text().splitlines()
+    cols = lines[0].split(",")
+    drop = [cols.index("key_hash"), cols.index("co2e_g")]
+    keep = lambda line: ",".join(v for i, v in enumerate(next(csv.reader([line]))) if i not in drop)  # noqa: E731
+    older = tmp_path / "older.csv"
+    older.write_text("\n".join(keep(line).replace(",5.0,", ",6.0,") for line in lines) + "\n")
+    assert import_table(store, older) == 1
+    (r,) = store.iter_runs()
+    assert (r["score"], r["co2e_g"], r["key_hash"], r["energy_j"], r["params_b"]) == (1.0, 0.5, "ab" * 32, 6.0, 7.0)
+    store.close()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_import_streams_in_batches_and_is_all_or_nothing(tmp_path, sqlite_url, fmt):
+    """Written ``batch`` rows at a time in one transaction: a query id a later batch gives another text is refused,
+    and the batches before it are not left behind."""
+    src = open_store(sqlite_url)
+    import_routerbench(src, bundled_files()[-1:], load_profile())
+    out = tmp_path / f"e.{fmt}"
+    export_table(src, out)
+    dst = open_store(f"sqlite:///{tmp_path / 'dst.db'}")
+    assert import_table(dst, out, batch=500) == 887 * 6 and _rows(dst) == _rows(src)
+    if fmt == "csv":
+        with open(out, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+        again = list(rows[1])  # the first row's query again at the end, in a later batch, with another text
+        again[rows[0].index("text_hash")], again[rows[0].index("source")] = "f" * 64, "import"
+        rows.append(again)
+        with open(out, "w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows(rows)
+        empty = open_store(f"sqlite:///{tmp_path / 'empty.db'}")
+        with pytest.raises(BadRowError, match="holds another query under this id"):
+            import_table(empty, out, batch=500)
+        assert empty.count_runs() == 0
+        empty.close()
+    src.close()
+    dst.close()

@@ -8,7 +8,7 @@ candidate) and :class:`WriteResult` (rows written).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from litellm_energy_router.table.rows import Candidate, Query, Run
 
@@ -58,6 +58,10 @@ class TableStore(Protocol):
         *,
         keep_first: bool = False,
         ledger: Sequence[dict[str, Any] | None] | None = None,
+    ) -> WriteResult: ...
+
+    def write_batches(
+        self, batches: Callable[[], Iterable[tuple[list[Candidate], list[Query], list[Run]]]], *, keep_stored: bool
     ) -> WriteResult: ...
 
     def candidates(self) -> list[Candidate]: ...

@@ -2,7 +2,8 @@
 
 One line per run, with its query and candidate columns alongside (see :data:`FLAT_COLUMNS`), so a
 file exported from one store (e.g. SQLite) imports into another (e.g. PostgreSQL) unchanged.
-Import validates the whole file before writing; a bad value raises an error naming file, line, field.
+Import validates the whole file before writing (streamed: a batch of rows in memory at a time); a bad value raises
+an error naming file, line, field; an empty value never erases a stored one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 from pydantic import ValidationError
 
@@ -88,49 +89,35 @@ def export_table(store: TableStore, path: str | Path, *, batch: int = 5000) -> i
     return n
 
 
-def _read(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows of the file and where each is (``line N``, the physical line a CSV record starts on: query texts may
-    hold newlines; ``row N`` in a Parquet file), for messages."""
-    with reading(path):
-        return _read_rows(path)
-
-
-def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+def _records(path: Path, batch: int = 5000) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, row) for every row of the file, streamed: where is ``line N`` (the physical line a CSV record starts
+    on: query texts may hold newlines) or ``row N`` (Parquet), for messages. The header is checked first."""
     if _fmt(path) == "csv":
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            missing = [
-                c
-                for c in ("query_id", "task", "text_hash", "candidate", "source")
-                if c not in (reader.fieldnames or [])
-            ]
-            if missing:
-                raise BadRowError(f"{path}: missing column {missing[0]!r}")
-            _no_unknown(path, reader.fieldnames or [])
-            rows, wheres, start = [], [], reader.line_num + 1
+            _check_columns(path, reader.fieldnames or [])
+            start = reader.line_num + 1
             for r in reader:
-                rows.append({k: (None if v == "" else v) for k, v in r.items()})
-                wheres.append(f"line {start}")
+                yield f"line {start}", {k: (None if v == "" else v) for k, v in r.items()}
                 start = reader.line_num + 1
-        return rows, wheres
+        return
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    missing = [c for c in ("query_id", "task", "text_hash", "candidate", "source") if c not in table.column_names]
+    pf = pq.ParquetFile(path)
+    _check_columns(path, pf.schema_arrow.names)
+    i = 0
+    for part in pf.iter_batches(batch_size=batch):
+        for r in part.to_pylist():
+            i += 1
+            yield f"row {i}", {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
+
+
+def _check_columns(path: Path, columns: Sequence[str]) -> None:
+    """Refuse a file without a key column, or with a column the table does not have: a misspelt ``score`` would
+    import every row without its label."""
+    missing = [c for c in ("query_id", "task", "text_hash", "candidate", "source") if c not in columns]
     if missing:
         raise BadRowError(f"{path}: missing column {missing[0]!r}")
-    _no_unknown(path, table.column_names)
-    rows = table.to_pylist()
-    for r in rows:
-        for k, v in r.items():
-            if isinstance(v, float) and math.isnan(v):
-                r[k] = None
-    return rows, [f"row {i + 1}" for i in range(len(rows))]
-
-
-def _no_unknown(path: Path, columns: Iterable[str]) -> None:
-    """Refuse a column the table does not have: a misspelt ``score`` would import every row without its label and
-    overwrite the stored one."""
     unknown = [c for c in columns if c not in FLAT_COLUMNS]
     if unknown:
         raise BadRowError(
@@ -138,42 +125,57 @@ def _no_unknown(path: Path, columns: Iterable[str]) -> None:
         )
 
 
-def import_table(store: TableStore, path: str | Path) -> int:
-    """Upsert every row of an exported file. All-or-nothing. Returns the number of runs."""
-    path = Path(path)
-    if not path.exists():
-        raise BadRowError(f"{path}: file not found")
-    rows, wheres = _read(path)
+def _parsed(path: Path, batch: int) -> Iterator[tuple[list[Candidate], list[Query], list[Run]]]:
+    """The file's rows validated, ``batch`` runs at a time (each batch's candidates and queries once, from their
+    first row in it); a bad value raises :class:`BadRowError` naming the file, line and field."""
     cands: dict[str, Candidate] = {}
     queries: dict[str, Query] = {}
     runs: list[Run] = []
-    for i, r in enumerate(rows):
-        where = f"{path}:{wheres[i]}"
-        try:
-            name = r["candidate"]
-            if name not in cands:
-                cands[name] = Candidate(name=name, **{k: r.get(k) for k in CANDIDATE_COLUMNS[1:]})
-            qid = r["query_id"]
-            if qid not in queries:
-                q = {
-                    "id": qid,
-                    "task": r["task"],
-                    "text": r.get("text"),
-                    "text_hash": r["text_hash"],
-                    "reference": r.get("reference"),
-                    "source": r.get("query_source") or r["source"],
-                }
-                if r.get("query_created") is not None:
-                    q["created"] = r["query_created"]
-                queries[qid] = Query.model_validate(q)
-            run = {k: r.get(k) for k in RUN_COLUMNS if r.get(k) is not None}
-            runs.append(Run.model_validate({"query_id": qid, "candidate": name, **run}))
-        except ValidationError as e:
-            raise BadRowError(one_line(e, where, whole="<row>")) from None
-        except Exception as e:  # noqa: BLE001  (a missing column: KeyError)
-            raise BadRowError(f"{where}: {e}") from None
+    with reading(path):
+        for where, r in _records(path, batch):
+            try:
+                _parse_row(r, cands, queries, runs)
+            except ValidationError as e:
+                raise BadRowError(one_line(e, f"{path}:{where}", whole="<row>")) from None
+            except Exception as e:  # noqa: BLE001  (a missing value: KeyError)
+                raise BadRowError(f"{path}:{where}: {e}") from None
+            if len(runs) >= batch:
+                yield list(cands.values()), list(queries.values()), runs
+                cands, queries, runs = {}, {}, []
+    if runs:
+        yield list(cands.values()), list(queries.values()), runs
+
+
+def _parse_row(r: dict[str, Any], cands: dict[str, Candidate], queries: dict[str, Query], runs: list[Run]) -> None:
+    name, qid = r["candidate"], r["query_id"]
+    if name not in cands:
+        cands[name] = Candidate(name=name, **{k: r.get(k) for k in CANDIDATE_COLUMNS[1:]})
+    if qid not in queries:
+        q = {
+            "id": qid,
+            "task": r["task"],
+            "text": r.get("text"),
+            "text_hash": r["text_hash"],
+            "reference": r.get("reference"),
+            "source": r.get("query_source") or r["source"],
+        }
+        if r.get("query_created") is not None:
+            q["created"] = r["query_created"]
+        queries[qid] = Query.model_validate(q)
+    run = {k: r.get(k) for k in RUN_COLUMNS if r.get(k) is not None}
+    runs.append(Run.model_validate({"query_id": qid, "candidate": name, **run}))
+
+
+def import_table(store: TableStore, path: str | Path, *, batch: int = 5000) -> int:
+    """Upsert every row of an exported file; returns the number of runs. All or nothing: the whole file is
+    validated first, then written in one transaction, ``batch`` rows in memory at a time. A value the file leaves
+    empty (or a column it lacks: an export of an earlier release) never replaces one the table holds."""
+    path = Path(path)
+    if not path.exists():
+        raise BadRowError(f"{path}: file not found")
+    for _ in _parsed(path, batch):  # every row checked before anything is written
+        pass
     try:
-        store.write(list(queries.values()), runs, candidates=list(cands.values()))
+        return store.write_batches(lambda: _parsed(path, batch), keep_stored=True).runs
     except BadRowError as e:  # e.g. a query id the table holds for another query
         raise BadRowError(f"{path}: {e}") from None
-    return len(runs)

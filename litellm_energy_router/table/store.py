@@ -13,9 +13,9 @@ import random
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from litellm_energy_router.redact import redact_url
@@ -126,7 +126,9 @@ class SQLStore(TableReads):
                     raise TableError(f"table {self._safe_url()}: {first}") from e
                 raise
 
-    def _upsert(self, table: Any, keys: Sequence[str], update: bool) -> Any:
+    def _upsert(self, table: Any, keys: Sequence[str], update: bool, keep_stored: bool = False) -> Any:
+        """Insert, or on a taken key: nothing (``update`` False), the new values, or with ``keep_stored`` the new
+        values that are not null (a stored value is never replaced by nothing)."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
@@ -135,7 +137,8 @@ class SQLStore(TableReads):
         if not update:
             return stmt.on_conflict_do_nothing()  # any unique key already taken: the stored row stays
         cols = [c.name for c in table.columns if c.name not in keys and c.name not in ("id", "created")]
-        return stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in cols})
+        new = {c: func.coalesce(stmt.excluded[c], table.c[c]) if keep_stored else stmt.excluded[c] for c in cols}
+        return stmt.on_conflict_do_update(index_elements=list(keys), set_=new)
 
     # -- writes -----------------------------------------------------------------------------------
     def add_candidates(self, candidates: Iterable[Candidate | dict[str, Any]]) -> int:
@@ -169,37 +172,62 @@ class SQLStore(TableReads):
         r_rows = validate_rows(Run, runs, "runs")
         if not q_rows and not r_rows and not c_rows:
             return WriteResult(0, 0)
-        now = time.time()
-        c_payload = sorted((c.model_dump() for c in c_rows), key=lambda d: d["name"])
         if keep_first:
-            return self._write_keep_first(c_payload, _pairs(q_rows, r_rows), now, ledger)
+            c_payload = sorted((c.model_dump() for c in c_rows), key=lambda d: d["name"])
+            return self._write_keep_first(c_payload, _pairs(q_rows, r_rows), time.time(), ledger)
+        return self._transaction(lambda conn: self._write_in(conn, c_rows, q_rows, r_rows, time.time()))
+
+    def write_batches(
+        self, batches: Callable[[], Iterable[tuple[list[Candidate], list[Query], list[Run]]]], *, keep_stored: bool
+    ) -> WriteResult:
+        """Upsert every ``(candidates, queries, runs)`` batch that ``batches()`` yields, in one transaction: all or
+        nothing, one batch in memory at a time (``batches`` is called again if the transaction is retried).
+        ``keep_stored``: a null value never replaces a stored one (an export of an earlier release, without a
+        later column, imported over the table keeps what the table holds)."""
+
+        def do(conn: Any) -> WriteResult:
+            q = r = 0
+            now = time.time()
+            for c_rows, q_rows, r_rows in batches():
+                done = self._write_in(conn, c_rows, q_rows, r_rows, now, keep_stored)
+                q, r = q + done.queries, r + done.runs
+            return WriteResult(q, r)
+
+        return self._transaction(do)
+
+    def _write_in(
+        self,
+        conn: Any,
+        c_rows: list[Candidate],
+        q_rows: list[Query],
+        r_rows: list[Run],
+        now: float,
+        keep_stored: bool = False,
+    ) -> WriteResult:
+        """One validated batch upserted inside the caller's transaction (references checked first)."""
+        c_payload = sorted((c.model_dump() for c in c_rows), key=lambda d: d["name"])
         q_payload = sorted((q.model_dump() for q in q_rows), key=lambda d: d["id"])
         r_payload = sorted(
             ({**r.model_dump(), "updated": now} for r in r_rows),
             key=lambda d: (d["query_id"], d["candidate"], d["source"]),
         )
-
-        def do(conn: Any) -> WriteResult:
-            if c_payload:
-                conn.execute(self._upsert(schema.candidates, ["name"], True), c_payload)
-            if r_rows:
-                known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
-                new_q = {q.id for q in q_rows}
-                wanted = {r.query_id for r in r_rows} - new_q
-                known_q = set(new_q)
-                for chunk in _chunks(sorted(wanted), 500):
-                    known_q.update(
-                        i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk)))
-                    )
-                check_references(r_rows, known_c, known_q)
-            if q_payload:
-                check_same_queries(conn, q_rows)
-                conn.execute(self._upsert(schema.queries, ["id"], True), q_payload)
-            if r_payload:
-                conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), True), r_payload)
-            return WriteResult(len(q_payload), len(r_payload))
-
-        return self._transaction(do)
+        if c_payload:
+            conn.execute(self._upsert(schema.candidates, ["name"], True, keep_stored), c_payload)
+        if r_rows:
+            known_c = {n for (n,) in conn.execute(select(schema.candidates.c.name))}
+            new_q = {q.id for q in q_rows}
+            known_q = set(new_q)
+            for chunk in _chunks(sorted({r.query_id for r in r_rows} - new_q), 500):
+                known_q.update(
+                    i for (i,) in conn.execute(select(schema.queries.c.id).where(schema.queries.c.id.in_(chunk)))
+                )
+            check_references(r_rows, known_c, known_q)
+        if q_payload:
+            check_same_queries(conn, q_rows)
+            conn.execute(self._upsert(schema.queries, ["id"], True, keep_stored), q_payload)
+        if r_payload:
+            conn.execute(self._upsert(schema.runs, list(schema.RUN_KEY), True, keep_stored), r_payload)
+        return WriteResult(len(q_payload), len(r_payload))
 
     def _write_keep_first(
         self,
