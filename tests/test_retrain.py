@@ -79,6 +79,9 @@ def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_
     assert report["comparison"]["candidate"]["aiq"] < report["comparison"]["serving"]["aiq"]
     assert resolve(cfg.pointer) == first.checkpoint.resolve()  # pointer did not move
     assert not list((tmp_path / "versions").glob(".tmp-*"))  # the rejected candidate is gone
+    # the next cron tick, no row since: the rows the rejected candidate learnt from are not trained on again
+    again = run_retrain(cfg, log=lambda s: None, transform_train=_shuffled)
+    assert again.status == "nothing_new" and f"rejected candidate {worse.version}" in again.message, again.message
 
     # a worse serving checkpoint (trained on shuffled labels), then an honest retrain beats it
     bad_cfg = _cfg(tmp_path / "b", sqlite_url)
@@ -108,6 +111,8 @@ def test_gate_refuses_a_worse_candidate_and_promotes_a_better_one_which_serving_
     cmp_ = better.details["comparison"]
     assert cmp_["candidate"]["aiq"] >= cmp_["serving"]["aiq"]
     assert read_manifest(bad_cfg.pointer).version == better.version
+    # rows since the rejection ("c"): the first pointer's retrain trains (and judges) again
+    assert run_retrain(cfg, log=lambda s: None, transform_train=_shuffled).status == "rejected"
     deadline = time.time() + 60  # the runtime notices the moved pointer and swaps in the background
     while ask("Tell me about rivers number 1001").router_version != better.version and time.time() < deadline:
         time.sleep(0.2)

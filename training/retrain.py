@@ -4,7 +4,9 @@ One run:
 
 1. takes a file lock (``<versions_dir>/.retrain.lock``); a second concurrent run exits 0 at once;
 2. counts labelled rows (score and energy) newer than the serving checkpoint's training watermark
-   (run id, or updated later, e.g. labelled by feedback); below ``min_new_rows`` it stops: "nothing new";
+   (run id, or updated later, e.g. labelled by feedback), or, after the gate rejected a candidate against the
+   checkpoint serving now, than that candidate's (``<versions_dir>/.retrain-rejected.json``: the same rows are
+   not trained on and rejected again on every cron tick); below ``min_new_rows`` it stops: "nothing new";
 3. trains a candidate checkpoint on the table minus a **stable held-out set** (a hash of the query id,
    so the held-out queries never enter any checkpoint's training data), read in one bounded pass
    (:mod:`.sampling`): the LM router, from scratch or warm-started from the serving checkpoint; with
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -143,6 +146,7 @@ class _Run:
     manifest: Any
     new: int = 0
     since_id: int | None = None
+    rejected: str | None = None  # counting from the watermark of this rejected candidate
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -187,7 +191,11 @@ def run_retrain(
         store = open_store(cfg.table_url, create=False)  # the table to learn from; a typo creates none
         try:
             if not _enough_new(run, store, since):
-                msg = f"nothing new: {run.new} labelled rows since run id {run.since_id} (minimum {cfg.min_new_rows})"
+                after = f"; counted from rejected candidate {run.rejected}'s rows" if run.rejected else ""
+                msg = (
+                    f"nothing new: {run.new} labelled rows since run id {run.since_id} "
+                    f"(minimum {cfg.min_new_rows}{after})"
+                )
                 log(msg)
                 return RetrainResult("nothing_new", msg, details={"new_rows": run.new})
             return _train_and_judge(run, store, transform_train)
@@ -207,9 +215,37 @@ def _remove_leftovers(vdir: Path, log: Log) -> None:
             log(f"retrain: removed {d.name}, left by a run that was stopped before it finished")
 
 
+REJECTED_FILE = ".retrain-rejected.json"  # in the versions directory: the watermark of the last rejected candidate
+
+
+def _remember_rejected(run: _Run, version: str, watermark: dict[str, Any]) -> None:
+    """After the gate rejected candidate ``version``: the next runs count new rows from its watermark while the same
+    checkpoint serves (they would train again on the same rows, and be rejected again, on every cron tick)."""
+    state = {"serving_version": run.manifest.version if run.manifest is not None else None, "rejected": version}
+    tmp = run.vdir / f"{REJECTED_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({**state, "watermark": watermark}, default=str))
+    os.replace(tmp, run.vdir / REJECTED_FILE)
+
+
+def _rejected_watermark(run: _Run) -> tuple[str, dict[str, Any]] | None:
+    """(rejected version, its watermark) when the last rejection was judged against the checkpoint serving now."""
+    try:
+        state = json.loads((run.vdir / REJECTED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or run.manifest is None or state.get("serving_version") != run.manifest.version:
+        return None
+    wm = state.get("watermark")
+    return (str(state.get("rejected")), wm) if isinstance(wm, dict) else None
+
+
 def _enough_new(run: _Run, store: Any, since: int | None) -> bool:
-    """Count the labelled rows newer than the serving checkpoint's watermark (or ``since``)."""
+    """Count the labelled rows newer than the serving checkpoint's watermark, or than the last candidate rejected
+    against it (or ``since``)."""
     wm = run.manifest.watermark if run.manifest is not None else {}
+    rejected = _rejected_watermark(run) if since is None else None
+    if rejected is not None:
+        run.rejected, wm = rejected
     run.since_id = since if since is not None else wm.get("max_run_id")
     since_upd = None if since is not None else wm.get("max_updated")
     try:  # runs the last scan read within its clock-skew margin (none, or unreadable: they count as new)
@@ -333,7 +369,10 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         log(f"retrain {version}: {cmp_['why']}")
         with stages.stage("off-policy"):
             off_policy = estimate_off_policy(store, loaded, cfg, log)
+        watermark = read_manifest(tmp).watermark
         status, ck, msg = promote_or_delete(tmp, version, cmp_, run.vdir, cfg, run.serving_dir)
+    if not cmp_["promote"]:  # the rule said no (not a pointer moved meanwhile): these rows are judged
+        _remember_rejected(run, version, watermark)
     log(msg)
     report = {
         "version": version,
