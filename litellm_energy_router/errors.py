@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import re
 import threading
 import zlib
 from collections import deque
@@ -90,9 +91,17 @@ def user_error_line(err: BaseException) -> str | None:
         return " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, OSError) and err.filename is not None:
         return f"{err.filename}: {err.strerror or type(err).__name__}"
-    if isinstance(err, OSError) and err.errno in _MACHINE_ERRNOS:  # the machine's state, not a bug: no traceback
-        return f"{err.strerror or os.strerror(err.errno)} (errno {errno.errorcode.get(err.errno, err.errno)})"
+    code = err.errno if isinstance(err, OSError) else _wrapped_errno(err)
+    if code in _MACHINE_ERRNOS:  # the machine's state, not a bug: no traceback
+        why = err.strerror if isinstance(err, OSError) and err.strerror else os.strerror(code)
+        return f"{why} (errno {errno.errorcode.get(code, code)})"
     return None
+
+
+def _wrapped_errno(err: BaseException) -> int | None:
+    """The errno a library's own error wraps (safetensors: ``I/O error: No space left on device (os error 28)``)."""
+    m = re.search(r"\(os error (\d+)\)", str(err)) if type(err).__name__ == "SafetensorError" else None
+    return int(m.group(1)) if m else None
 
 
 #: OSErrors about the machine (a full disk, a quota, a read-only file system) that name no file

@@ -247,3 +247,39 @@ def test_a_full_disk_is_one_line_not_a_traceback():
     assert user_error_line(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device (errno ENOSPC)"
     assert user_error_line(OSError(errno.EROFS, "Read-only file system")) == "Read-only file system (errno EROFS)"
     assert user_error_line(OSError(errno.EPIPE, "Broken pipe")) is None  # not the machine's state: a bug's traceback
+
+
+def test_a_full_disk_met_by_safetensors_is_one_line():
+    """safetensors wraps the OS error in its own type (``... (os error 28)``): a full disk while a checkpoint's weights
+    are written was a traceback."""
+    import errno
+
+    pytest.importorskip("safetensors")
+    from safetensors import SafetensorError
+
+    from litellm_energy_router.errors import user_error_line
+
+    full = SafetensorError(f"Error while serializing: I/O error: No space left on device (os error {errno.ENOSPC})")
+    assert user_error_line(full) == "No space left on device (errno ENOSPC)"
+    assert user_error_line(SafetensorError("Error while deserializing header: HeaderTooLarge")) is None
+
+
+def test_a_pointer_not_written_for_a_full_disk_stays_as_it_was_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """``point_to`` on a full disk: the pointer still names the old checkpoint, and no ``.pointer-*`` file is left."""
+    import errno
+    import json
+    import os
+
+    from litellm_energy_router.router.checkpoint import point_to
+
+    pointer = tmp_path / "current.json"
+    point_to(pointer, tmp_path / "v1")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        point_to(pointer, tmp_path / "v2")
+    assert json.loads(pointer.read_text())["checkpoint"] == str((tmp_path / "v1").resolve())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current.json"]

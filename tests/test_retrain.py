@@ -341,3 +341,15 @@ def test_reports_hold_no_nan_or_infinity(tmp_path):
 
     doc = json.loads(jp.read_text(), parse_constant=refuse)
     assert doc["other"] == [None, {"x": None}] and "accuracy n/a [n/a, n/a]" in mp.read_text()
+
+
+def test_a_report_that_cannot_be_written_leaves_the_decision_standing(tmp_path, sqlite_url):
+    """The gate decided and the pointer moved; then the report cannot be written (a full disk, here a report_dir
+    under a file): the run says so in one line and returns its decision, instead of a traceback that hides it."""
+    _add(sqlite_url, "a")
+    (tmp_path / "afile").write_text("")
+    logs: list[str] = []
+    res = run_retrain(_cfg(tmp_path, sqlite_url, report_dir=str(tmp_path / "afile" / "reports")), log=logs.append)
+    assert res.status == "promoted" and res.report_json is None
+    assert resolve(tmp_path / "current.json") == res.checkpoint.resolve()
+    assert any("promoted, but its report was not written" in line and "afile" in line for line in logs), logs

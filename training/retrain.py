@@ -25,10 +25,10 @@ The configuration: :mod:`.retrain_config`; the promotion gate (steps 4 and 5): :
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
-import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -43,7 +43,14 @@ from litellm_energy_router.table import open_store
 from .data import MatrixError, TableMatrix, holdout_split, near_duplicate_groups
 from .ope import finite
 from .retrain_config import RetrainConfig, load_retrain_config  # noqa: F401 (re-exported)
-from .retrain_gate import compare, estimate_off_policy, promote_or_delete, set_pointer  # noqa: F401 (re-exported)
+from .retrain_gate import (  # noqa: F401 (re-exported)
+    compare,
+    estimate_off_policy,
+    promote_or_delete,
+    rejected_watermark,
+    remember_rejected,
+    set_pointer,
+)
 
 Log = Callable[[str], None]
 
@@ -215,35 +222,12 @@ def _remove_leftovers(vdir: Path, log: Log) -> None:
             log(f"retrain: removed {d.name}, left by a run that was stopped before it finished")
 
 
-REJECTED_FILE = ".retrain-rejected.json"  # in the versions directory: the watermark of the last rejected candidate
-
-
-def _remember_rejected(run: _Run, version: str, watermark: dict[str, Any]) -> None:
-    """After the gate rejected candidate ``version``: the next runs count new rows from its watermark while the same
-    checkpoint serves (they would train again on the same rows, and be rejected again, on every cron tick)."""
-    state = {"serving_version": run.manifest.version if run.manifest is not None else None, "rejected": version}
-    tmp = run.vdir / f"{REJECTED_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({**state, "watermark": watermark}, default=str))
-    os.replace(tmp, run.vdir / REJECTED_FILE)
-
-
-def _rejected_watermark(run: _Run) -> tuple[str, dict[str, Any]] | None:
-    """(rejected version, its watermark) when the last rejection was judged against the checkpoint serving now."""
-    try:
-        state = json.loads((run.vdir / REJECTED_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(state, dict) or run.manifest is None or state.get("serving_version") != run.manifest.version:
-        return None
-    wm = state.get("watermark")
-    return (str(state.get("rejected")), wm) if isinstance(wm, dict) else None
-
-
 def _enough_new(run: _Run, store: Any, since: int | None) -> bool:
     """Count the labelled rows newer than the serving checkpoint's watermark, or than the last candidate rejected
     against it (or ``since``)."""
     wm = run.manifest.watermark if run.manifest is not None else {}
-    rejected = _rejected_watermark(run) if since is None else None
+    serving = run.manifest.version if run.manifest is not None else None
+    rejected = rejected_watermark(run.vdir, serving) if since is None else None
     if rejected is not None:
         run.rejected, wm = rejected
     run.since_id = since if since is not None else wm.get("max_run_id")
@@ -372,7 +356,7 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         watermark = read_manifest(tmp).watermark
         status, ck, msg = promote_or_delete(tmp, version, cmp_, run.vdir, cfg, run.serving_dir)
     if not cmp_["promote"]:  # the rule said no (not a pointer moved meanwhile): these rows are judged
-        _remember_rejected(run, version, watermark)
+        remember_rejected(run.vdir, run.manifest.version if run.manifest is not None else None, version, watermark)
     log(msg)
     report = {
         "version": version,
@@ -393,5 +377,14 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         "data": run.data,
         "timings": stages.report(),
     }
-    jp, mp = _write_reports(run.rdir, version, report)
+    try:
+        jp, mp = _write_reports(run.rdir, version, report)
+    except OSError as e:  # a full disk after the gate decided: the decision stands (the pointer moved or not)
+        from litellm_energy_router.errors import user_error_line
+
+        for f in (run.rdir / f"{version}.json", run.rdir / f"{version}.md"):
+            with contextlib.suppress(OSError):
+                f.unlink(missing_ok=True)  # no half-written report
+        log(f"retrain {version}: {status}, but its report was not written ({user_error_line(e) or e})")
+        jp = mp = None
     return RetrainResult(status, msg, version, ck, jp, mp, report)

@@ -2,11 +2,13 @@
 serving checkpoint on the same held-out queries (:func:`compare`: AIQ; joules (J) to reach the target
 accuracy), estimate both on logged production traffic (:func:`estimate_off_policy`: IPS/SNIPS), then
 promote the candidate (move it into ``v-<version>``, swap the pointer atomically, prune old versions) or
-delete it (:func:`promote_or_delete`).
+delete it (:func:`promote_or_delete`); a rejection is remembered (:func:`remember_rejected`) so the next runs count
+new rows from the rejected candidate's watermark.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -161,3 +163,28 @@ def promote_or_delete(
         final,
         f"promoted {final} (pointer {cfg.pointer} moved); removed old versions {removed or 'none'}",
     )
+
+
+REJECTED_FILE = ".retrain-rejected.json"  # in the versions directory: the watermark of the last rejected candidate
+
+
+def remember_rejected(vdir: Path, serving: str | None, version: str, watermark: dict[str, Any]) -> None:
+    """After the gate rejected candidate ``version`` against the checkpoint of version ``serving``: later runs count
+    new rows from its ``watermark`` while that checkpoint serves (they would train on the same rows, and be rejected
+    again, on every cron tick). Written atomically."""
+    tmp = vdir / f"{REJECTED_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"serving_version": serving, "rejected": version, "watermark": watermark}, default=str))
+    os.replace(tmp, vdir / REJECTED_FILE)
+
+
+def rejected_watermark(vdir: Path, serving: str | None) -> tuple[str, dict[str, Any]] | None:
+    """(rejected version, its watermark) when the last rejection was judged against checkpoint version ``serving``
+    (the one serving now); None otherwise, or for a missing or unreadable file."""
+    try:
+        state = json.loads((vdir / REJECTED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or serving is None or state.get("serving_version") != serving:
+        return None
+    wm = state.get("watermark")
+    return (str(state.get("rejected")), wm) if isinstance(wm, dict) else None

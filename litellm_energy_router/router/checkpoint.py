@@ -244,9 +244,13 @@ def point_to(pointer: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[
     pointer = Path(pointer)
     pointer.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=".pointer-")
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"checkpoint": str(Path(checkpoint_dir).resolve())}, fh)
-        fh.flush()
-        os.fchmod(fh.fileno(), 0o640)  # the proxy may run as another user of the group
-        os.fsync(fh.fileno())
-    os.replace(tmp, pointer)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"checkpoint": str(Path(checkpoint_dir).resolve())}, fh)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o640)  # the proxy may run as another user of the group
+            os.fsync(fh.fileno())
+        os.replace(tmp, pointer)
+    except BaseException:  # a full disk: the pointer stays as it was, and no temporary file is left beside it
+        Path(tmp).unlink(missing_ok=True)
+        raise
