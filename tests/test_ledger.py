@@ -233,3 +233,23 @@ def test_a_failed_retry_of_a_failed_run_still_adds_its_joules(any_url):
     assert t1["requests"] == 1 and t1["joules_measured"] == pytest.approx(4.0 + 6.0)
     assert [r["energy_j"] for r in store.iter_runs()] == [6.0]
     store.close()
+
+
+def test_another_candidates_failed_attempt_arriving_after_the_retry_counts_its_joules(any_url):
+    """LiteLLM tried ``big`` (failed, 2 J), then ``small`` (succeeded, 9 J); the failed attempt's row reaches the writer
+    last (its event was slower): its joules join the same request, as they do in order (it was skipped as a replay),
+    and a replay of it adds nothing."""
+    store = open_store(any_url)
+    fail = production("late", candidate="big", status="failure", joules=2.0)
+    ok = production("late", joules=9.0)
+    ok = (ok[0], ok[1].model_copy(update={"created": T0 + 5}), ok[2])
+    write(store, [ok])
+    for _ in range(2):
+        write(store, [fail])
+        (t1,) = store.ledger("team")
+        assert (t1["requests"], t1["joules_measured"]) == (1, pytest.approx(11.0))
+        assert sorted((r["candidate"], r["status"]) for r in store.iter_runs()) == [
+            ("big", "failure"),
+            ("small", "success"),
+        ]
+    store.close()

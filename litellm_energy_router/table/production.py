@@ -12,8 +12,10 @@ pairs, in batch order, in one transaction that no other production write interle
   call id derived from the row (:func:`dup_call_id`; a random ``dup-<uuid4>`` when another request holds that one),
   never over the first, and its replay finds it there; feedback for the original call id keeps reaching only the
   first request's row;
-* a failed attempt older than the call's latest run of the same text and key (replayed after its retry replaced
-  it) is skipped;
+* a failed attempt older than the call's latest run of the same text and key is skipped when the call holds a run
+  of its candidate (replayed after its retry replaced it; a same-candidate attempt first arriving after its retry
+  looks the same, and its joules are not counted); another candidate's is added to the request (its joules were
+  spent, no new request);
 * otherwise it belongs to the same request (LiteLLM's retries of one call): a new candidate's run is
   added; a success replaces that candidate's failed run (its score untouched); anything else keeps the
   first row.
@@ -124,7 +126,12 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
         if had is not None and had[1] == r.created:
             plan.skipped += 1  # the same row again
         elif same and r.status == "failure" and call.succeeded() and r.created < max(t for _, t in call.runs.values()):
-            plan.skipped += 1  # an attempt before the call's latest run (replayed after its retry replaced it)
+            if had is None:  # another candidate's earlier attempt, first arriving after the retry: joules spent too
+                call.runs[r.candidate] = (r.status, r.created)
+                plan.runs.append(r)
+                plan.stored.append((i, False))
+            else:
+                plan.skipped += 1  # an attempt before the call's latest run (replayed after its retry replaced it)
         elif not same or call.succeeded():
             moved = _move(plan, q, r, calls)
             if moved is None:
