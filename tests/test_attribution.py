@@ -308,3 +308,25 @@ def test_no_figure_for_a_request_the_meter_did_not_see_whole():
     assert a.energy("across", final=True) is None
     got = a.energy("after", final=True)
     assert got is not None and got.settled and got.energy_j == pytest.approx(1200.0)  # 4 s at 300 W, alone
+
+
+def test_a_request_dropped_by_the_cap_gets_no_figure_from_its_later_events():
+    """Two requests share the GPU; the cap (one tracked request) drops ``a`` when ``b`` starts. ``a``'s later events
+    re-added it: its progress with every token at one instant, or its timings with its tokens counted twice in the
+    curve, gave it a wrong share. Dropped stays dropped: no figure (the proxy falls back to its estimate)."""
+    for late in ("progress", "timings"):
+        att = Attributor(idle_power_w=0.0, max_requests=1)
+        att.add_sample(0.0, 0.0)
+        att.add_progress("a", 0.0, 0, 0)
+        att.add_progress("a", 0.4, 100, 10)
+        att.add_progress("b", 0.5, 0, 0)  # over the cap: a is dropped
+        assert att.dropped_requests["cap"] == 1
+        for k in range(1, 31):
+            att.add_sample(0.1 * k, 30.0 * k)
+        if late == "progress":
+            att.add_progress("a", 1.0, 100, 40, finished=True)
+        else:
+            assert att.add_request("a", 0.0, 1.0, 100, 40) is False
+        att.add_progress("b", 2.0, 100, 40, finished=True)
+        assert att.energy("a", final=True) is None, late
+        assert att.energy("b", final=True) is not None

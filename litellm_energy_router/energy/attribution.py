@@ -198,6 +198,8 @@ class Attributor(AttributionState):
         with self._lock:
             self._drain_started()
             r = self._reqs.get(request_id)
+            if r is None and self.evicted(request_id):
+                return  # dropped (cap, stale): its tokens so far are in the curve; no figure rather than a wrong one
             if r is None:
                 r = self._track(request_id, _Request(start=t, known_until=t), is_open=True)
             elif request_id in self._open:
@@ -227,13 +229,15 @@ class Attributor(AttributionState):
         first_token]``; without a usable first-token time, over the first ``prefill_fraction`` of
         the request. When :meth:`request_started` saw the request later than ``start`` (the backend
         call began after the proxy's own processing), the span starts there. Returns ``False`` if
-        the request was already known as finished."""
+        the request was already known as finished, or was dropped (cap, stale: it gets no figure)."""
         end = max(end, start)
         if first_token is None or not (start <= first_token < end):
             first_token = start + prefill_fraction * (end - start)
         with self._lock:
             self._drain_started()
             r = self._reqs.get(request_id)
+            if r is None and self.evicted(request_id):
+                return False  # dropped (cap, stale) with its tokens in the curve: no figure rather than a wrong one
             if r is not None and (r.finished or r.segments):
                 if not r.finished:  # known from progress events that lag: its tokens since then, up to its end
                     r.end = max(r.known_until, end)

@@ -12,12 +12,13 @@ model and its rules are in :mod:`.attribution`.
 from __future__ import annotations
 
 import bisect
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 _EPS = 1e-9
 _TOUCH_S = 1e-6  # s: the least overlap of a segment and an interval that counts
+MIN_EVICTED = 4096  # dropped request ids remembered (at least; ``max_requests`` if larger)
 
 
 @dataclass
@@ -77,6 +78,9 @@ class AttributionState:
         self.dropped_intervals = 0
         self._gap_from: float | None = None  # the last good sample before failed reads (Unix s)
         self._holes: list[tuple[float, float]] = []  # spans with no reading (failed reads): no figure across them
+        #: requests dropped (cap, stale), newest last, bounded: their tokens stay in the curve, so a later event of one
+        #: would re-add it with its tokens counted twice (or all at once): ignored, the request gets no figure
+        self._evicted: OrderedDict[str, None] = OrderedDict()
 
     # -- internals (lock held) --------------------------------------------------------------------
     def _drain_started(self) -> None:
@@ -84,7 +88,7 @@ class AttributionState:
             return
         while self._started:
             rid, t = self._started.popleft()
-            if rid not in self._reqs:
+            if rid not in self._reqs and rid not in self._evicted:
                 self._track(rid, _Request(start=t, known_until=t), is_open=True)
         self._enforce_caps()
 
@@ -100,6 +104,13 @@ class AttributionState:
         self._n_segments -= len(r.segments)
         if reason is not None:
             self.dropped_requests[reason] += 1
+            self._evicted[rid] = None
+            while len(self._evicted) > max(self.max_requests or 0, MIN_EVICTED):
+                self._evicted.popitem(last=False)
+
+    def evicted(self, rid: str) -> bool:
+        """Whether ``rid`` was dropped (cap or stale) recently: its later events are ignored."""
+        return rid in self._evicted
 
     def _enforce_caps(self) -> None:
         """Drop the oldest requests while over ``max_requests`` or ``max_segments``."""
