@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Iterable, Mapping
+from contextlib import closing, contextmanager
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -200,12 +201,18 @@ class Adaptation:
         """Add table rows (streamed, run id order) newer than the last read to the context prior; returns rows used.
         Refreshes run one at a time (another core of the process: waits up to ``wait_s``, then reads nothing), and
         a prior replaced meanwhile (``bind``) gets the rows again next time: nothing is counted twice or lost."""
-        if not self._refreshing.acquire(timeout=wait_s):
-            return 0
+        with self._turn(wait_s) as ours:
+            return self._refresh(lambda since: rows) if ours else 0
+
+    @contextmanager
+    def _turn(self, wait_s: float) -> Iterator[bool]:
+        """The refresh lock, waited for up to ``wait_s`` (s): yields whether this refresh holds it."""
+        ours = self._refreshing.acquire(timeout=wait_s)
         try:
-            return self._refresh(lambda since: rows)
+            yield ours
         finally:
-            self._refreshing.release()
+            if ours:
+                self._refreshing.release()
 
     def _refresh(self, read: Any) -> int:
         """Feed ``read(since_id)``'s rows after the snapshot's last id to the prior of the same snapshot (the
@@ -233,16 +240,11 @@ class Adaptation:
         """:meth:`refresh_from` the table at ``url`` (runs after the last id read); logs and returns rows used."""
         from litellm_energy_router.table import open_store
 
-        if not self._refreshing.acquire(timeout=REFRESH_WAIT_S):
-            return 0
-        try:
-            store = open_store(url, create=False)
-            try:
+        with self._turn(REFRESH_WAIT_S) as ours:
+            if not ours:
+                return 0
+            with closing(open_store(url, create=False)) as store:
                 n = self._refresh(lambda since: store.iter_runs(since_id=since))
-            finally:
-                store.close()
-        finally:
-            self._refreshing.release()
         log.info(
             "energy-router: context prior: %d labelled rows read (%d contexts)",
             n,
