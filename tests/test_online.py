@@ -548,3 +548,30 @@ def test_a_decision_dropped_before_its_callback_is_counted():
         book.put(md, Decision(candidate="a"))
     assert DECISIONS_EVICTED.labels(book="test")._value.get() - before == 2
     assert book.get({"metadata": mds[0]}) is None and book.get({"metadata": mds[4]}) is not None
+
+
+def test_exploration_stays_inside_the_energy_budget_and_off_over_a_hard_cap(
+    planted_ckpt, sqlite_url, tmp_path, backend
+):
+    """ε explores only among the candidates within the request's ``max_energy_j`` (it sent ~ε of capped requests to a
+    candidate over the cap, up to 4.5x it), with exact propensities over those; a tenant over a hard budget whose
+    action is ``cheapest`` is not explored at all."""
+    from litellm_energy_router.budgets import CHEAPEST_LAMBDA
+    from litellm_energy_router.knob import Knob
+
+    core = EnergyRouterCore(settings(planted_ckpt, sqlite_url, tmp_path, epsilon=0.5))
+    dl, msgs = deps(backend), [{"role": "user", "content": NEAR}]
+    _, d0 = core.choose_sync(dl, msgs, request_kwargs={"metadata": {}})
+    cheap = sorted(d0.energy_j.values())
+    cap = (cheap[1] + cheap[2]) / 2  # two candidates fit
+    seen = set()
+    for _ in range(200):
+        kw = {"metadata": {"energy_router": {"max_energy_j": cap}}}
+        _, d = core.choose_sync(dl, msgs, request_kwargs=kw)
+        assert d.energy_j[d.candidate] <= cap
+        seen.add(d.candidate)
+        assert d.propensity in (pytest.approx(0.75), pytest.approx(0.25))  # 1 - ε + ε/2 or ε/2: two explorable
+    assert len(seen) == 2
+    over = Knob().model_copy(update={"lambda_": CHEAPEST_LAMBDA})  # what BudgetBook.apply gives over the cap
+    picks = {core.decide(core.runtime.score_sync(NEAR), dl, over, 0.0)[1].candidate for _ in range(100)}
+    assert len(picks) == 1

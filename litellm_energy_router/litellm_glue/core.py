@@ -14,7 +14,7 @@ from typing import Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from litellm_energy_router.budgets import BudgetBook, BudgetExceeded
+from litellm_energy_router.budgets import CHEAPEST_LAMBDA, BudgetBook, BudgetExceeded
 from litellm_energy_router.knob import Knob, KnobError, metadata_dicts, resolve_knob
 from litellm_energy_router.litellm_glue.decision import (
     Decision,
@@ -34,7 +34,7 @@ from litellm_energy_router.metrics import (
 from litellm_energy_router.router.adapt import ADAPT, start_refresh
 from litellm_energy_router.router.context import Context
 from litellm_energy_router.router.decide import decide
-from litellm_energy_router.router.online import context_epsilon, explore_pick
+from litellm_energy_router.router.online import context_epsilon, explore_pick, explore_within
 from litellm_energy_router.router.output_tokens import (
     bounded_energy,
     bounded_note,
@@ -216,6 +216,7 @@ class EnergyRouterCore:
         if explore is not None and eps > 0:
             aim = (lambda p, e: decide(p, e, knob, factors)) if rs.explore == "aimed" else None
             weights = explore.weights(avail, P[0], E[0], j_best, aim)
+        eps, weights = explore_within(eps, weights, E[0], knob.max_energy_j, knob.lambda_ >= CHEAPEST_LAMBDA)
         j, propensity = explore_pick(self._rng, eps, j_best, weights, len(avail))
         cand = scored.candidates[avail[j]]
         dep = cleanest.get(cand) or self._rng.choice(by_cand[cand])

@@ -258,6 +258,21 @@ def _ok(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
 
 
+def explore_within(
+    eps: float, weights: np.ndarray | None, E: np.ndarray, max_energy_j: float | None, cheapest: bool
+) -> tuple[float, np.ndarray | None]:
+    """(ε, exploration weights) kept inside what the knob allows: no candidate whose Ê (``E``, J, the available
+    candidates') is over ``max_energy_j`` (J) is explored, and none at all when ``cheapest`` (a hard budget's
+    ``cheapest`` action: the tenant is over its cap). ε = 0 when nothing is left to explore."""
+    if eps <= 0 or cheapest:
+        return 0.0, None
+    if max_energy_j is None:
+        return eps, weights
+    w = np.ones(len(E)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = np.where(np.asarray(E) <= max_energy_j, w, 0.0)
+    return (eps, w) if w.sum() > 0 else (0.0, None)
+
+
 def explore_pick(rng: Any, epsilon: float, j_best: int, weights: np.ndarray | None, k: int) -> tuple[int, float]:
     """(the index chosen among ``k`` available candidates, its exact propensity): ``j_best`` with probability
     ``1 - epsilon``, else a draw from ``weights`` (:func:`explore_weights`, renormalised; None: uniform)."""
