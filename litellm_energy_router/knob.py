@@ -331,7 +331,10 @@ def policy_for(knob: Any, entries: list[tuple[str, Any]]) -> tuple[Any, str | No
 
 
 def _shown(v: Any) -> str:
-    r = repr(v)
+    try:
+        r = repr(v)
+    except ValueError:  # an integer past Python's digit limit for str()
+        return "<an integer too long to show>"
     return r if len(r) <= 40 else r[:37] + "..."
 
 
@@ -346,7 +349,10 @@ def _checked(value: Any, field: str, policy: Any, who: str | None) -> Any:
             raise KnobError(field, f"= {_shown(value)}: {e.errors()[0]['msg']}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise KnobError(field, f"= {_shown(value)} is not a number")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer of hundreds of digits (JSON allows it)
+        v = math.inf
     if not math.isfinite(v):
         raise KnobError(field, f"= {_shown(value)} is not a finite number")
     lo, hi = getattr(policy, RANGES[field])

@@ -27,12 +27,15 @@ def bound_tokens(tokens: np.ndarray, max_tokens: Sequence[float | None] | float 
     return np.minimum(tokens, cap[:, None] if tokens.ndim == 2 else cap)
 
 
+MAX_TOKENS_BOUND = 2**31  # a larger max_tokens bounds nothing (and 10**400 has no float): read as no bound
+
+
 def request_max_tokens(request_kwargs: dict | None) -> int | None:
     """The request's bound on output tokens (``max_completion_tokens``, else ``max_tokens``), or None;
     anything not a positive integer is ignored (a hostile value never lowers Ê below a real answer's)."""
     for key in ("max_completion_tokens", "max_tokens"):
         v = (request_kwargs or {}).get(key)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TOKENS_BOUND:
             return v
     return None
 

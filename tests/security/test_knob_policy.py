@@ -41,7 +41,7 @@ POLICY = {
         "eco-team": {"policy": {"lambda_range": [0, 10], "max_energy_j_range": [1, 500]}},
     },
 }
-BAD = [float("nan"), float("inf"), -1.0, 1e12, "0.3", True, [1]]
+BAD = [float("nan"), float("inf"), -1.0, 1e12, 10**400, "0.3", True, [1]]  # 10**400: JSON allows it, no float holds it
 FIELDS = ["lambda", "target_accuracy", "max_energy_j"]
 # Real LiteLLM (Router / proxy): also run at the oldest supported LiteLLM (make test-litellm-oldest).
 pytestmark = pytest.mark.litellm_integration
@@ -346,3 +346,17 @@ def test_a_caller_cannot_hide_the_proxys_error_lines_behind_a_refusal_text():
     REFUSAL_LINES.note(knob)  # the hook raised it: the proxy's pre-formatted line about it goes, once
     assert not drop.filter(rec(msg=f"... litellm_call_id=id-3 - {knob}"))
     assert drop.filter(rec(msg=f"... litellm_call_id=id-3 - {knob}"))
+
+
+def test_a_max_tokens_no_float_holds_bounds_nothing_and_the_request_routes(planted_ckpt, backend):
+    """``max_tokens: 10**400`` (valid JSON) made Ê's bound raise OverflowError: the request failed open unrouted. It
+    bounds nothing: routed as without it."""
+    from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore
+    from litellm_energy_router.router.output_tokens import request_max_tokens
+
+    assert request_max_tokens({"max_tokens": 10**400}) is None and request_max_tokens({"max_tokens": 64}) == 64
+    core = EnergyRouterCore(_settings(planted_ckpt, {"lambda": 0.05}))
+    deps, msgs = _pool(backend).model_list, [{"role": "user", "content": PROOF}]
+    _, plain = core.choose_sync(deps, msgs, request_kwargs={"metadata": {}})
+    _, huge = core.choose_sync(deps, msgs, request_kwargs={"metadata": {}, "max_tokens": 10**400})
+    assert huge.fallback is None and huge.candidate == plain.candidate and huge.energy_j == plain.energy_j
