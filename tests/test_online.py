@@ -550,6 +550,34 @@ def test_a_decision_dropped_before_its_callback_is_counted():
     assert book.get({"metadata": mds[0]}) is None and book.get({"metadata": mds[4]}) is not None
 
 
+def test_the_decision_book_does_not_keep_a_requests_metadata_alive():
+    """A decision no callback reads back (the filter without the energy callback; the headers hook LiteLLM 1.80 lacks)
+    held the request's whole metadata dict, whose size the caller chooses: 1,000 requests of 1 MiB kept 1 GiB. The book
+    keeps a token it wrote into the dict, and a dict under a reused id without that token finds nothing."""
+    import gc
+    import weakref
+
+    from litellm_energy_router.litellm_glue.decision import Decision, DecisionBook
+
+    class Md(dict):  # a dict that can be weakly referenced
+        pass
+
+    book = DecisionBook(maxsize=10, name="test-alive")
+    md = Md(payload="x" * 1_000_000)
+    book.put(md, Decision(candidate="a"))
+    assert book.get({"metadata": md}).candidate == "a"
+    alive = weakref.ref(md)
+    del md
+    gc.collect()
+    assert alive() is None and len(book) == 1
+    other = {"payload": "y"}
+    book.put(other, Decision(candidate="b"))
+    forged = dict(other)  # another dict (another id) carrying the same token: not its entry
+    assert book.get({"metadata": forged}) is None
+    other.pop("_energy_router_test-alive")  # the same id without the token (a reused id): not its entry
+    assert book.get({"metadata": other}) is None
+
+
 def test_exploration_stays_inside_the_energy_budget_and_off_over_a_hard_cap(
     planted_ckpt, sqlite_url, tmp_path, backend
 ):

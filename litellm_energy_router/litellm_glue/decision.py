@@ -12,6 +12,8 @@ this package never reads it back. Kept free of LiteLLM and torch imports so any 
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -85,11 +87,12 @@ class Decision:
 class DecisionBook:
     """Decisions made in this process, keyed by the identity of the request's metadata dict.
 
-    Each entry holds the dict itself, so its ``id`` cannot be reused while the entry lives, and a lookup
-    checks ``is``. Bounded (``maxsize`` entries, oldest dropped, counted in
-    ``energy_router_decisions_evicted_total{book}``): requests no callback reads back, e.g. the filter without the
-    energy callback, cost no more than that; more requests in flight than that lose their oldest decisions.
-    Thread-safe (LiteLLM logs sync calls on its own threads).
+    ``put`` writes a token private to this book and process (``_energy_router_<name>``: a random prefix and a count)
+    into the metadata dict, and a lookup by ``id`` checks it, so a reused ``id`` never finds another request's
+    decision; the entry holds the token and the decision, not the dict (whose size the caller chooses). Bounded
+    (``maxsize`` entries, oldest dropped, counted in ``energy_router_decisions_evicted_total{book}``): requests no
+    callback reads back, e.g. the filter without the energy callback, cost no more than that; more requests in flight
+    than that lose their oldest decisions. Thread-safe (LiteLLM logs sync calls on its own threads).
     """
 
     def __init__(self, maxsize: int = 16_384, name: str = "decisions") -> None:
@@ -97,7 +100,9 @@ class DecisionBook:
 
         self.maxsize = maxsize
         self._evicted = DECISIONS_EVICTED.labels(book=name)
-        self._d: OrderedDict[int, tuple[dict[str, Any], Decision]] = OrderedDict()
+        self._key = f"_energy_router_{name}"
+        self._prefix, self._count = os.urandom(8).hex() + "-", itertools.count()
+        self._d: OrderedDict[int, tuple[str, Decision]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -105,25 +110,31 @@ class DecisionBook:
 
     def put(self, md: dict[str, Any], decision: Decision) -> None:
         """Record ``decision`` for the request whose metadata dict is ``md`` (a retry's replaces it)."""
+        token = self._prefix + str(next(self._count))
+        md[self._key] = token
         with self._lock:
             self._d.pop(id(md), None)
-            self._d[id(md)] = (md, decision)
+            self._d[id(md)] = (token, decision)
             while len(self._d) > self.maxsize:
                 self._d.popitem(last=False)
                 self._evicted.inc()  # that request's row loses its decision (propensity, context, estimate)
 
+    def _entry(self, md: dict[str, Any]) -> tuple[str, Decision] | None:
+        """``md``'s entry (lock held): the one under its id whose token ``md`` carries."""
+        e = self._d.get(id(md))
+        return e if e is not None and md.get(self._key) == e[0] else None
+
     def discard(self, md: dict[str, Any]) -> None:
         with self._lock:
-            e = self._d.get(id(md))
-            if e is not None and e[0] is md:
+            if self._entry(md) is not None:
                 del self._d[id(md)]
 
     def get(self, kwargs: Mapping[str, Any], *, take: bool = False) -> Decision | None:
         """The decision recorded for the request of a LiteLLM callback's ``kwargs`` (removed with ``take``)."""
         for md in _metadata_of(kwargs):
             with self._lock:
-                e = self._d.get(id(md))
-                if e is None or e[0] is not md:
+                e = self._entry(md)
+                if e is None:
                     continue
                 if take:
                     del self._d[id(md)]
