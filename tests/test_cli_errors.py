@@ -283,3 +283,20 @@ def test_a_pointer_not_written_for_a_full_disk_stays_as_it_was_and_leaves_no_tem
         point_to(pointer, tmp_path / "v2")
     assert json.loads(pointer.read_text())["checkpoint"] == str((tmp_path / "v1").resolve())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current.json"]
+
+
+@pytest.mark.parametrize("scorer", ["lm", "task_prior"])
+def test_train_refuses_an_out_that_is_not_a_checkpoint_and_touches_nothing(capsys, tmp_path, scorer):
+    """``train --out`` replaces what is there whole: a directory of other files, the table's own SQLite file and the
+    working directory (``.``, a traceback) were deleted or failed. Refused in one line before anything is read."""
+    from litellm_energy_router.table import open_store
+
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("important")
+    db = tmp_path / "t.db"
+    open_store(f"sqlite:///{db}").close()
+    size = db.stat().st_size
+    for out in ("precious", str(db), "."):
+        argv = ["train", "--out", out, "--db", f"sqlite:///{db}", "--scorer", scorer, "--quick"]
+        _one_line(*_run(capsys, argv), "is not a checkpoint", argv)
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "important" and db.stat().st_size == size

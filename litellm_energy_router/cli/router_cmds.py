@@ -59,6 +59,7 @@ def train_cmd(
 ) -> None:
     """Train the LM router from the table (TRL SFT, probe head, calibration, student) and write a checkpoint;
     with ``--scorer KIND``, fit that registered scorer instead and write it as a servable checkpoint."""
+    out = _checked_out(out)
     if scorer != "lm":
         return _export_baseline_cmd(scorer, out, db_url(db, config), candidates)
 
@@ -120,14 +121,39 @@ def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
 
         # written beside ``out`` and swapped in at the end: a run killed half way (or refused) leaves the
         # checkpoint that was there, which serving may use, whole
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        _remove_dead_runs(out)
+        tmp = _beside(out)
         with removed_on_error(tmp):
             try:
-                train(store, tmp, cfg, log=lambda s: console.print(s, highlight=False), on_step=on_step)
+                train(store, tmp, cfg, log=_log_as(tmp, out), on_step=on_step)
             except (TrainingDataError, ValueError) as e:
                 fail(str(e))
     return _swap_in(tmp, out)
+
+
+def _checked_out(out: Path) -> Path:
+    """``--out`` as an absolute path; refused (exit 2) when what is there is not a checkpoint (a directory holding a
+    ``manifest.json``) or an empty directory: training replaces it whole (a directory of other files, the table's
+    own SQLite file)."""
+    out = Path(os.path.abspath(out))
+    if not out.name:
+        fail(f"--out {out}: not a directory a checkpoint can be written as")
+    if out.is_symlink() or not out.exists():
+        return out
+    if out.is_dir() and ((out / "manifest.json").is_file() or not any(out.iterdir())):
+        return out
+    fail(f"--out {out}: exists and is not a checkpoint (no manifest.json); training replaces it whole: choose another")
+    return out
+
+
+def _beside(out: Path) -> Path:
+    """The temporary directory a run writes beside ``out`` (what killed runs left there removed first)."""
+    _remove_dead_runs(out)
+    return out.with_name(f".{out.name}.tmp-{os.getpid()}")
+
+
+def _log_as(tmp: Path, out: Path) -> Any:
+    """A log that names ``out`` where the training names the directory it writes (``tmp``, swapped in at the end)."""
+    return lambda s: console.print(str(s).replace(str(tmp), str(out)), highlight=False)
 
 
 def _remove_dead_runs(out: Path) -> None:
@@ -164,6 +190,7 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     from litellm_energy_router.plugins import scorer_specs
     from litellm_energy_router.training.baselines import export_baseline
     from litellm_energy_router.training.data import load_matrix
+    from litellm_energy_router.training.retrain import removed_on_error
 
     specs = {n: s for n, s in scorer_specs().items() if s.fit is not None and n != "lm"}
     if kind not in specs:
@@ -171,11 +198,13 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     t0 = time.time()
     with _store(url, create=False) as store:
         cands = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
-        try:
-            ck = (specs[kind].export or export_baseline)(kind, load_matrix(store, cands), out)
-        except ValueError as e:
-            fail(str(e))
-    console.print(f"{kind} checkpoint {ck} in {time.time() - t0:.0f}s", highlight=False)
+        tmp = _beside(out)  # written beside it and swapped in, as the LM's
+        with removed_on_error(tmp):
+            try:
+                (specs[kind].export or export_baseline)(kind, load_matrix(store, cands), tmp)
+            except ValueError as e:
+                fail(str(e))
+    console.print(f"{kind} checkpoint {_swap_in(tmp, out)} in {time.time() - t0:.0f}s", highlight=False)
 
 
 def route_points(
