@@ -40,8 +40,8 @@ class MatrixRow:
 
 def _open(path: Path) -> io.TextIOBase:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
 
 
 def _kind(path: Path) -> str:
@@ -73,7 +73,7 @@ def _count(raw: Any, where: str, name: str) -> int | None:
         v = float(raw)
     except (TypeError, ValueError):
         raise MatrixFormatError(f"{where}: field {name!r} = {str(raw)[:40]!r}: not a number") from None
-    if not (v >= 0 and v == int(v)):
+    if not (math.isfinite(v) and v >= 0 and v == int(v)):
         raise MatrixFormatError(f"{where}: field {name!r} = {raw!r}: not a non-negative integer")
     return int(v)
 
@@ -179,6 +179,9 @@ def iter_matrix(path: str | Path, default_task: str | None = None) -> Iterator[M
             pending = None
         if pending is None:
             pending = MatrixRow(qid, task, text, _count(obj.get("prompt_tokens"), where, "prompt_tokens"), {}, where)
+        elif (pending.task, pending.text) != (task, text):  # one id, one query: not another's scores under it
+            what = "task" if pending.task != task else "query text"
+            raise MatrixFormatError(f"{where}: query_id {qid!r} has another {what} than at {pending.where}")
         if model in pending.scores:
             raise MatrixFormatError(f"{where}: model {model!r} twice for query_id {qid!r}")
         pending.scores[model] = (s, out)  # type: ignore[assignment]  (None = no label)

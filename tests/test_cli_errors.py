@@ -300,3 +300,12 @@ def test_train_refuses_an_out_that_is_not_a_checkpoint_and_touches_nothing(capsy
         argv = ["train", "--out", out, "--db", f"sqlite:///{db}", "--scorer", scorer, "--quick"]
         _one_line(*_run(capsys, argv), "is not a checkpoint", argv)
     assert (tmp_path / "precious" / "notes.txt").read_text() == "important" and db.stat().st_size == size
+
+
+def test_report_since_too_far_back_is_one_line(capsys, tmp_path):
+    from litellm_energy_router.table import open_store
+
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    open_store(db).close()
+    argv = ["report", "--db", db, "--since", "3000000d"]
+    _one_line(*_run(capsys, argv), "--since '3000000d': too far back", argv)

@@ -196,3 +196,45 @@ def test_a_query_id_the_table_holds_for_another_query_is_refused(tmp_path, capsy
     texts = {r["query_id"]: r["text"] for r in store.iter_runs()}
     store.close()
     assert texts == {"q1": "Capital of France?", "q2": "Write fizzbuzz in Python."}
+
+
+def test_a_spreadsheet_csv_with_a_byte_order_mark_keeps_its_first_column(tmp_path, capsys):
+    """Excel's "CSV UTF-8" begins with a BOM: the first column was read as '\\ufeffquery_id' and every query id silently
+    replaced by the text's hash."""
+    f, db = tmp_path / "m.csv", f"sqlite:///{tmp_path / 't.db'}"
+    rows = _long_rows()
+    with open(f, "w", newline="", encoding="utf-8-sig") as fh:
+        w = csv.DictWriter(fh, fieldnames=["query_id", "task", "query", "model", "score", "output_tokens"])
+        w.writeheader()
+        w.writerows(rows)
+    code, _, err = _run(capsys, ["table", "import-matrix", str(f), "--db", db, "--map", f"small={A},big={B}"])
+    assert code == 0, err
+    store = open_store(db)
+    assert {r["query_id"] for r in store.iter_runs()} == {"q1", "q2"}
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"query": "Capital of Peru?"}, "query_id 'q1' has another query text than at"),
+        ({"task": "geo"}, "query_id 'q1' has another task than at"),
+        ({"output_tokens": float("inf")}, "field 'output_tokens' = inf: not a non-negative integer"),
+    ],
+)
+def test_one_files_rows_of_a_query_must_agree_and_counts_be_finite(tmp_path, capsys, bad, named):
+    """Two rows of one query id with another text or task were merged (the second model's score stored as its answer
+    to the first text); an infinite token count was a traceback. One line naming the file and line, nothing written."""
+    rows = _long_rows()
+    rows[1] = {**rows[1], **bad}
+    f, db = tmp_path / "m.jsonl", tmp_path / "t.db"
+    _write_jsonl(f, rows)
+    code, _, err = _run(
+        capsys, ["table", "import-matrix", str(f), "--db", f"sqlite:///{db}", "--map", f"small={A},big={B}"]
+    )
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"{f}:2: " in lines[0] and named in lines[0], lines[0]
+    store = open_store(f"sqlite:///{db}")
+    assert store.count_runs() == 0
+    store.close()

@@ -56,6 +56,7 @@ def test_every_format_gives_the_same_prompt(tmp_path):
         ("bad.csv", "a,b\n1,2\n", "bad.csv: missing column 'prompt'"),
         ("bad.csv", "prompt,eval_name\nx\n", "bad.csv:2: 1 fields"),
         ("empty.txt", "\n\n", "empty.txt: no prompts"),
+        ("list.jsonl", '{"prompt": "hi", "eval_name": ["a"]}\n', "list.jsonl:1: field 'eval_name'"),  # a traceback
     ],
 )
 def test_bad_files_are_one_line(tmp_path, name, text, named):
@@ -109,3 +110,20 @@ def test_route_serves_plain_text_and_chat_json(tmp_path, capsys):
         )
     err = capsys.readouterr().err.strip()
     assert ei.value.code == 2 and len(err.splitlines()) == 1 and "bad.jsonl:1: not valid JSON" in err
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("p.csv", "id,prompt,eval_name\r\nq7,What is 2+2?,math\r\n"),
+        ("p.jsonl", '{"prompt": "What is 2+2?", "eval_name": "math", "id": "q7"}\n'),
+        ("p.json", '[{"prompt": "What is 2+2?", "eval_name": "math", "id": "q7"}]'),
+        ("p.txt", "What is 2+2?\n"),
+    ],
+)
+def test_a_file_with_a_byte_order_mark_reads_as_without(tmp_path, name, text):
+    """A spreadsheet's or an editor's BOM: its CSV header's first column was not found (or the ids replaced by line
+    numbers), JSON did not parse, a text's first prompt began with U+FEFF."""
+    (tmp_path / name).write_bytes(text.encode("utf-8-sig"))
+    (tmp_path / ("plain-" + name)).write_bytes(text.encode("utf-8"))
+    assert read_route_input(tmp_path / name) == read_route_input(tmp_path / ("plain-" + name))

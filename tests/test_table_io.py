@@ -190,3 +190,17 @@ def test_import_streams_in_batches_and_is_all_or_nothing(tmp_path, sqlite_url, f
         empty.close()
     src.close()
     dst.close()
+
+
+def test_an_export_saved_by_a_spreadsheet_with_a_byte_order_mark_imports(tmp_path, sqlite_url):
+    """Opened and saved as "CSV UTF-8", an export begins with a BOM: its import said "missing column 'query_id'"."""
+    src = open_store(sqlite_url)
+    import_routerbench(src, bundled_files()[-1:], load_profile())
+    out = tmp_path / "e.csv"
+    export_table(src, out)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + out.read_bytes())
+    dst = open_store(f"sqlite:///{tmp_path / 'dst.db'}")
+    assert import_table(dst, bom) == 887 * 6 and _rows(dst) == _rows(src)
+    src.close()
+    dst.close()

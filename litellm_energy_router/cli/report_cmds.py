@@ -34,7 +34,10 @@ def _since(v: Optional[str], option: str = "--since") -> Optional[str]:
     if v is None:
         return None
     if v.endswith("d") and v[:-1].isdigit():
-        return (datetime.now(timezone.utc).date() - timedelta(days=int(v[:-1]))).isoformat()
+        try:
+            return (datetime.now(timezone.utc).date() - timedelta(days=int(v[:-1]))).isoformat()
+        except OverflowError:
+            fail(f"{option} {v!r}: too far back (the calendar starts at year 1)")
     try:
         return date.fromisoformat(v).isoformat()
     except ValueError:

@@ -45,7 +45,7 @@ def read_route_input(path: Path) -> list[Row]:
         elif name.endswith(".jsonl"):
             rows = [
                 _record(path, n, _json(path, n, line), str(n - 1))
-                for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
                 if line.strip()
             ]
         elif name.endswith(".json"):
@@ -53,7 +53,7 @@ def read_route_input(path: Path) -> list[Row]:
         else:
             rows = [
                 (str(i), None, line)
-                for i, line in enumerate(ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip())
+                for i, line in enumerate(ln for ln in path.read_text(encoding="utf-8-sig").splitlines() if ln.strip())
             ]
     except UnicodeDecodeError as e:
         raise RouteInputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
@@ -71,7 +71,7 @@ def _json(path: Path, n: int | None, raw: str) -> Any:
 
 
 def _json_file(path: Path) -> list[Row]:
-    doc = _json(path, None, path.read_text(encoding="utf-8"))
+    doc = _json(path, None, path.read_text(encoding="utf-8-sig"))
     if isinstance(doc, list) and doc and all(isinstance(m, dict) and "role" in m for m in doc):
         return [_record(path, 1, {"messages": doc}, "0")]
     if not isinstance(doc, list):
@@ -91,6 +91,8 @@ def _record(path: Path, n: int, rec: Any, default_key: str) -> Row:
     if not isinstance(rec, dict):
         raise RouteInputError(f"{where}: expected an object with 'prompt' or 'messages', got {type(rec).__name__}")
     task = rec.get("eval_name", rec.get("task"))
+    if task is not None and not isinstance(task, str):
+        raise RouteInputError(f"{where}: field 'eval_name' = {str(task)[:40]!r}: not a string")
     key = str(rec.get("id", default_key))
     if isinstance(rec.get("prompt"), str):
         return key, task, rec["prompt"]
@@ -118,7 +120,7 @@ def _prompt_cell(raw: str) -> str:
 def _csv_rows(path: Path) -> Iterator[Row]:
     csv.field_size_limit(1 << 30)
     raw = gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
-    with reading(path), io.TextIOWrapper(raw, encoding="utf-8", newline="") as fh:
+    with reading(path), io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None) or []
         col = "prompt" if "prompt" in header else "messages" if "messages" in header else None

@@ -93,7 +93,7 @@ def _records(path: Path, batch: int = 5000) -> Iterator[tuple[str, dict[str, Any
     """(where, row) for every row of the file, streamed: where is ``line N`` (the physical line a CSV record starts
     on: query texts may hold newlines) or ``row N`` (Parquet), for messages. The header is checked first."""
     if _fmt(path) == "csv":
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
             _check_columns(path, reader.fieldnames or [])
             start = reader.line_num + 1

@@ -165,7 +165,7 @@ class Task(ABC):
 
 def _read_file(path: Path) -> list[tuple[int, Mapping[str, Any]]]:
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise TaskError(f"{path}: task file not found") from None
     except UnicodeDecodeError as e:
