@@ -70,3 +70,26 @@ def test_bad_import_file_exit_2(tmp_path):
     bad.write_text("a,b\n1,2\n")
     r = run("table", "import-routerbench", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
     assert r.returncode == 2 and "missing row-key column" in r.stderr and str(bad) in r.stderr
+
+
+def test_progress_reaches_a_log_where_the_output_is_not_a_terminal():
+    """rich draws no bar where stdout is a file (cron, CI, ``| tee``): ``train`` and ``eval`` were silent for minutes.
+    The one progress bar prints a line per unfinished task every few seconds there, and draws as before on a terminal."""
+    import io
+    import time
+
+    from litellm_energy_router.training.progress import progress_bar
+    from rich.console import Console
+
+    log = io.StringIO()
+    with progress_bar(Console(file=log, width=120), every_s=0.05) as bar:
+        t = bar.add_task("SFT", total=288)
+        bar.update(t, completed=120)
+        time.sleep(0.3)
+    lines = [line for line in log.getvalue().splitlines() if line.strip()]
+    assert lines and all(line.startswith("SFT: 120/288, ") and line.endswith(" s") for line in lines), lines
+    tty = io.StringIO()
+    with progress_bar(Console(file=tty, width=120, force_terminal=True), every_s=0.05) as bar:
+        bar.add_task("SFT", total=288)
+        time.sleep(0.2)
+    assert "SFT: " not in tty.getvalue()  # the bar itself, no lines

@@ -61,8 +61,15 @@ class Timings:
         )
 
 
-def progress_bar() -> Any:
-    """The bar ``retrain`` shows: description, bar, done/total, elapsed, ETA (on stderr)."""
+LOG_EVERY_S = 15.0  # s between progress lines where the output is not a terminal
+
+
+@contextmanager
+def progress_bar(console: Any = None, every_s: float = LOG_EVERY_S) -> Iterator[Any]:
+    """The one progress bar of the commands (``train``, ``eval``, ``retrain``, the table imports): description, bar,
+    done/total, elapsed, ETA, on ``console`` (default: stderr). Where the console is not a terminal (a log file, cron,
+    ``| tee``), rich draws nothing: a line per unfinished task every ``every_s`` seconds instead
+    (``SFT: 120/288, 41 s``), so a long job never falls silent."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -73,15 +80,39 @@ def progress_bar() -> Any:
         TimeRemainingColumn,
     )
 
-    return Progress(
+    console = console if console is not None else Console(stderr=True)
+    bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
+        transient=True,
     )
+    with bar:
+        if console.is_terminal:
+            yield bar
+            return
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(every_s):
+                for t in bar.tasks:
+                    if not t.finished:
+                        total = f"/{t.total:.0f}" if t.total else ""
+                        console.print(
+                            f"{t.description}: {t.completed:.0f}{total}, {t.elapsed or 0:.0f} s", markup=False
+                        )
+
+        ticker = threading.Thread(target=tick, name="energy-router-progress", daemon=True)
+        ticker.start()
+        try:
+            yield bar
+        finally:
+            stop.set()
+            ticker.join(timeout=1.0)
 
 
 class Stages:

@@ -15,7 +15,7 @@ from litellm_energy_router.cli.common import (
     fail,
     settings_or_fail,
 )
-from litellm_energy_router.cli.table_cmds import _store
+from litellm_energy_router.cli.table_cmds import _store, progress_bar
 from litellm_energy_router.redact import redact_url
 
 BaselinesOpt = typer.Option(
@@ -82,7 +82,7 @@ def eval_cmd(
     if folds > m.n:
         fail(f"--folds {folds}: only {m.n} fully labelled queries in {redact_url(url)}")
     console.print(m.summary(), highlight=False, soft_wrap=True)
-    with _progress() as bar:
+    with progress_bar() as bar:
         scorers = (lm if router else []) + names
         extra = {name: (lambda pred=pred: pred) for name, pred in ckpts.items()}
         _check_checkpoint_candidates(ckpts, m)
@@ -149,26 +149,6 @@ def _profile_and_matrix(
         except MatrixError as e:
             fail(str(e))
     return profile, m
-
-
-def _progress() -> Any:
-    """The transient progress bar of the evaluation."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
 
 
 def _check_checkpoint_candidates(ckpts: dict, m: Any) -> None:

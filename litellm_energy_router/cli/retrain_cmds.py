@@ -50,7 +50,7 @@ def retrain_cmd(
         cfg = load_retrain_config(
             config, table_url=db, pointer=pointer, quick=quick, warm_start=warm_start, min_new_rows=min_new_rows
         )
-        from litellm_energy_router.training.progress import progress_bar
+        from litellm_energy_router.cli.table_cmds import progress_bar
 
         with progress_bar() as bar:  # one bar per stage, with an ETA where the stage knows its total
             res = run_retrain(

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from litellm_energy_router.cli.common import ConfigOpt, DbOpt, console, db_url, fail
@@ -35,15 +28,12 @@ def _store(url: str, *, create: bool = True) -> Iterator[SQLStore]:
         store.close()
 
 
-def progress_bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    )
+def progress_bar() -> Any:
+    """The commands' progress bar on the CLI's console (:func:`litellm_energy_router.training.progress.progress_bar`:
+    lines every few seconds where the output is not a terminal)."""
+    from litellm_energy_router.training.progress import progress_bar as bar
+
+    return bar(console)
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
