@@ -35,10 +35,10 @@ _PROMPT_REF = (
     "[Question]\n{question}\n\n[The Start of Reference Answer]\n{reference}\n[The End of Reference Answer]\n\n"
     "[The Start of Assistant's Answer]\n{answer}\n[The End of Assistant's Answer]"
 )
-_RATING = [
+_RATING = [  # tried in order: a bare [N] last (a judge citing "sources [1] and [2]" before "Rating: 8")
     re.compile(r"\[\[(\d+(?:\.\d+)?)\]\]"),
-    re.compile(r"\[(\d+(?:\.\d+)?)\]"),
     re.compile(r"[Rr]ating:\s*(\d+(?:\.\d+)?)"),
+    re.compile(r"\[(\d+(?:\.\d+)?)\]"),
 ]
 
 
@@ -49,7 +49,7 @@ def judge_messages(question: str, answer: str, reference: str | None = None) -> 
 
 
 def parse_rating(text: str) -> float | None:
-    """The last rating in 1–10 found as ``[[N]]`` (else ``[N]``, else ``Rating: N``), or None."""
+    """The last rating in 1–10 found as ``[[N]]`` (else ``Rating: N``, else ``[N]``), or None."""
     for pattern in _RATING:
         values = [float(v) for v in pattern.findall(text) if 1 <= float(v) <= 10]
         if values:
@@ -73,5 +73,6 @@ class Judge:
         reply = await self.complete(judge_messages(question, answer, reference))
         rating = parse_rating(reply or "")
         if rating is None:
-            return Grade(None, f"judge {self.name} gave no [[rating]]: {(reply or '')[:80]!r}")
+            # the reply's length, not its text: a judge restates the question (production text in a shadow run)
+            return Grade(None, f"judge {self.name} gave no [[rating]] (a reply of {len(reply or '')} characters)")
         return Grade(rating_to_score(rating), f"judge rating {rating:g}")

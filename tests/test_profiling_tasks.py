@@ -51,6 +51,11 @@ def test_choice_prompt_maps_labels_and_gold():
         ("no idea", None),
         ("The answer is (E).", None),
         ("Between A and B, I pick B. Final answer: B", 1),
+        # an explanation's later "option X" mentions are not the answer (they were: the last keyword won)
+        ("Answer: A. Option B is Mercury, which is wrong.", 0),
+        ("The answer is A (Venus). Choice B, Mercury, is closer.", 0),
+        ("**A**\n\nExplanation: option D is Earth.", 0),
+        ("I would pick choice C.", 2),
     ],
 )
 def test_extract_choice(text, expected):
@@ -85,6 +90,7 @@ def test_judge_rating_parse_and_mapping():
     assert parse_rating("[[11]] no, final [[3]]") == 3
     assert parse_rating("Rating: 9") == 9
     assert parse_rating("great answer") is None
+    assert parse_rating("It cites sources [1] and [2]. Rating: 8") == 8  # a bare [N] only when nothing else rates
     assert rating_to_score(1) == 0.0 and rating_to_score(10) == 1.0
     msgs = judge_messages("Q?", "A!", reference="R")
     assert "[The Start of Reference Answer]\nR" in msgs[-1]["content"]
@@ -173,3 +179,15 @@ def test_graders_read_a_hostile_answer_in_linear_time():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_judge_reply_without_a_rating_is_not_logged():
+    """A judge restates the question: its reply (production text in a shadow tournament, even with
+    ``privacy.store_text: false``) went into the grade's detail, which the runner logs at WARNING. Its length only."""
+    import asyncio
+
+    async def complete(messages):
+        return 'The user asks "my SSN is 078-05-1120, can I deduct this?". I cannot rate that.'
+
+    grade = asyncio.run(Judge(complete).rate("my SSN is 078-05-1120, can I deduct this?", "yes"))
+    assert grade.score is None and "078-05" not in grade.detail and "characters" in grade.detail

@@ -15,12 +15,15 @@ from .base import Grade, GradeContext, HFSource, Task, TaskItem
 
 LETTERS = "ABCDEFGHIJ"
 
-_KEYWORD = re.compile(
+_AFTER_KEYWORD = (
     # one run of separators between the words (adjacent optional \s* runs backtracked exponentially)
-    r"(?:answer|option|choice)[\s:\-]*(?:(?:is|would be)[\s:\-]*)?(?:(?:option|choice|letter)[\s:\-]*)?"
-    r"[\(\[\*\"']*([A-J])(?![A-Za-z])",
-    re.IGNORECASE,
+    r"[\s:\-]*(?:(?:is|would be)[\s:\-]*)?(?:(?:option|choice|letter)[\s:\-]*)?[\(\[\*\"']*([A-J])(?![A-Za-z])"
 )
+#: "the answer is (B)", "Answer: B": what the model says it answers
+_ANSWER = re.compile(r"answer" + _AFTER_KEYWORD, re.IGNORECASE)
+#: "option B", "choice B": a mention, which an explanation also makes ("option D is Madrid"): read after the answer
+#: phrase, the leading letter and a bold letter
+_OPTION = re.compile(r"(?:option|choice)" + _AFTER_KEYWORD, re.IGNORECASE)
 _LEADING = re.compile(r"^\s*[\(\[\*\"']*([A-J])(?:\s*[\)\]\.\:\*\"']|\s*$)")
 _PAREN = re.compile(r"[\(\[]([A-J])[\)\]]")
 _BOLD = re.compile(r"\*\*\s*\(?([A-J])\)?[\.\):]?\s*\*\*")
@@ -33,9 +36,9 @@ def extract_choice(text: str, choices: Sequence[str]) -> int | None:
     """Index of the option chosen in ``text``, or None.
 
     Tried in order: "answer is (B)" / "Answer: B" phrasing (the last such phrase wins), a leading
-    letter ("B.", "(B)", "B"), a bold letter ("**B**"), a single parenthesised letter, exactly one
-    option's text quoted in the answer, a single standalone capital letter. Letters beyond
-    ``len(choices)`` are ignored.
+    letter ("B.", "(B)", "B"), a single bold letter ("**B**"), "option B" / "choice B" (the last wins: an
+    explanation mentions options too), a single parenthesised letter, exactly one option's text quoted in
+    the answer, a single standalone capital letter. Letters beyond ``len(choices)`` are ignored.
     """
     n = len(choices)
     valid = set(LETTERS[:n])
@@ -46,15 +49,21 @@ def extract_choice(text: str, choices: Sequence[str]) -> int | None:
 
     # a lower-case letter after the keyword only when nothing word-like follows it:
     # "the answer is a fox" must not read as (A), "answer: b" does read as (B)
-    kw = [m.group(1) for m in _KEYWORD.finditer(text) if m.group(1).isupper() or _AFTER_LOWER.match(text, m.end())]
-    if (r := pick(kw)) is not None:
+    def keyword(pattern: re.Pattern[str]) -> int | None:
+        return pick(
+            [m.group(1) for m in pattern.finditer(text) if m.group(1).isupper() or _AFTER_LOWER.match(text, m.end())]
+        )
+
+    if (r := keyword(_ANSWER)) is not None:
         return r
     if (m := _LEADING.match(text)) and m.group(1) in valid:
         return LETTERS.index(m.group(1))
-    for pattern in (_BOLD, _PAREN):
-        hits = {h for h in pattern.findall(text) if h in valid}
-        if len(hits) == 1:
-            return LETTERS.index(hits.pop())
+    if (r := _single(_BOLD, text, valid)) is not None:
+        return r
+    if (r := keyword(_OPTION)) is not None:
+        return r
+    if (r := _single(_PAREN, text, valid)) is not None:
+        return r
     lowered = " ".join(text.lower().split())
     quoted = [i for i, c in enumerate(choices) if len(c.strip()) > 2 and " ".join(c.lower().split()) in lowered]
     if len(quoted) == 1:
@@ -155,3 +164,9 @@ class WinoGrande(MultipleChoiceTask):
             [r["option1"], r["option2"]],
             int(r["answer"]) - 1,
         )
+
+
+def _single(pattern: re.Pattern[str], text: str, valid: set[str]) -> int | None:
+    """The letter when ``pattern`` finds exactly one valid one in ``text``."""
+    hits = {h for h in pattern.findall(text) if h in valid}
+    return LETTERS.index(hits.pop()) if len(hits) == 1 else None
