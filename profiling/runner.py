@@ -25,6 +25,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
+from litellm_energy_router.energy.meter import meter_options
 from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import Candidate, Query, Run, TableStore, make_query
 
@@ -113,7 +114,7 @@ class Tournament:
         self.accountant = accountant or make_accountant(
             config.energy.meter,
             profile=str(config.energy.profile) if config.energy.profile else None,
-            options=config.energy.options,
+            options={**meter_options(config.energy.meter, config.energy), **config.energy.options},  # gpus
             candidates=[(c.model_name, c.energy_profile_key or c.model_name) for c in config.candidates],
         )
         self._router = router

@@ -496,3 +496,25 @@ def test_a_configuration_error_inside_the_drivers_is_raised_as_itself(backend, s
         GSM8K.grade = orig
     assert sum(1 for _ in store.iter_runs()) == 2
     store.close()
+
+
+def test_the_tournaments_nvml_meter_reads_the_gpus_the_energy_section_names(backend, tmp_path, monkeypatch):
+    """``energy.gpus: [0]`` on a 4-GPU node (a documented key the tournament accepted) was dropped: the meter summed
+    every GPU of the host (510 J for a 1 s request at 300 W beside three idle GPUs). The meter reads GPU 0 only; an
+    explicit ``energy.options`` still wins. ``meter: agent`` (an answer per request, not a counter) is refused in one
+    line (it failed with a constructor's TypeError)."""
+    import sys
+
+    from fake_pynvml import FakeGPU, make_fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml([FakeGPU(power_w=300.0)] + [FakeGPU(power_w=70.0)] * 3))
+    store = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    t = Tournament(config(backend, energy={"meter": "nvml", "gpus": [0]}), store)
+    assert t.accountant.meter.indices == [0]
+    t.close()
+    t = Tournament(config(backend, energy={"meter": "nvml", "gpus": [0], "options": {"gpus": [1, 2]}}), store)
+    assert t.accountant.meter.indices == [1, 2]
+    t.close()
+    with pytest.raises(ConfigError, match="energy.meter 'agent': a tournament reads the GPU counter"):
+        Tournament(config(backend, energy={"meter": "agent", "agent_url": "http://127.0.0.1:9400"}), store)
+    store.close()
