@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,16 @@ def test_a_judge_reply_without_a_rating_is_not_logged():
 
     grade = asyncio.run(Judge(complete).rate("my SSN is 078-05-1120, can I deduct this?", "yes"))
     assert grade.score is None and "078-05" not in grade.detail and "characters" in grade.detail
+
+
+def test_a_record_the_table_cannot_store_is_one_line_when_the_task_loads(tmp_path):
+    """An id making a query id over the table's 200-character key, or a lone surrogate (valid JSON: "\\ud83d"), went
+    through to the tournament: a pydantic traceback or a UnicodeEncodeError, exit 1. Refused naming the line."""
+    a = tmp_path / "arc.jsonl"
+    rec = {"question": "q", "choices": {"label": ["A", "B"], "text": ["a", "b"]}, "answerKey": "A"}
+    a.write_text(json.dumps({**rec, "id": "ok"}) + "\n" + json.dumps({**rec, "id": "x" * 250}) + "\n")
+    with pytest.raises(TaskError, match=r"arc.jsonl line 2: task arc_challenge: item id 'x+'\.\.\. makes a query id"):
+        get_task("arc_challenge").load(a)
+    a.write_text(json.dumps({**rec, "id": "s", "question": "smile \ud83d please"}) + "\n")
+    with pytest.raises(TaskError, match=r"line 1: task arc_challenge: field 'prompt' holds a lone surrogate"):
+        get_task("arc_challenge").load(a)

@@ -135,10 +135,12 @@ class Task(ABC):
                 raise TaskError(
                     f"{where}{f' line {line}' if line else f' row {i}'}: task {self.name}: {what}"
                 ) from None
+            at = f"{where}{f' line {line}' if line else f' row {i}'}: task {self.name}"
             if item.id in seen:
-                raise TaskError(
-                    f"{where}{f' line {line}' if line else ''}: task {self.name}: duplicate item id {item.id!r}"
-                )
+                raise TaskError(f"{at}: duplicate item id {item.id!r}")
+            bad = _unstorable(item)
+            if bad:
+                raise TaskError(f"{at}: {bad}")
             seen.add(item.id)
             items.append(item)
         return items
@@ -161,6 +163,23 @@ class Task(ABC):
                 f"task {self.name}: cannot load dataset {src.path!r} ({src.name}, {src.split}): {first}"
             ) from None
         return [(0, dict(r)) for r in ds]
+
+
+MAX_QUERY_ID = 200  # characters of the table's query key
+
+
+def _unstorable(item: TaskItem) -> str | None:
+    """Why the table cannot take ``item`` (text that is not Unicode, a query id over its key's length), or None."""
+    for name, value in (("id", item.id), ("prompt", item.prompt), ("reference", item.reference or "")):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"field {name!r} holds a lone surrogate at character {e.start} (not Unicode text)"
+    if len(item.query_id) > MAX_QUERY_ID:
+        return (
+            f"item id {item.id[:40]!r}... makes a query id of {len(item.query_id)} characters (at most {MAX_QUERY_ID})"
+        )
+    return None
 
 
 def _read_file(path: Path) -> list[tuple[int, Mapping[str, Any]]]:
