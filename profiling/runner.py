@@ -364,6 +364,10 @@ class Tournament:
         self._queue = asyncio.Queue()
         writer = asyncio.create_task(self._writer())
         drive: Driver = driver or Tournament._litellm_driver
+        if drive is Tournament._litellm_driver and any(todo.values()):
+            import litellm  # noqa: F401  (imported, and the Router built, before the first metered window opens:
+
+            _ = self.router  # the first pair's joules, latency and TTFT were the import's and the build's)
         seq = self.accountant.sequential if sequential is None else sequential
         drivers = asyncio.create_task(self._drive_all(drive, todo, seq))
         try:
