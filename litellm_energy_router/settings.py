@@ -88,7 +88,9 @@ class RouterSettings(_Section):
     """The learned router at serving time."""
 
     checkpoint: Path | None = Field(None, description="checkpoint directory or pointer file")
-    timeout_ms: float = Field(50.0, gt=0, description="decision budget, milliseconds; over it we fail open")
+    timeout_ms: float = Field(
+        50.0, gt=0, allow_inf_nan=False, description="decision budget, milliseconds; over it we fail open"
+    )
     batch_wait_ms: float = Field(0.0, ge=0, description="idle wait for company (micro-batch), ms; 0 = next loop turn")
     cache_size: int = Field(4096, ge=0, description="LRU entries keyed by prompt hash")
     threads: int = Field(

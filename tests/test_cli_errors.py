@@ -309,3 +309,19 @@ def test_report_since_too_far_back_is_one_line(capsys, tmp_path):
     open_store(db).close()
     argv = ["report", "--db", db, "--since", "3000000d"]
     _one_line(*_run(capsys, argv), "--since '3000000d': too far back", argv)
+
+
+def test_route_refuses_to_write_its_decisions_over_its_input(capsys, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("What is 2+2?\n")
+    argv = ["route", "--checkpoint", str(tmp_path), "--input", str(prompts), "--output", str(prompts)]
+    _one_line(*_run(capsys, argv), "is the --input file", argv)
+    assert prompts.read_text() == "What is 2+2?\n"
+
+
+def test_an_infinite_decision_budget_is_refused():
+    """``router.timeout_ms: .inf`` turned the fail-open timeout off."""
+    from litellm_energy_router.settings import Settings
+
+    with pytest.raises(ValueError, match="timeout_ms"):
+        Settings.model_validate({"router": {"timeout_ms": float("inf")}})

@@ -269,6 +269,10 @@ def route_cmd(
     bad = next((x for x in lams if not (math.isfinite(x) and x >= 0)), None)
     if bad is not None:
         fail(f"--lambda {bad!r}: must be a finite number >= 0 (accuracy per knob.e_ref_j joules)")
+    if output.exists() and output.resolve() == input.resolve():
+        fail(
+            f"--output {output}: is the --input file (its prompts would be overwritten); write the decisions elsewhere"
+        )
     base = settings_or_fail(config).knob.base()
     try:
         router = load_scorer(checkpoint, scorer)
