@@ -44,7 +44,7 @@ class RetrainConfig(BaseModel):
         description="start SFT from the serving checkpoint's weights and train on the new "
         "queries plus budget.replay_ratio times as many old ones (else from scratch)",
     )
-    quick: bool = Field(False, description="seconds-long training (tests, smoke runs)")
+    quick: bool = Field(False, description="a short training (tiny backbone, few steps; tests, smoke runs)")
     grpo_steps: int = Field(
         0,
         ge=0,

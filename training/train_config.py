@@ -9,7 +9,7 @@ dataclass adds the key.
 
 Every key is optional; a key left out keeps the base configuration's value. The base is
 ``TrainConfig()`` (the shipped default), or ``TrainConfig.quick()`` when ``retrain.quick`` is true (a
-seconds-long tiny backbone for smoke runs). ``retrain.grpo_steps: N`` is still honoured (GRPO on with N
+a short tiny-backbone run for smoke runs). ``retrain.grpo_steps: N`` is still honoured (GRPO on with N
 steps) when ``train.grpo`` is absent; setting both is an error. Example::
 
     retrain:

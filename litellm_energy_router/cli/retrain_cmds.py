@@ -32,7 +32,11 @@ def retrain_cmd(
     pointer: Optional[Path] = typer.Option(
         None, "--pointer", help="checkpoint pointer serving watches (overrides the config)"
     ),
-    quick: Optional[bool] = typer.Option(None, "--quick/--full", help="seconds-long training (smoke runs)"),
+    quick: Optional[bool] = typer.Option(
+        None,
+        "--quick/--full",
+        help="a short training (tiny backbone, few steps: about two minutes on 2 cores; smoke runs)",
+    ),
     warm_start: Optional[bool] = typer.Option(
         None, "--warm-start/--from-scratch", help="start from the serving weights"
     ),

@@ -38,7 +38,11 @@ def train_cmd(
     backbone: Optional[str] = typer.Option(
         None, "--backbone", help="tiny | minilm | hf:<model id or path> (default from TrainConfig)"
     ),
-    quick: bool = typer.Option(False, "--quick", help="seconds-long run for tests and smoke checks"),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="a short run (tiny backbone, few steps: about two minutes on 2 cores) for tests and smoke checks",
+    ),
     epochs: Optional[float] = typer.Option(None, "--epochs", help="SFT epochs (default from TrainConfig)"),
     candidates: Optional[str] = typer.Option(
         None, "--candidates", help="comma-separated, slot order (default: all, cheapest first)"
