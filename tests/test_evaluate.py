@@ -448,3 +448,16 @@ def test_a_table_stored_without_text_says_so(sqlite_url):
         load_matrix(store)
     assert len(load_matrix(store, require_text=False)) == 5
     store.close()
+
+
+def test_joules_at_accuracy_when_the_hull_ends_a_rounding_below_the_target():
+    """The target (a column's mean) and a router's accuracy (a row-wise mean of the same scores) differ in their last
+    bit with fractional labels: the hull's last point a rounding below the target raised IndexError (the gate,
+    cross-validation and selection crashed). It reaches the target there."""
+    from litellm_energy_router.training.evaluate import joules_at_accuracy
+
+    target = 0.5291044776119403
+    hx, hy = np.array([10.0, 90.0]), np.array([0.3, np.nextafter(target, 0.0)])
+    assert joules_at_accuracy(hx, hy, target) == 90.0
+    assert joules_at_accuracy(np.array([90.0]), np.array([np.nextafter(target, 0.0)]), target) == 90.0
+    assert joules_at_accuracy(hx, np.array([0.3, 0.5]), target) == float("inf")

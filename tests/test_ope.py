@@ -206,3 +206,42 @@ def test_eval_checkpoint_estimates_it_on_logged_production_rows(tmp_path, plante
     assert est["logged_accuracy"] == pytest.approx(logged)
     acc = est["accuracy_snips"]
     assert acc["lo"] > logged and acc["value"] > 0.85  # it would have solved far more than the random logger
+
+
+def test_ips_keeps_rows_logged_on_a_candidate_the_router_lacks(planted_ckpt):
+    """Logged uniformly over ``small`` and a candidate the checkpoint lacks (retired from the pool): the router, which
+    always picks ``small`` here, uses 10 J a request. Dropping the other rows doubled IPS (20 J, an interval excluding
+    the truth); kept at weight 0 they give 10 J."""
+    from litellm_energy_router.training.ope import evaluate_checkpoint_on_log
+
+    from litellm_energy_router.knob import Knob
+    from litellm_energy_router.router.scoring import load_scorer
+
+    rows = [
+        {
+            "candidate": "small" if i % 2 else "retired",
+            "text": f"Tell me about rivers number {i}",
+            "propensity": 0.5,
+            "score": float(i % 4 == 1),
+            "energy_j": 10.0 if i % 2 else 90.0,
+            "prompt_tokens": 5,
+        }
+        for i in range(400)
+    ]
+    est = evaluate_checkpoint_on_log(None, load_scorer(planted_ckpt), knob=Knob(lambda_=1000.0), rows=rows)
+    assert est.n == 400 and est.joules_ips.value == pytest.approx(10.0) and est.joules_ips.covers(10.0)
+    assert est.accuracy_ips.value == pytest.approx(0.5) and est.joules_snips.value == pytest.approx(10.0)
+
+
+def test_snips_gives_no_interval_on_a_handful_of_effective_rows():
+    """One matched row gave a "95 % interval" of zero width ([90, 90]); under MIN_SNIPS_ESS effective rows the value
+    comes without bounds (None in the report)."""
+    from litellm_energy_router.training.ope import MIN_SNIPS_ESS
+
+    q = np.zeros(1000)
+    q[0] = 1.0
+    one = snips(np.full(1000, 90.0), np.full(1000, 0.5), q)
+    assert one.value == 90.0 and np.isnan(one.lo) and np.isnan(one.hi) and one.as_dict()["lo"] is None
+    assert "no interval" in str(one)
+    many = snips(np.arange(100.0), np.full(100, 0.5), np.ones(100))
+    assert many.ess >= MIN_SNIPS_ESS and many.lo < many.value < many.hi

@@ -353,3 +353,35 @@ def test_a_report_that_cannot_be_written_leaves_the_decision_standing(tmp_path, 
     assert res.status == "promoted" and res.report_json is None
     assert resolve(tmp_path / "current.json") == res.checkpoint.resolve()
     assert any("promoted, but its report was not written" in line and "afile" in line for line in logs), logs
+
+
+def test_a_candidate_that_ties_the_serving_checkpoint_is_not_promoted(tmp_path):
+    """With the default tolerance 0 a tie passed as "not worse": the pointer moved and serving reloaded for nothing."""
+    from litellm_energy_router.training.data import TableMatrix
+    from litellm_energy_router.training.retrain_gate import compare
+
+    n = 60
+    rng = np.random.default_rng(0)
+    Y = rng.integers(0, 2, (n, 2)).astype(float)
+    E = np.tile([10.0, 90.0], (n, 1))
+    hold = TableMatrix(
+        ["small", "large"],
+        np.array([f"q{i}" for i in range(n)], object),
+        np.array(["t"] * n, object),
+        ["x"] * n,
+        np.ones(n),
+        Y,
+        E,
+        np.full((n, 2), np.nan),
+    )
+
+    class Same:  # the same predictions as the serving checkpoint's
+        def predict_proba(self, m):
+            return np.tile([0.6, 0.8], (m.n, 1))
+
+        def predict_energy(self, m):
+            return m.E
+
+    cfg = RetrainConfig(pointer=str(tmp_path / "p.json"), table_url="sqlite:///x")
+    out = compare(Same(), Same(), hold, cfg)
+    assert out["promote"] is False and "a tie" in out["why"]

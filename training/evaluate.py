@@ -93,6 +93,8 @@ def joules_at_accuracy(hx: np.ndarray, hy: np.ndarray, target: float) -> float:
         return float("inf")
     if hy[0] >= target:
         return float(hx[0])
+    if hy[-1] < target:  # within the tolerance below it (two sums of the same scores differ in their last bit)
+        return float(hx[-1])
     i = int(np.searchsorted(hy, target))  # hy[i-1] < target <= hy[i]
     t = (target - hy[i - 1]) / (hy[i] - hy[i - 1])
     return float(hx[i - 1] + t * (hx[i] - hx[i - 1]))

@@ -71,6 +71,8 @@ class Estimate:
         return finite(asdict(self))
 
     def __str__(self) -> str:
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)) and math.isfinite(self.value):
+            return f"{self.value:.4g} [no interval: {self.ess:.1f} effective rows]"
         return f"{self.value:.4g} [{self.lo:.4g}, {self.hi:.4g}]"
 
 
@@ -106,6 +108,9 @@ def ips(rewards: Any, propensities: Any, target_probs: Any, level: float = 0.95)
     return Estimate(v, v - h, v + h, n, ess, level)
 
 
+MIN_SNIPS_ESS = 10.0  # effective rows below which SNIPS gives its value without an interval (bounds NaN)
+
+
 def snips(rewards: Any, propensities: Any, target_probs: Any, level: float = 0.95) -> Estimate:
     """Self-normalised IPS (see module docstring). ``nan`` when the new policy never agrees with the log."""
     r, w = _check(rewards, propensities, target_probs)
@@ -115,15 +120,18 @@ def snips(rewards: Any, propensities: Any, target_probs: Any, level: float = 0.9
     v = float((w * r).sum() / sw)
     se = float(math.sqrt(((w * (r - v)) ** 2).sum()) / sw)
     ess = sw**2 / float((w**2).sum())
+    if ess < MIN_SNIPS_ESS:  # the delta method's interval on a handful of rows (one: zero width) is no interval
+        return Estimate(v, float("nan"), float("nan"), n, ess, level)
     h = _z(level) * se
     return Estimate(v, v - h, v + h, n, ess, level)
 
 
 def target_probs(chosen: Sequence[int], logged: Sequence[int], k: int, epsilon: float = 0.0) -> np.ndarray:
     """``π(a_i | x_i)`` of a router that picks ``chosen[i]`` and explores uniformly with ``epsilon``
-    over ``k`` candidates, evaluated at the logged action ``logged[i]``."""
+    over ``k`` candidates, evaluated at the logged action ``logged[i]`` (``-1``: a candidate the router does not
+    have, which it never picks: 0)."""
     c, a = np.asarray(chosen), np.asarray(logged)
-    return (1 - epsilon) * (c == a) + epsilon / k
+    return np.where(a >= 0, (1 - epsilon) * (c == a) + epsilon / k, 0.0)  # -1: a candidate the router lacks
 
 
 @dataclass
@@ -296,7 +304,8 @@ def evaluate_checkpoint_on_log(
 
     model = load_scorer(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     rows = logged_rows(store.iter_runs(sources=["production"])) if rows is None else list(rows)
-    rows = [r for r in rows if r["candidate"] in model.candidates and r.get("text")]
+    # a row logged on a candidate the router lacks stays, at weight 0: dropping it inflated IPS by 1 / P(kept)
+    rows = [r for r in rows if r.get("text")]
     if logging_versions is not None:
         keep = set(logging_versions)
         rows = [r for r in rows if logging_version(r) in keep]

@@ -114,7 +114,8 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
             a, j = est["accuracy_snips"], est["joules_snips"]
             f = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731 (None: not estimable)
             lines.append(
-                f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows): accuracy {f(a['value'], '.3f')} "
+                f"\nOff-policy ({name}, SNIPS on {est['n']} logged rows, {f(a['ess'], '.1f')} effective): "
+                f"accuracy {f(a['value'], '.3f')} "
                 f"[{f(a['lo'], '.3f')}, {f(a['hi'], '.3f')}], {f(j['value'], '.1f')} J "
                 f"[{f(j['lo'], '.1f')}, {f(j['hi'], '.1f')}]"
             )

@@ -73,11 +73,14 @@ def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig)
     else:
         j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
     ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
+    # the same figures: nothing to gain from a swap (the pointer would move and serving reload for nothing)
+    tie = (c["aiq"], cj, c["max_accuracy"]) == (s["aiq"], sj, s["max_accuracy"])
     fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
-    out["promote"] = bool(ok)
+    out["promote"] = bool(ok) and not tie
     out["why"] = (
         f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
         f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})"
+        + ("; a tie: the serving checkpoint stays" if tie else "")
     )
     return out
 
@@ -106,7 +109,7 @@ def estimate_off_policy(store: Any, predictors: dict[str, Any], cfg: RetrainConf
             continue
         if est is not None:
             out[name] = est.as_dict()
-            for line in est.lines(f"off-policy estimate of the {name} checkpoint at λ={cfg.lam:g}"):
+            for line in est.lines(f"off-policy estimate of the {name} checkpoint at λ={cfg.lam or 0.0:g}"):
                 log(line)
     return out
 
