@@ -10,12 +10,13 @@ from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
 from litellm_energy_router.training.sampling import TrainingBudget
 from router_fixtures import planted_rows
 
-from litellm_energy_router.table import open_store
+from litellm_energy_router.table import make_query, open_store
 
 
 def _add(url: str, prefix: str, n: int, task: str) -> None:
     cands, queries, runs = planted_rows(n, prefix=prefix)
-    queries = [q.model_copy(update={"task": task}) for q in queries]
+    # each batch its own texts (identical queries share a split group: the same text under two ids is one query)
+    queries = [make_query(q.id, task, f"{q.text} ({prefix})", source=q.source) for q in queries]
     with open_store(url) as store:
         store.write(queries, runs, candidates=cands)
 

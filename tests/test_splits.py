@@ -63,7 +63,7 @@ def test_near_duplicates_share_a_group_key_within_a_task_only():
     assert g[0] == g[1] == "w1"  # the twins: key is the group's smallest id
     assert list(g[2:]) == ["m1", "a1", "z1", "p1", "p2"]  # unrelated, other task, and text-less rows stand alone
     assert near_duplicate_groups(texts, ids, tasks, threshold=1.0)[0] == "w2"  # a changed word: not identical
-    same = ["What is the capital of France? Answer in one word please"] * 30
+    same = [f"What is the capital of France? Answer in one word please {i}" for i in range(30)]
     g = near_duplicate_groups(same, [f"s{i}" for i in range(30)], ["t"] * 30)
     assert len(set(g)) == 30  # a component larger than max_size (templated traffic) is not grouped
     assert len(set(near_duplicate_groups(same, [f"s{i}" for i in range(30)], ["t"] * 30, max_size=30))) == 1
@@ -97,3 +97,16 @@ def test_splits_keep_near_duplicates_on_one_side():
     assert {g[i] for i in tr}.isdisjoint({g[i] for i in te}) and len(te) > 0
     assert 0.15 < len(te) / len(ids) < 0.45  # the share is of groups: twins do not inflate it
     assert {g[i] for i in te} == {g[i] for i in holdout_split(list(g), 0.3)[1]}  # the group key's side
+
+
+def test_identical_queries_share_a_key_however_many_there_are():
+    """A component over ``max_size`` rows keeps its rows' own ids (templated traffic), but 25 copies of one popular
+    prompt (each production request its own query id) were split that way too: 22 trained on, 3 held out. Identical
+    queries always share a key; the other rows of a big component still keep theirs."""
+    texts = ["What is the capital of France?"] * 25 + [f"Summarise ticket {i} for the support team" for i in range(30)]
+    ids = [f"prod-{i:03d}" for i in range(55)]
+    keys = near_duplicate_groups(texts, ids, ["chat"] * 55)
+    assert set(keys[:25].tolist()) == {"prod-000"}
+    assert len(set(keys[25:].tolist())) == 30  # 30 near-duplicate templates, a component over 20: their own ids
+    tr, te = holdout_split(ids, 0.3, groups=keys)
+    assert not ({*tr.tolist()} & set(range(25)) and {*te.tolist()} & set(range(25)))

@@ -73,14 +73,15 @@ def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig)
     else:
         j_ok = (sj is None) or (cj is not None and cj <= sj * (1 + tol))
     ok = {"aiq": aiq_ok, "joules": j_ok, "both": aiq_ok and j_ok}[cfg.rule]
-    # the same figures: nothing to gain from a swap (the pointer would move and serving reload for nothing)
+    # a tie promotes: the candidate learnt from the newer rows (production energy, new candidates, new traffic) that
+    # the held-out queries do not show
     tie = (c["aiq"], cj, c["max_accuracy"]) == (s["aiq"], sj, s["max_accuracy"])
     fmt = lambda v: "never" if v is None else f"{v:.2f} J"  # noqa: E731
-    out["promote"] = bool(ok) and not tie
+    out["promote"] = bool(ok)
     out["why"] = (
         f"rule {cfg.rule}: AIQ {c['aiq']:.4f} vs serving {s['aiq']:.4f} ({'ok' if aiq_ok else 'worse'}); "
         f"joules at accuracy {target:.3f}: {fmt(cj)} vs {fmt(sj)} ({'ok' if j_ok else 'worse'})"
-        + ("; a tie: the serving checkpoint stays" if tie else "")
+        + ("; a tie: the fresher checkpoint serves" if tie else "")
     )
     return out
 

@@ -63,7 +63,9 @@ def near_duplicate_groups(
     components. Only rows of the same task (when ``tasks`` is given) are compared. WinoGrande is built
     from such twins (one word changed, the answer flipped), which a split by query alone spreads over
     train and test. A component larger than ``max_size`` rows (templated traffic chaining through shared
-    words) is not a twin set: its rows keep their own ids, so no split degenerates.
+    words) is not a twin set: its rows keep their own ids, so no split degenerates, except that identical queries
+    (the same words in the same order, one task) always share a key: a popular prompt asked hundreds of times
+    (each production request its own query id) never straddles the split.
     """
     from scipy.sparse import coo_matrix, csr_matrix
     from scipy.sparse.csgraph import connected_components
@@ -101,8 +103,13 @@ def near_duplicate_groups(
     for i, comp in enumerate(label.tolist()):
         key[comp] = min(key.get(comp, ids[i]), ids[i])
     count = np.bincount(label)
+    same: dict[tuple[str, str], str] = {}  # (task, the query block as words): the smallest id of identical queries
+    blocks = [(task_arr[i], " ".join(query_block(t).lower().split())) for i, t in enumerate(texts)]
+    for i, b in enumerate(blocks):
+        same[b] = min(same.get(b, ids[i]), ids[i])
     return np.array(
-        [key[comp] if count[comp] <= max_size else ids[i] for i, comp in enumerate(label.tolist())], dtype=object
+        [key[comp] if count[comp] <= max_size else same[blocks[i]] for i, comp in enumerate(label.tolist())],
+        dtype=object,
     )
 
 
