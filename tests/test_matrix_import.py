@@ -148,17 +148,22 @@ def test_llmrouter_json_joins_tasks(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "bad, named",
+    "at, bad, named",
     [
-        ({"model": "huge"}, "model 'huge' has no candidate"),
-        ({"score": 1.5}, "field 'score' = 1.5"),
-        ({"score": "yes"}, "field 'score' = 'yes'"),
-        ({"output_tokens": -3}, "field 'output_tokens' = -3"),
+        (3, {"model": "huge"}, "model 'huge' has no candidate"),
+        (3, {"score": 1.5}, "field 'score' = 1.5"),
+        (3, {"score": "yes"}, "field 'score' = 'yes'"),
+        (3, {"output_tokens": -3}, "field 'output_tokens' = -3"),
+        # an infinite count was a traceback; one query id with two texts or tasks was merged (the second model's score
+        # stored as its answer to the first text)
+        (1, {"output_tokens": float("inf")}, "field 'output_tokens' = inf: not a non-negative integer"),
+        (1, {"query": "Capital of Peru?"}, "query_id 'q1' has another query text than at"),
+        (1, {"task": "geo"}, "query_id 'q1' has another task than at"),
     ],
 )
-def test_bad_line_is_one_line_and_writes_nothing(tmp_path, capsys, bad, named):
+def test_bad_line_is_one_line_and_writes_nothing(tmp_path, capsys, at, bad, named):
     rows = _long_rows()
-    rows[3] = {**rows[3], **bad}
+    rows[at] = {**rows[at], **bad}
     f, db = tmp_path / "m.jsonl", tmp_path / "t.db"
     _write_jsonl(f, rows)
     code, _, err = _run(
@@ -166,7 +171,7 @@ def test_bad_line_is_one_line_and_writes_nothing(tmp_path, capsys, bad, named):
     )
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert f"{f}:4: " in lines[0] and named in lines[0], lines[0]
+    assert f"{f}:{at + 1}: " in lines[0] and named in lines[0], lines[0]
     store = open_store(f"sqlite:///{db}")
     assert store.count_runs() == 0  # validated before anything was written
     store.close()
@@ -211,30 +216,4 @@ def test_a_spreadsheet_csv_with_a_byte_order_mark_keeps_its_first_column(tmp_pat
     assert code == 0, err
     store = open_store(db)
     assert {r["query_id"] for r in store.iter_runs()} == {"q1", "q2"}
-    store.close()
-
-
-@pytest.mark.parametrize(
-    "bad, named",
-    [
-        ({"query": "Capital of Peru?"}, "query_id 'q1' has another query text than at"),
-        ({"task": "geo"}, "query_id 'q1' has another task than at"),
-        ({"output_tokens": float("inf")}, "field 'output_tokens' = inf: not a non-negative integer"),
-    ],
-)
-def test_one_files_rows_of_a_query_must_agree_and_counts_be_finite(tmp_path, capsys, bad, named):
-    """Two rows of one query id with another text or task were merged (the second model's score stored as its answer
-    to the first text); an infinite token count was a traceback. One line naming the file and line, nothing written."""
-    rows = _long_rows()
-    rows[1] = {**rows[1], **bad}
-    f, db = tmp_path / "m.jsonl", tmp_path / "t.db"
-    _write_jsonl(f, rows)
-    code, _, err = _run(
-        capsys, ["table", "import-matrix", str(f), "--db", f"sqlite:///{db}", "--map", f"small={A},big={B}"]
-    )
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert f"{f}:2: " in lines[0] and named in lines[0], lines[0]
-    store = open_store(f"sqlite:///{db}")
-    assert store.count_runs() == 0
     store.close()

@@ -95,24 +95,33 @@ def progress_bar(console: Any = None, every_s: float = LOG_EVERY_S) -> Iterator[
         if console.is_terminal:
             yield bar
             return
-        stop = threading.Event()
 
-        def tick() -> None:
-            while not stop.wait(every_s):
-                for t in bar.tasks:
-                    if not t.finished:
-                        total = f"/{t.total:.0f}" if t.total else ""
-                        console.print(
-                            f"{t.description}: {t.completed:.0f}{total}, {t.elapsed or 0:.0f} s", markup=False
-                        )
+        def lines() -> None:
+            for t in bar.tasks:
+                if not t.finished:
+                    total = f"/{t.total:.0f}" if t.total else ""
+                    console.print(f"{t.description}: {t.completed:.0f}{total}, {t.elapsed or 0:.0f} s", markup=False)
 
-        ticker = threading.Thread(target=tick, name="energy-router-progress", daemon=True)
-        ticker.start()
-        try:
+        with ticking(lines, every_s, "energy-router-progress"):
             yield bar
-        finally:
-            stop.set()
-            ticker.join(timeout=1.0)
+
+
+@contextmanager
+def ticking(fn: Callable[[], Any], every_s: float, name: str) -> Iterator[None]:
+    """Call ``fn`` every ``every_s`` seconds on a daemon thread for the block (stopped and joined at its end)."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            fn()
+
+    t = threading.Thread(target=tick, name=name, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=2 * every_s + 1)
 
 
 class Stages:
@@ -247,19 +256,10 @@ def heartbeat(
     """A :class:`Heartbeat` over ``out`` for the block, with its ticker thread (checks every ``tick_s`` s)."""
     hb = Heartbeat(out, every_s, idle_s)
     token = _ACTIVE.set(hb)
-    stop = threading.Event()
-
-    def tick() -> None:
-        while not stop.wait(tick_s):
-            hb.check()
-
-    t = threading.Thread(target=tick, name="energy-router-heartbeat", daemon=True)
-    t.start()
     try:
-        yield hb
+        with ticking(hb.check, tick_s, "energy-router-heartbeat"):
+            yield hb
     finally:
-        stop.set()
-        t.join(timeout=2 * tick_s + 1)
         _ACTIVE.reset(token)
 
 
