@@ -142,6 +142,10 @@ class EnergySettings(_Section):
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the meter's factory")
     profile: Path | None = Field(None, description="energy profile YAML; None = the bundled ML.ENERGY H100 profile")
     agent_url: str | None = Field(None, description="GPU-node agent base URL, e.g. http://gpu-node:9400")
+    agent_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="candidate -> the agent of the GPU node serving it (a pool over several nodes); others: agent_url",
+    )
     agent_token: str | None = Field(None, description="bearer token of the agent (client and server side)")
     agent_timeout_s: float = Field(2.0, gt=0, description="HTTP timeout of one agent call, seconds")
     agent_ca_bundle: Path | None = Field(

@@ -155,3 +155,32 @@ def test_agent_meter_against_running_agent():
             assert w["unattributed_j"] > 0  # the engine's other tokens belong to requests we were not told about
             assert client.read().total_j > 0
             client.close()
+
+
+def test_a_pool_over_two_gpu_nodes_asks_each_nodes_agent(tmp_path):
+    """A pool whose candidates run on two GPU nodes (one agent each): there was one ``energy.agent_url``, so every
+    request was charged the joules of that one node as measured. ``energy.agent_urls`` names each candidate's node:
+    the same request gets the 100 W node's joules when ``small`` served it and the 400 W node's when ``large`` did; a
+    candidate no agent covers gets no figure (the estimate's with ``fallback_to_estimate``)."""
+    from litellm_energy_router.energy.request_meter import open_request_meter
+    from litellm_energy_router.settings import EnergySettings
+
+    nodes = [
+        EnergyAgent(SimulatedMeter(power_w=w), AgentConfig(token="tok", sample_hz=20, idle_power_w=0.0))
+        for w in (100.0, 400.0)
+    ]
+    with ThreadedApp(nodes[0].app) as a, ThreadedApp(nodes[1].app) as b:
+        energy = EnergySettings(
+            meter="agent", agent_token="tok", agent_urls={"small": a.url, "large": b.url}, fallback_to_estimate=False
+        )
+        meter = open_request_meter(energy)
+        t0 = time.time()
+        time.sleep(0.6)
+        got = {}
+        for cand in ("small", "large", "medium"):
+            u = RequestUsage(f"r-{cand}", cand, t0 + 0.05, t0 + 0.45, t0 + 0.1, 100, 40)
+            got[cand] = meter.energy_for_request(u, final=True)
+        meter.close()
+    assert got["medium"] is None
+    assert got["small"].method == "agent" and got["large"].method == "agent"
+    assert got["large"].energy_j == pytest.approx(4 * got["small"].energy_j, rel=0.15)  # each its own node's joules

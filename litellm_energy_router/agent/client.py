@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from litellm_energy_router.agent.tls import TLSConfigError, client_context
@@ -139,3 +140,39 @@ class AgentMeter:
 
     def close(self) -> None:
         self._client.close()
+
+
+class AgentMeters:
+    """One :class:`AgentMeter` per GPU node of the pool: a request asks the agent of the node that served it, by its
+    candidate (``energy.agent_urls``: candidate → URL), else ``energy.agent_url``; with neither, no figure (the
+    estimate's, with ``energy.fallback_to_estimate``). One agent only knows its own node's joules: asking one agent
+    for every node's requests charged them that node's energy as measured.
+
+    Args: ``default`` (URL or None), ``by_candidate`` (candidate → URL), and :class:`AgentMeter`'s keyword arguments.
+    """
+
+    name = "agent"
+    method = "agent"
+
+    def __init__(self, default: str | None, by_candidate: dict[str, str], **kwargs: Any) -> None:
+        if not default and not by_candidate:
+            raise MeterError("energy meter 'agent': energy.agent_url is not set (e.g. http://gpu-node:9400)")
+        urls = {u for u in [default, *by_candidate.values()] if u}
+        self._meters = {u: AgentMeter(u, **kwargs) for u in sorted(urls)}
+        self._default = self._meters[default] if default else None
+        self._by_candidate = {c: self._meters[u] for c, u in by_candidate.items()}
+
+    @property
+    def gpu(self) -> str | None:
+        return self._default.gpu if self._default is not None else None
+
+    def request_started(self, request_id: str, t_s: float) -> None:
+        pass
+
+    def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
+        meter = self._by_candidate.get(usage.candidate, self._default)
+        return meter.energy_for_request(usage, final=final) if meter is not None else None
+
+    def close(self) -> None:
+        for m in self._meters.values():
+            m.close()

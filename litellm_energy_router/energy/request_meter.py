@@ -143,10 +143,11 @@ def open_request_meter(
     if energy.meter == "estimate":
         return estimate
     if energy.meter == "agent":
-        from litellm_energy_router.agent.client import AgentMeter
+        from litellm_energy_router.agent.client import AgentMeters
 
-        primary: RequestEnergyMeter = AgentMeter(
+        primary: RequestEnergyMeter = AgentMeters(
             energy.agent_url,
+            dict(getattr(energy, "agent_urls", None) or {}),
             token=energy.agent_token,
             timeout_s=energy.agent_timeout_s,
             ca_bundle=str(energy.agent_ca_bundle) if energy.agent_ca_bundle else None,
