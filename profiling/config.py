@@ -12,7 +12,7 @@ Example (``config_examples/tournament.yaml``)::
     seed: 0
     concurrency: 8                     # requests in flight per candidate
     generation: {temperature: 0.0}
-    energy: {meter: estimate}          # or nvml / agent / a plugin's meter (+ options: {...})
+    energy: {meter: estimate}          # or nvml / a plugin's counter meter (+ gpus: [...], options: {...})
     judge: {model_name: judge, litellm_params: {model: openai/gpt-4o, api_key: os.environ/OPENAI_API_KEY}}
 
 ``os.environ/VAR`` values are resolved as in a LiteLLM config. Errors are one line naming the file
@@ -79,9 +79,19 @@ class GenerationSettings(_Model):
 
 
 class TournamentEnergy(EnergySettings):
-    """The settings' energy section (any registered meter, plugins' included), plus the GPU label."""
+    """The settings' energy section (any registered counter meter, plugins' included), plus the GPU label."""
 
     gpu: str | None = Field(None, description="label written to the runs' gpu column, e.g. '1x H100 80GB'")
+
+    @field_validator("meter")
+    @classmethod
+    def _a_counter(cls, v: str) -> str:
+        if v == "agent":  # the agent answers per request; a tournament reads a cumulative counter itself
+            raise ValueError(
+                "'agent': a tournament reads the GPU counter of the node it runs on; use nvml there (with "
+                "energy.gpus), or estimate"
+            )
+        return v
 
 
 class JudgeSpec(Deployment):

@@ -153,11 +153,6 @@ def make_accountant(
     raises :class:`ConfigError` naming it."""
     if meter is not None:
         return MeterAccountant(meter)
-    if meter_name == "agent":  # the agent answers per request; a tournament reads a cumulative counter itself
-        raise ConfigError(
-            "energy.meter 'agent': a tournament reads the GPU counter of the node it runs on; use nvml there "
-            "(with energy.gpus), or estimate"
-        )
     if meter_name == "estimate":
         try:
             prof: EnergyProfile = load_profile(profile)

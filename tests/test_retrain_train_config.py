@@ -134,3 +134,23 @@ def test_a_retrain_that_fails_while_training_leaves_no_version_directory(tmp_pat
     logged: list[str] = []
     run_retrain(cfg, log=logged.append)  # the next run removes what the killed one left
     assert not killed.exists() and any(".tmp-20240101T000000Z-000" in m for m in logged)
+
+
+def test_the_retrain_section_is_read_from_the_settings_file_named_by_the_environment(tmp_path, monkeypatch):
+    """``retrain`` without ``--config`` reads ``$ENERGY_ROUTER_CONFIG`` (as every command): its ``energy_router:``
+    part was read but its ``retrain:`` section silently ignored (the rule, the budget and a misspelt key alike)."""
+    from litellm_energy_router.training.retrain_config import load_retrain_config
+
+    from litellm_energy_router.settings import ConfigError
+
+    f = tmp_path / "er.yaml"
+    f.write_text(
+        f"energy_router:\n  router:\n    checkpoint: {tmp_path / 'current.json'}\n"
+        "retrain:\n  min_new_rows: 7\n  rule: aiq\n"
+    )
+    monkeypatch.setenv("ENERGY_ROUTER_CONFIG", str(f))
+    cfg = load_retrain_config(None)
+    assert (cfg.min_new_rows, cfg.rule) == (7, "aiq")
+    f.write_text(f.read_text() + "  bogus_key: 1\n")
+    with pytest.raises(ConfigError, match="bogus_key"):
+        load_retrain_config(None)

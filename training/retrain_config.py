@@ -6,6 +6,7 @@ rate. What a run does with it: :mod:`.retrain`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,7 +135,9 @@ def _default_scorers() -> list[str]:
 
 
 def load_retrain_config(path: str | Path | None, **overrides: Any) -> RetrainConfig:
-    """Read ``retrain:`` (and the defaults it borrows from ``energy_router:``) from a YAML file."""
+    """Read ``retrain:`` (and the defaults it borrows from ``energy_router:``) from a YAML file (default:
+    ``$ENERGY_ROUTER_CONFIG``, as the settings: its ``retrain:`` section was ignored)."""
+    path = path or os.environ.get("ENERGY_ROUTER_CONFIG") or None
     settings: Settings = load_settings(path)
     data = read_yaml_section(path, "retrain", whole_if_absent=False) if path else {}
     data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
