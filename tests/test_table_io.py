@@ -194,3 +194,27 @@ def test_import_streams_in_batches_and_is_all_or_nothing(tmp_path, sqlite_url, f
         empty.close()
     src.close()
     dst.close()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_an_export_that_fails_half_way_leaves_the_earlier_file(tmp_path, sqlite_url, fmt, monkeypatch):
+    """The export wrote its target in place: one that failed (a lost connection, a full disk, Ctrl-C) half way left a
+    truncated file where yesterday's whole export was. It writes beside it and moves it in at the end."""
+    src = open_store(sqlite_url)
+    import_routerbench(src, bundled_files()[-1:], load_profile())
+    out = tmp_path / f"e.{fmt}"
+    assert export_table(src, out) == 887 * 6
+    before = out.read_bytes()
+    rows = src.iter_runs
+
+    def failing(*a, **k):
+        for i, r in enumerate(rows(*a, **k)):
+            if i == 3000:
+                raise ConnectionError("server closed the connection")
+            yield r
+
+    monkeypatch.setattr(src, "iter_runs", failing)
+    with pytest.raises(ConnectionError):
+        export_table(src, out, batch=500)
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    src.close()

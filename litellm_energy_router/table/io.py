@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -59,9 +60,21 @@ def _flat_rows(store: TableStore) -> Iterable[dict[str, Any]]:
 
 def export_table(store: TableStore, path: str | Path, *, batch: int = 5000) -> int:
     """Write every run (joined with query and candidate) to ``path``, streamed (``batch`` rows in memory at a
-    time). Returns the row count."""
+    time), into a temporary file beside it moved into place at the end: an export that fails or is interrupted
+    leaves ``path`` as it was. Returns the row count."""
     path = Path(path)
     fmt = _fmt(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        n = _export(store, tmp, fmt, batch)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return n
+
+
+def _export(store: TableStore, path: Path, fmt: str, batch: int) -> int:
     n = 0
     if fmt == "csv":
         with open(path, "w", newline="", encoding="utf-8") as fh:
