@@ -83,6 +83,21 @@ def reading(path: str | Path) -> Iterator[None]:
         raise UnreadableFile(f"{path}: {why}") from None
 
 
+@contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """The output twin of :func:`reading`: yields a temporary path beside ``path`` (``.<name>.tmp-<pid>``) to write,
+    moved over ``path`` when the block ends without error, removed otherwise: a write that fails or is interrupted
+    half way leaves ``path`` as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def user_error_line(err: BaseException) -> str | None:
     """The one line to print for ``err`` when it is the user's mistake, else ``None`` (a bug: let the
     traceback show). A :class:`UserError` gives its message (newlines folded); an ``OSError`` about a

@@ -127,3 +127,32 @@ def test_a_file_with_a_byte_order_mark_reads_as_without(tmp_path, name, text):
     (tmp_path / name).write_bytes(text.encode("utf-8-sig"))
     (tmp_path / ("plain-" + name)).write_bytes(text.encode("utf-8"))
     assert read_route_input(tmp_path / name) == read_route_input(tmp_path / ("plain-" + name))
+
+
+def test_route_output_that_fails_half_way_leaves_the_earlier_file(tmp_path, monkeypatch):
+    """``route --output`` wrote in place: a run failing after its first operating point left a truncated file where
+    the earlier decisions were. Written beside it and moved in at the end."""
+    import numpy as np
+
+    from litellm_energy_router.cli.router_cmds import _write_decisions
+    from litellm_energy_router.knob import Knob
+    from litellm_energy_router.router import decide as decide_mod
+
+    out = tmp_path / "decisions.jsonl"
+    out.write_text('{"earlier": true}\n')
+    rows, P, E = [("0", None, "q")], np.array([[0.5, 0.9]]), np.array([[1.0, 9.0]])
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("the second operating point")
+        return np.array([0])
+
+    monkeypatch.setattr(decide_mod, "decide", failing)
+    points = [("lambda", 0.0, Knob(lambda_=0.0)), ("lambda", 1.0, Knob(lambda_=1.0))]
+    with pytest.raises(MemoryError):
+        _write_decisions(out, rows, points, P, E, ["a", "b"])
+    assert out.read_text() == '{"earlier": true}\n' and [p.name for p in tmp_path.iterdir()] == ["decisions.jsonl"]
+    _write_decisions(out, rows, points[:1], P, E, ["a", "b"])
+    assert '"model": "a"' in out.read_text()

@@ -305,9 +305,10 @@ def _write_decisions(
 ) -> None:
     """``decisions.jsonl``: one JSON line per (operating point, row): the chosen model, the knob value and
     every candidate's predicted score and joules."""
+    from litellm_energy_router.errors import replacing
     from litellm_energy_router.router.decide import decide
 
-    with open(output, "w", encoding="utf-8") as fh:
+    with replacing(output) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # a failed run leaves an earlier file whole
         for kind, val, knob in points:
             choice = decide(P, E, knob)
             for i, (key, task, _) in enumerate(rows):

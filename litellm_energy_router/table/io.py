@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from pydantic import ValidationError
 
-from litellm_energy_router.errors import one_line, reading
+from litellm_energy_router.errors import one_line, reading, replacing
 from litellm_energy_router.table.rows import BadRowError, Candidate, Query, Run
 from litellm_energy_router.table.store import TableStore
 
@@ -64,14 +63,8 @@ def export_table(store: TableStore, path: str | Path, *, batch: int = 5000) -> i
     leaves ``path`` as it was. Returns the row count."""
     path = Path(path)
     fmt = _fmt(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        n = _export(store, tmp, fmt, batch)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return n
+    with replacing(path) as tmp:
+        return _export(store, tmp, fmt, batch)
 
 
 def _export(store: TableStore, path: Path, fmt: str, batch: int) -> int:
