@@ -325,3 +325,12 @@ def test_an_infinite_decision_budget_is_refused():
 
     with pytest.raises(ValueError, match="timeout_ms"):
         Settings.model_validate({"router": {"timeout_ms": float("inf")}})
+
+
+def test_import_routerbench_with_an_unknown_model_creates_no_database(capsys, tmp_path):
+    from litellm_energy_router.profiling.routerbench import bundled_files
+
+    db = tmp_path / "new.db"
+    argv = ["table", "import-routerbench", str(bundled_files()[-1]), "--db", f"sqlite:///{db}", "--models", "nosuch"]
+    _one_line(*_run(capsys, argv), "no entry for candidate 'nosuch'", argv)
+    assert not db.exists()

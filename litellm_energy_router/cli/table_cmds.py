@@ -110,6 +110,9 @@ def _import_routerbench(
 
     chosen = [m.strip() for spec in (models or []) for m in spec.split(",") if m.strip()] or list(OPEN_MODELS)
     profile = load_profile(energy_profile)
+    origin = str(energy_profile or "bundled energy profile")
+    for m in chosen:  # before the table is opened: a typo in --models creates no empty database
+        profile.get(m, origin=origin)
     with _store(url) as store, progress_bar() as bar:
         task = bar.add_task("importing RouterBench rows", total=None)
         try:
@@ -118,7 +121,7 @@ def _import_routerbench(
                 files,
                 profile,
                 chosen,
-                profile_origin=str(energy_profile or "bundled energy profile"),
+                profile_origin=origin,
                 progress=lambda n: bar.advance(task, n),
             )
         except ImportFormatError as e:  # a UserError too; caught here for an install whose profiling/ predates it
