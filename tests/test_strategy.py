@@ -15,6 +15,7 @@ from router_fixtures import CANDS, pool_deployments
 
 from litellm_energy_router.demo.backend import LocalBackend
 from litellm_energy_router.knob import Knob, KnobError
+from litellm_energy_router.litellm_glue import litellm_compat
 from litellm_energy_router.litellm_glue.decision import decision_from_kwargs
 from litellm_energy_router.litellm_glue.litellm_compat import cooldowns, register_strategy
 from litellm_energy_router.litellm_glue.strategy import EnergyRouterCore, EnergyRouterFilter, EnergyRoutingStrategy
@@ -159,7 +160,7 @@ def test_a_retry_the_filter_does_not_route_leaves_no_figures_for_the_response_he
     assert filt.core.runtime.model is not None  # built outside an event loop: loaded in the constructor
     kwargs = {"metadata": {}, "messages": EASY}
     routed = asyncio.run(filt.async_filter_deployments("pool", model_list(backend), EASY, kwargs))
-    assert len(routed) == 1 and HEADERS_BOOK.get(kwargs) is not None
+    assert len(routed) == 1 and (HEADERS_BOOK.get(kwargs) is not None) == litellm_compat.sends_response_headers()
     other = [
         {**d, "litellm_params": {**d["litellm_params"], "model": "openai/elsewhere"}, "model_info": {"id": "x"}}
         for d in model_list(backend, group="other")[:1]
@@ -378,3 +379,18 @@ def test_decision_metadata_equals_asdict_and_is_a_copy():
     assert md == asdict(d) and Decision.from_metadata(md) == d
     md["scores"]["large"] = 0.0
     assert d.scores["large"] == 0.9
+
+
+def test_no_decision_is_kept_for_headers_a_litellm_never_sends(ckpt, backend, monkeypatch):
+    """LiteLLM 1.80.x has no response-headers hook: a decision kept for it was never read back, so every routed
+    request's decision stayed in the book until evicted (counted as evictions, as if requests were lost)."""
+    from litellm_energy_router.litellm_glue import litellm_compat
+    from litellm_energy_router.litellm_glue.strategy import HEADERS_BOOK
+
+    monkeypatch.setattr(litellm_compat, "sends_response_headers", lambda: False)
+    filt = EnergyRouterFilter(settings(ckpt))
+    assert filt.core.runtime.model is not None  # built outside an event loop: loaded in the constructor
+    kwargs = {"metadata": {}, "messages": EASY}
+    before = len(HEADERS_BOOK)
+    assert len(asyncio.run(filt.async_filter_deployments("pool", model_list(backend), EASY, kwargs))) == 1
+    assert HEADERS_BOOK.get(kwargs) is None and len(HEADERS_BOOK) <= before

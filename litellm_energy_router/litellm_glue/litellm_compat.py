@@ -65,6 +65,14 @@ def cooling_ids(router: Any, ids: list[str]) -> set[str]:
     return {i for i, _ in cooldowns(router).get_active_cooldowns(ids, None)}
 
 
+def sends_response_headers() -> bool:
+    """Whether this LiteLLM's proxy calls a callback's ``async_post_call_response_headers_hook`` (1.80.x has none:
+    a decision kept for its headers would never be read)."""
+    from litellm.integrations.custom_logger import CustomLogger
+
+    return hasattr(CustomLogger, "async_post_call_response_headers_hook")
+
+
 def proxy_imports_installed_callbacks() -> bool:
     """Whether the proxy resolves a ``litellm_settings.callbacks`` entry such as
     ``litellm_energy_router.litellm_glue.proxy_router.energy_router`` by importing the installed package. Older proxies

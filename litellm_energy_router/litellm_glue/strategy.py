@@ -165,6 +165,12 @@ class EnergyRouterFilter(CustomLogger):
         self._idle_book: BudgetBook | None = None  # the hard budgets' check while the core is not built (never read)
 
     @property
+    def _headers(self) -> bool:
+        """Whether a decision is kept for its response headers: they are on, and this LiteLLM sends them (1.80.x
+        never reads them back: every routed request's decision would be kept until evicted)."""
+        return self.core.settings.accounting.headers and litellm_compat.sends_response_headers()
+
+    @property
     def core(self) -> EnergyRouterCore:
         if self._core is None:  # built on first use (or by start()), so importing strategy.py stays cheap
             self._core = EnergyRouterCore(self._settings)
@@ -193,7 +199,7 @@ class EnergyRouterFilter(CustomLogger):
         try:
             dep, decision = await self.core.choose(healthy_deployments, messages, None, request_kwargs)
             attach(request_kwargs, decision)
-            if mds and decision is not None and decision.figures and self.core.settings.accounting.headers:
+            if mds and decision is not None and decision.figures and self._headers:
                 HEADERS_BOOK.put(mds[0], decision)
             elif mds:  # a retry or fallback this router did not route: no earlier attempt's figures in its headers
                 HEADERS_BOOK.discard(mds[0])
