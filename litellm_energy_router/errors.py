@@ -7,6 +7,7 @@ import errno
 import gzip
 import os
 import re
+import shutil
 import threading
 import zlib
 from collections import deque
@@ -85,17 +86,36 @@ def reading(path: str | Path) -> Iterator[None]:
 
 @contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
-    """The output twin of :func:`reading`: yields a temporary path beside ``path`` (``.<name>.tmp-<pid>``) to write,
-    moved over ``path`` when the block ends without error, removed otherwise: a write that fails or is interrupted
-    half way leaves ``path`` as it was."""
+    """The output twin of :func:`reading`: yields a temporary path beside ``path`` (``.<name>.tmp-<pid>``) to write (a
+    file, or a directory such as a checkpoint), moved over ``path`` when the block ends without error, removed
+    otherwise: a write that fails or is interrupted half way leaves ``path`` as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
-        os.replace(tmp, path)
+        _swap_in(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """``tmp`` in place of ``path``: a file in one rename; a directory (which a rename cannot put over an existing
+    one) after the old one moves aside, which is removed once the new one is in."""
+    if not tmp.is_dir() or not (path.exists() or path.is_symlink()):
+        os.replace(tmp, path)
+        return
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    os.replace(path, old)
+    os.replace(tmp, path)
+    _remove(old)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
 
 
 def user_error_line(err: BaseException) -> str | None:

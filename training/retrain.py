@@ -25,7 +25,6 @@ The configuration: :mod:`.retrain_config`; the promotion gate (steps 4 and 5): :
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fcntl
 import json
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
+from litellm_energy_router.errors import replacing, user_error_line
 from litellm_energy_router.router.checkpoint import read_manifest, resolve
 from litellm_energy_router.settings import ConfigError
 from litellm_energy_router.table import open_store
@@ -83,9 +83,11 @@ def _serving(pointer: Path) -> tuple[Path | None, Any]:
 
 
 def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Path, Path]:
+    """``<version>.json`` and ``.md`` in ``rdir``, each written whole or not at all (:func:`.errors.replacing`)."""
     rdir.mkdir(parents=True, exist_ok=True)
     jp, mp = rdir / f"{version}.json", rdir / f"{version}.md"
-    jp.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False))  # strict JSON: jq, JS, Go
+    with replacing(jp) as tmp:
+        tmp.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False))  # strict JSON: jq, JS, Go
     cmp_ = report.get("comparison", {})
     lines = [
         f"# Retrain {version}: {report['status']}",
@@ -119,7 +121,8 @@ def _write_reports(rdir: Path, version: str, report: dict[str, Any]) -> tuple[Pa
                 f"[{f(a['lo'], '.3f')}, {f(a['hi'], '.3f')}], {f(j['value'], '.1f')} J "
                 f"[{f(j['lo'], '.1f')}, {f(j['hi'], '.1f')}]"
             )
-    mp.write_text("\n".join(lines) + "\n")
+    with replacing(mp) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
     return jp, mp
 
 
@@ -320,7 +323,7 @@ def _train(run: _Run, train_m: TableMatrix, pairs: Any, tc: Any, tmp: Path) -> d
 
 
 @contextmanager
-def removed_on_error(path: Path) -> Iterator[None]:
+def _removed_on_error(path: Path) -> Iterator[None]:
     """Remove ``path`` (a checkpoint being written) when the block raises, then re-raise."""
     try:
         yield
@@ -341,10 +344,11 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         tc.init_from = str(run.serving_dir)
     tmp = run.vdir / f".tmp-{_version()}"
     log(f"retrain: {run.new} new labelled rows; training on {len(train_m)} queries, {len(hold)} held out")
-    with removed_on_error(tmp):  # a run that fails leaves no half-written version directory behind
+    with _removed_on_error(tmp):  # a run that fails leaves no half-written version directory behind
         t0 = time.time()
         selection = _train(run, train_m, pairs, tc, tmp)
-        version, t_train = read_manifest(tmp).version, time.time() - t0
+        manifest, t_train = read_manifest(tmp), time.time() - t0
+        version = manifest.version
         loaded = {
             "candidate": CheckpointPredictor(tmp, hold.candidates),  # each checkpoint loaded once
             "serving": CheckpointPredictor(run.serving_dir, hold.candidates) if run.serving_dir else None,
@@ -354,10 +358,11 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
         log(f"retrain {version}: {cmp_['why']}")
         with stages.stage("off-policy"):
             off_policy = estimate_off_policy(store, loaded, cfg, log)
-        watermark = read_manifest(tmp).watermark
         status, ck, msg = promote_or_delete(tmp, version, cmp_, run.vdir, cfg, run.serving_dir)
     if not cmp_["promote"]:  # the rule said no (not a pointer moved meanwhile): these rows are judged
-        remember_rejected(run.vdir, run.manifest.version if run.manifest is not None else None, version, watermark)
+        remember_rejected(
+            run.vdir, run.manifest.version if run.manifest is not None else None, version, manifest.watermark
+        )
     log(msg)
     report = {
         "version": version,
@@ -381,11 +386,6 @@ def _train_and_judge(run: _Run, store: Any, transform_train: Any) -> RetrainResu
     try:
         jp, mp = _write_reports(run.rdir, version, report)
     except OSError as e:  # a full disk after the gate decided: the decision stands (the pointer moved or not)
-        from litellm_energy_router.errors import user_error_line
-
-        for f in (run.rdir / f"{version}.json", run.rdir / f"{version}.md"):
-            with contextlib.suppress(OSError):
-                f.unlink(missing_ok=True)  # no half-written report
         log(f"retrain {version}: {status}, but its report was not written ({user_error_line(e) or e})")
         jp = mp = None
     return RetrainResult(status, msg, version, ck, jp, mp, report)

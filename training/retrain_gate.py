@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from litellm_energy_router.errors import replacing
+
 from .data import TableMatrix
 from .retrain_config import RetrainConfig
 
@@ -176,9 +178,10 @@ def remember_rejected(vdir: Path, serving: str | None, version: str, watermark: 
     """After the gate rejected candidate ``version`` against the checkpoint of version ``serving``: later runs count
     new rows from its ``watermark`` while that checkpoint serves (they would train on the same rows, and be rejected
     again, on every cron tick). Written atomically."""
-    tmp = vdir / f"{REJECTED_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"serving_version": serving, "rejected": version, "watermark": watermark}, default=str))
-    os.replace(tmp, vdir / REJECTED_FILE)
+    with replacing(vdir / REJECTED_FILE) as tmp:
+        tmp.write_text(
+            json.dumps({"serving_version": serving, "rejected": version, "watermark": watermark}, default=str)
+        )
 
 
 def rejected_watermark(vdir: Path, serving: str | None) -> tuple[str, dict[str, Any]] | None:

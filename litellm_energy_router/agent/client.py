@@ -162,10 +162,6 @@ class AgentMeters:
         self._default = self._meters[default] if default else None
         self._by_candidate = {c: self._meters[u] for c, u in by_candidate.items()}
 
-    @property
-    def gpu(self) -> str | None:
-        return self._default.gpu if self._default is not None else None
-
     def request_started(self, request_id: str, t_s: float) -> None:
         pass
 

@@ -22,6 +22,7 @@ from litellm_energy_router.cli.common import (
 )
 from litellm_energy_router.cli.route_input import FORMATS_HELP, read_route_input
 from litellm_energy_router.cli.table_cmds import _store, progress_bar
+from litellm_energy_router.errors import replacing
 
 
 def _builtin_trainable() -> list[str]:
@@ -110,7 +111,6 @@ def _train_config(
 def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
     """Train on the table at ``url`` into ``out`` with an SFT progress bar; returns the checkpoint."""
     from litellm_energy_router.training.pipeline import TrainingDataError, train
-    from litellm_energy_router.training.retrain import removed_on_error
 
     with _store(url, create=False) as store, progress_bar() as bar:
         task = bar.add_task("SFT", total=None)
@@ -125,13 +125,13 @@ def _train_with_progress(url: str, out: Path, cfg: Any) -> Any:
 
         # written beside ``out`` and swapped in at the end: a run killed half way (or refused) leaves the
         # checkpoint that was there, which serving may use, whole
-        tmp = _beside(out)
-        with removed_on_error(tmp):
+        _remove_dead_runs(out)
+        with replacing(out) as tmp:
             try:
                 train(store, tmp, cfg, log=_log_as(tmp, out), on_step=on_step)
             except (TrainingDataError, ValueError) as e:
                 fail(str(e))
-    return _swap_in(tmp, out)
+    return out
 
 
 def _checked_out(out: Path) -> Path:
@@ -149,19 +149,14 @@ def _checked_out(out: Path) -> Path:
     return out
 
 
-def _beside(out: Path) -> Path:
-    """The temporary directory a run writes beside ``out`` (what killed runs left there removed first)."""
-    _remove_dead_runs(out)
-    return out.with_name(f".{out.name}.tmp-{os.getpid()}")
-
-
 def _log_as(tmp: Path, out: Path) -> Any:
     """A log that names ``out`` where the training names the directory it writes (``tmp``, swapped in at the end)."""
     return lambda s: console.print(str(s).replace(str(tmp), str(out)), highlight=False)
 
 
 def _remove_dead_runs(out: Path) -> None:
-    """Remove what runs into ``out`` that were killed left beside it (``.<name>.tmp-<pid>``, its pid gone)."""
+    """Remove what runs into ``out`` that were killed left beside it (``.<name>.tmp-<pid>``, :func:`.errors.replacing`'s
+    temporary, its pid gone)."""
     for d in out.parent.glob(f".{out.name}.tmp-*"):
         pid = d.name.rsplit("-", 1)[-1]
         try:
@@ -175,26 +170,10 @@ def _remove_dead_runs(out: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _swap_in(tmp: Path, out: Path) -> Path:
-    """``tmp`` in place of ``out``: the old directory moves aside first and is removed once the new one is in."""
-    old = None
-    if out.exists() or out.is_symlink():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-    return out
-
-
 def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None) -> None:
     from litellm_energy_router.plugins import scorer_specs
     from litellm_energy_router.training.baselines import export_baseline
     from litellm_energy_router.training.data import load_matrix
-    from litellm_energy_router.training.retrain import removed_on_error
 
     specs = {n: s for n, s in scorer_specs().items() if s.fit is not None and n != "lm"}
     if kind not in specs:
@@ -202,13 +181,13 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
     t0 = time.time()
     with _store(url, create=False) as store:
         cands = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
-        tmp = _beside(out)  # written beside it and swapped in, as the LM's
-        with removed_on_error(tmp):
+        _remove_dead_runs(out)
+        with replacing(out) as tmp:  # written beside it and swapped in, as the LM's
             try:
                 (specs[kind].export or export_baseline)(kind, load_matrix(store, cands), tmp)
             except ValueError as e:
                 fail(str(e))
-    console.print(f"{kind} checkpoint {_swap_in(tmp, out)} in {time.time() - t0:.0f}s", highlight=False)
+    console.print(f"{kind} checkpoint {out} in {time.time() - t0:.0f}s", highlight=False)
 
 
 def route_points(
@@ -305,7 +284,6 @@ def _write_decisions(
 ) -> None:
     """``decisions.jsonl``: one JSON line per (operating point, row): the chosen model, the knob value and
     every candidate's predicted score and joules."""
-    from litellm_energy_router.errors import replacing
     from litellm_energy_router.router.decide import decide
 
     with replacing(output) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # a failed run leaves an earlier file whole

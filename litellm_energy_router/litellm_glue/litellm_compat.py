@@ -9,6 +9,7 @@ feature detection (``getattr``), never by parsing ``litellm.__version__``. See d
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -65,6 +66,7 @@ def cooling_ids(router: Any, ids: list[str]) -> set[str]:
     return {i for i, _ in cooldowns(router).get_active_cooldowns(ids, None)}
 
 
+@functools.cache  # the installed LiteLLM does not change while the process runs: detected once, not per request
 def sends_response_headers() -> bool:
     """Whether this LiteLLM's proxy calls a callback's ``async_post_call_response_headers_hook`` (1.80.x has none:
     a decision kept for its headers would never be read)."""

@@ -15,14 +15,13 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
-from litellm_energy_router.errors import UserError, one_line
+from litellm_energy_router.errors import UserError, one_line, replacing
 
 FORMAT = "energy-router-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -243,14 +242,8 @@ def point_to(pointer: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[
     """Atomically make ``pointer`` (a JSON file) name ``checkpoint_dir``."""
     pointer = Path(pointer)
     pointer.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=".pointer-")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"checkpoint": str(Path(checkpoint_dir).resolve())}, fh)
-            fh.flush()
-            os.fchmod(fh.fileno(), 0o640)  # the proxy may run as another user of the group
-            os.fsync(fh.fileno())
-        os.replace(tmp, pointer)
-    except BaseException:  # a full disk: the pointer stays as it was, and no temporary file is left beside it
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(pointer) as tmp, open(tmp, "w") as fh:  # a full disk: the pointer stays as it was
+        json.dump({"checkpoint": str(Path(checkpoint_dir).resolve())}, fh)
+        fh.flush()
+        os.fchmod(fh.fileno(), 0o640)  # the proxy may run as another user of the group
+        os.fsync(fh.fileno())

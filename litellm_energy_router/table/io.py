@@ -2,8 +2,8 @@
 
 One line per run, with its query and candidate columns alongside (see :data:`FLAT_COLUMNS`), so a
 file exported from one store (e.g. SQLite) imports into another (e.g. PostgreSQL) unchanged.
-Import validates the whole file before writing (streamed: a batch of rows in memory at a time); a bad value raises
-an error naming file, line, field; an empty value never erases a stored one.
+Import is one transaction (streamed: a batch of rows in memory at a time); a bad value raises an error naming file,
+line, field, and nothing is written; an empty value never erases a stored one.
 """
 
 from __future__ import annotations
@@ -173,15 +173,16 @@ def _parse_row(r: dict[str, Any], cands: dict[str, Candidate], queries: dict[str
 
 
 def import_table(store: TableStore, path: str | Path, *, batch: int = 5000) -> int:
-    """Upsert every row of an exported file; returns the number of runs. All or nothing: the whole file is
-    validated first, then written in one transaction, ``batch`` rows in memory at a time. A value the file leaves
-    empty (or a column it lacks: an export of an earlier release) never replaces one the table holds."""
+    """Upsert every row of an exported file; returns the number of runs. All or nothing: validated and written in
+    one transaction, ``batch`` rows in memory at a time, so a bad row anywhere rolls back every batch before it. A
+    value the file leaves empty (or a column it lacks: an export of an earlier release) never replaces one the table
+    holds."""
     path = Path(path)
     if not path.exists():
         raise BadRowError(f"{path}: file not found")
-    for _ in _parsed(path, batch):  # every row checked before anything is written
-        pass
     try:
         return store.write_batches(lambda: _parsed(path, batch), keep_stored=True).runs
-    except BadRowError as e:  # e.g. a query id the table holds for another query
-        raise BadRowError(f"{path}: {e}") from None
+    except BadRowError as e:
+        if str(e).startswith(f"{path}:"):  # a bad value: it names the file, line and field already
+            raise
+        raise BadRowError(f"{path}: {e}") from None  # the table's refusal (a query id it holds for another query)
