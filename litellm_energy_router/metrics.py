@@ -157,15 +157,16 @@ _rows_lock = threading.Lock()
 _rows_seen = [0, 0]  # rows, rows with measured energy
 
 
-def observe_row(candidate: str, method: str | None, energy_j: float | None) -> None:
-    """Count one production row (energy in joules, ``None`` when unknown) and its energy method."""
+def observe_row(candidate: str, method: str | None, energy_j: float | None, measured: bool) -> None:
+    """Count one production row (energy in joules, ``None`` when unknown) and its energy method; ``measured``: the
+    meter registry says the method's joules are measured (:func:`~litellm_energy_router.energy.meter.is_measured`)."""
     m = method or "none"
     ROWS.labels(m).inc()
     if energy_j is not None:
         REQUEST_JOULES.labels(candidate, m).observe(energy_j)
     with _rows_lock:
         _rows_seen[0] += 1
-        _rows_seen[1] += m not in ("estimate", "none")
+        _rows_seen[1] += bool(measured)
         MEASURED_ENERGY_RATIO.set(_rows_seen[1] / _rows_seen[0])
 
 

@@ -56,7 +56,7 @@ async def user_api_key_auth(request, api_key):
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory):
+def proxy(tmp_path_factory, example_plugin_dir):
     d = tmp_path_factory.mktemp("accounting_proxy")
     store = open_store(f"sqlite:///{d / 't.db'}")
     point_to(d / "current.json", train_planted(store, d / "v1", names=NAMES))
@@ -81,7 +81,9 @@ def proxy(tmp_path_factory):
         "router": {"checkpoint": str(d / "current.json"), "timeout_ms": 5000, "online": False},
         "knob": {"lambda": 0.05},
         "table": {"url": f"sqlite:///{d / 'production.db'}"},
-        "energy": {"meter": "simulated"},
+        # a measured meter (the example plugin's ``fake-rocm`` stand-in, registered ``measured=True``): the ledger's
+        # and the metrics' measured split are the meter registry's answer (the ``simulated`` meter's are estimated)
+        "energy": {"meter": "fake-rocm"},
         "writer": {"spool_dir": str(d / "spool"), "flush_interval_s": 0.1},
         "carbon": {
             "intensity_csv": str(d / "intensity.csv"),
@@ -99,6 +101,7 @@ def proxy(tmp_path_factory):
         "MEDIUM_API_BASE": backend.base("medium"),
         "LARGE_API_BASE": backend.base("large"),
         "ENERGY_ROUTER_CONFIG": str(d / "energy-router.yaml"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(example_plugin_dir), os.environ.get("PYTHONPATH")) if p),
     }
     server = ProxyProcess(d / "proxy.yaml", env, d, ready_timeout_s=180)
     server.start()

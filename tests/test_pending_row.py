@@ -146,3 +146,44 @@ def test_metrics_exposed(sqlite_url, tmp_path):
         "energy_router_measured_energy_ratio",
     ):
         assert name in text
+
+
+def test_measured_split_is_the_meter_registrys_answer():
+    """The ledger's and the metrics' measured / estimated split: a meter that declares it measures (``nvml``,
+    ``agent``) is measured; the ``simulated`` stand-in and the token estimate are not (the split used to count
+    every method but ``estimate`` as measured)."""
+    from litellm_energy_router.energy.meter import RequestEnergy
+    from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
+    from litellm_energy_router.metrics import MEASURED_ENERGY_RATIO, observe_row
+
+    row = PendingRow(
+        call_id="acc",
+        candidate="mistralai/mistral-7b-chat",
+        status="success",
+        text="x",
+        start_s=1.0,
+        end_s=2.0,
+        first_token_s=None,
+        prompt_tokens=10,
+        completion_tokens=10,
+        propensity=None,
+        deployment_id=None,
+        backend_id=None,
+    )
+    split = {}
+    for method in ("nvml_counter", "power_sampling", "agent", "simulated", "estimate"):
+        _, entry = RowAccounting().settle(row, RequestEnergy(5.0, method))
+        split[method] = (entry["joules_measured"], entry["joules_estimated"])
+    assert split == {
+        "nvml_counter": (5.0, 0.0),
+        "power_sampling": (5.0, 0.0),
+        "agent": (5.0, 0.0),
+        "simulated": (0.0, 5.0),
+        "estimate": (0.0, 5.0),
+    }
+    for _ in range(3):
+        observe_row("c", "simulated", 1.0, False)
+    assert MEASURED_ENERGY_RATIO._value.get() < 1.0
+    before = MEASURED_ENERGY_RATIO._value.get()
+    observe_row("c", "nvml_counter", 1.0, True)
+    assert MEASURED_ENERGY_RATIO._value.get() > before

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from litellm_energy_router.energy.carbon import SITE_KEY, CarbonModel
-from litellm_energy_router.energy.meter import RequestEnergy
+from litellm_energy_router.energy.meter import RequestEnergy, is_measured
 from litellm_energy_router.litellm_glue.callback.pending_row import PendingRow
 from litellm_energy_router.metrics import observe_accounting
 from litellm_energy_router.table import ledger
@@ -34,7 +34,7 @@ class RowAccounting:
         Prometheus accounting counters."""
         site = self.carbon.site_of({SITE_KEY: row.site} if row.site else None)
         co2e = self.carbon.grams(e.energy_j, site, row.end_s)
-        measured = e.method not in (None, "estimate")
+        measured = is_measured(e.method)  # the meter registry: a simulation or an estimate is not
         est, ref = row.estimate_j, row.reference_j
         saved = ref - est if est is not None and ref is not None else None
         observe_accounting(row.team_alias or row.team, row.model_group, measured, e.energy_j, co2e, saved)

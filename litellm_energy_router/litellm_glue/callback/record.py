@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from litellm_energy_router.energy.meter import RequestEnergy
+from litellm_energy_router.energy.meter import RequestEnergy, is_measured
 from litellm_energy_router.errors import one_line
 from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
 from litellm_energy_router.litellm_glue.callback.pending_row import (
@@ -102,7 +102,7 @@ class RecordBuilder:
             self.spool.reject([self.private_json(row, h)], msg)
             REJECTED_ROWS.inc()
             return None
-        observe_row(row.candidate, e.method, e.energy_j)
+        observe_row(row.candidate, e.method, e.energy_j, is_measured(e.method))
         cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
         return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand, "l": ledger}
 
