@@ -19,6 +19,8 @@ from pydantic import ValidationError
 
 from litellm_energy_router.redact import redact
 
+_SECRET_FIELD = re.compile(r"token|password|secret|api_key", re.I)  # a value never shown in an error
+
 
 def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str = "<root>") -> str:
     """The first error of ``err`` as ``{where}: {key} '{loc}' = {value!r}: {msg}``.
@@ -39,7 +41,10 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
     if e["type"] == "value_error" and (not e["loc"] or isinstance(e.get("input"), dict)):
         return f"{where}: {msg}"  # a check on a whole (sub)object: its message names the fields
     value = e.get("input")
-    shown = type(value).__name__ if isinstance(value, (dict, list)) else redact(repr(value))
+    if _SECRET_FIELD.search(loc):  # a token YAML read as a number is a bare value redact() cannot tell from any other
+        shown = "<redacted>"
+    else:
+        shown = type(value).__name__ if isinstance(value, (dict, list)) else redact(repr(value))
     return f"{where}: {key} '{loc}' = {shown}: {msg}"
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
 from pydantic import (
@@ -178,14 +178,21 @@ class EnergySettings(_Section):
     gpus: list[int] | None = Field(None, description="GPU indices metered (nvml); None = all")
     sample_hz: float = Field(10.0, ge=1, le=100, description="meter sampling rate for attribution, Hz")
     prefill_weight: float = Field(
-        0.125, ge=0, description="attribution weight of one prompt token (decode token = decode_weight)"
+        0.125,
+        ge=0,
+        allow_inf_nan=False,
+        description="attribution weight of one prompt token (decode token = decode_weight)",
     )
-    decode_weight: float = Field(1.0, gt=0, description="attribution weight of one output token")
-    idle_power_w: float | Literal["auto"] = Field(
+    decode_weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="attribution weight of one output token")
+    idle_power_w: Annotated[float, Field(ge=0, allow_inf_nan=False)] | Literal["auto"] = Field(
         0.0, description="static power line, W, charged to idle while requests run; 'auto' = lowest 1 s power seen"
     )
-    history_s: float = Field(600.0, gt=0, description="seconds of meter intervals/requests kept for attribution")
-    settle_timeout_s: float = Field(30.0, gt=0, description="max seconds a row waits for its energy to settle")
+    history_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="seconds of meter intervals/requests kept for attribution"
+    )
+    settle_timeout_s: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="max seconds a row waits for its energy to settle"
+    )
     fallback_to_estimate: bool = Field(True, description="use the profile estimate when a measured meter has no answer")
 
     @field_validator("meter")

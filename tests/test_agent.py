@@ -184,3 +184,30 @@ def test_a_pool_over_two_gpu_nodes_asks_each_nodes_agent(tmp_path):
     assert got["medium"] is None
     assert got["small"].method == "agent" and got["large"].method == "agent"
     assert got["large"].energy_j == pytest.approx(4 * got["small"].energy_j, rel=0.15)  # each its own node's joules
+
+
+def test_the_agent_starts_through_a_failing_first_read(caplog):
+    """The first meter read at start was unguarded: an NVML error then (GPU lost) killed the agent with a traceback;
+    now it is a gap and a warning, as every later read, and sampling goes on."""
+    import asyncio
+
+    class FlakyMeter(SimulatedMeter):
+        reads = 0
+
+        def read(self):
+            FlakyMeter.reads += 1
+            if FlakyMeter.reads == 1:
+                raise RuntimeError("NVML: GPU is lost")
+            return super().read()
+
+    async def go():
+        agent = EnergyAgent(FlakyMeter(), AgentConfig(sample_hz=50))
+        await agent.start()
+        await asyncio.sleep(0.3)
+        await agent.stop()
+        return agent
+
+    with caplog.at_level("WARNING", logger="litellm_energy_router"):
+        agent = asyncio.run(go())
+    assert FlakyMeter.reads > 3 and agent.attributor.last_sample_t() is not None
+    assert any("GPU is lost" in r.getMessage() for r in caplog.records)

@@ -186,6 +186,24 @@ def test_settlement_waits_for_overlapping_requests():
     assert att.energy("b") is None  # the interval holding b's end is the newest one: wait a sample
     att.add_sample(0.6, 100.0)
     a, b = att.energy("a"), att.energy("b")
+    # a's final answer was written: given for good (the same answer again), its joules claimed, so b, settled now,
+    # gets what is left: the answers never add up to more than the meter (a provisional answer left unclaimed let
+    # a 100 J and b 50 J of 100 J measured)
+    assert a == prov and b.settled
+    assert a.energy_j + b.energy_j <= 100.0 + 1e-9
+
+
+def test_settlement_without_a_provisional_answer_splits_by_tokens():
+    att = Attributor(idle_power_w=0.0)
+    att.add_sample(0.0, 0.0)
+    att.request_started("a", 0.05)
+    att.request_started("b", 0.10)
+    att.add_sample(0.2, 50.0)
+    att.add_sample(0.4, 100.0)
+    att.add_request("a", 0.05, 0.30, 0, 10)
+    att.add_request("b", 0.10, 0.35, 0, 10)
+    att.add_sample(0.6, 100.0)
+    a, b = att.energy("a"), att.energy("b")
     assert a.settled and b.settled
     assert a.energy_j + b.energy_j == pytest.approx(100.0)
 
@@ -330,3 +348,156 @@ def test_a_request_dropped_by_the_cap_gets_no_figure_from_its_later_events():
         att.add_progress("b", 2.0, 100, 40, finished=True)
         assert att.energy("a", final=True) is None, late
         assert att.energy("b", final=True) is not None
+
+
+def _simulated(att: Attributor, clk, power_w=100.0, mono=None):
+    from litellm_energy_router.energy.request_meter import AttributedMeter
+    from litellm_energy_router.energy.simulated import SimulatedMeter
+
+    return AttributedMeter(SimulatedMeter(power_w, clock=mono or clk), att, sample_hz=0, clock=clk, monotonic=mono)
+
+
+def test_provisional_answers_never_add_up_to_more_than_the_meter():
+    """A request written with a provisional (final) answer while another overlapping one is unknown: the later one's
+    settled answer cannot take the same joules again (A 1,000 J + B 3,500 J of 4,000 J measured before)."""
+    from litellm_energy_router.energy.meter import RequestUsage
+    from litellm_energy_router.energy.simulated import ManualClock
+
+    clk = ManualClock(1_000_000.0)
+    att = Attributor(stale_s=300.0)
+    m = _simulated(att, clk)
+    t0 = clk()
+    m.request_started("A", t0)
+    m.request_started("B", t0)
+    for _ in range(100):
+        clk.advance(0.1)
+        m.sample()
+    a = m.energy_for_request(RequestUsage("A", "c", t0, clk(), t0, 0, 100), final=True)  # B still running
+    for _ in range(300):
+        clk.advance(0.1)
+        m.sample()
+    tb = clk()
+    for _ in range(3):
+        clk.advance(0.1)
+        m.sample()
+    b = m.energy_for_request(RequestUsage("B", "c", t0, tb, t0, 0, 400))
+    assert not a.settled and b.settled
+    assert a.energy_j + b.energy_j <= 100.0 * (tb - t0) + 1e-6
+    assert m.energy_for_request(RequestUsage("A", "c", t0, t0 + 10, t0, 0, 100), final=True).energy_j == a.energy_j
+
+
+def test_a_wall_clock_step_back_is_a_hole_not_one_request_s_joules():
+    """NTP steps the wall clock back 60 s: a request in the replayed wall span gets no figure (was 6,100 J for a 1 s
+    request at 100 W); once the clock passes what was measured, requests are measured again."""
+    from litellm_energy_router.energy.meter import RequestUsage
+    from litellm_energy_router.energy.simulated import ManualClock
+
+    wall, mono = ManualClock(1_000_000.0), ManualClock(0.0)
+    m = _simulated(Attributor(), wall, mono=mono)
+
+    def tick(n):
+        for _ in range(n):
+            wall.advance(0.1)
+            mono.advance(0.1)
+            m.sample()
+
+    tick(50)
+    wall.advance(-60.0)
+    xs = wall()
+    m.request_started("X", xs)
+    tick(100)
+    x = m.energy_for_request(RequestUsage("X", "c", xs, wall(), xs, 0, 100), final=True)
+    assert x.energy_j is None  # the replayed span: unmeasured
+    tick(520)  # past the pre-step time
+    ys = wall()
+    m.request_started("Y", ys)
+    tick(10)
+    ye = wall()
+    tick(3)
+    y = m.energy_for_request(RequestUsage("Y", "c", ys, ye, ys, 0, 10))
+    assert y.energy_j == pytest.approx(100.0, rel=0.02)
+
+
+def test_a_wall_clock_step_forward_is_a_hole_and_keeps_the_idle_floor():
+    """The wall clock jumps 60 s ahead between two samples (the monotonic clock 0.1 s): a hole, not one 60 s interval
+    of 10 J that sent the "auto" idle floor from 100 W to 0.2 W (a request 200 W above idle then got 300 J)."""
+    from litellm_energy_router.energy.meter import RequestUsage
+    from litellm_energy_router.energy.request_meter import AttributedMeter
+    from litellm_energy_router.energy.simulated import ManualClock, SimulatedMeter
+
+    wall, mono = ManualClock(1_000_000.0), ManualClock(0.0)
+    busy = [False]
+    meter = SimulatedMeter(lambda t: 300.0 if busy[0] else 100.0, clock=mono, step_s=0.01)
+    m = AttributedMeter(meter, Attributor(idle_power_w="auto"), sample_hz=0, clock=wall, monotonic=mono)
+
+    def tick(n):
+        for _ in range(n):
+            wall.advance(0.1)
+            mono.advance(0.1)
+            m.sample()
+
+    tick(30)
+    wall.advance(60.0)
+    tick(30)
+    assert m.attributor.idle_power_floor_w() == pytest.approx(100.0, rel=0.01)
+    s = wall()
+    m.request_started("R", s)
+    busy[0] = True
+    tick(10)
+    e = wall()
+    busy[0] = False
+    tick(3)
+    assert m.energy_for_request(RequestUsage("R", "c", s, e, s, 0, 10)).energy_j == pytest.approx(200.0, rel=0.02)
+
+
+def test_failed_reads_do_not_lower_the_auto_idle_floor():
+    """The trailing-power window of the "auto" floor never spans a hole of failed reads (its joules are not in the
+    kept intervals: a 5 s outage sent the floor from 100 W to 3.8 W)."""
+    att = Attributor(idle_power_w="auto")
+    t = 1_000_000.0
+    for i in range(31):
+        att.add_sample(t + 0.1 * i, 10.0 * i)  # 100 W
+    for _ in range(50):
+        att.read_failed()
+    for i in range(30):
+        att.add_sample(t + 8.1 + 0.1 * i, 1000.0 + 10.0 * i)
+    assert att.idle_power_floor_w() == pytest.approx(100.0)
+
+
+def test_a_long_request_known_only_from_its_start_still_gets_a_figure():
+    """The proxy's own meter learns a request's tokens when it ends: one longer than ``stale_s`` is expired to stop
+    holding back settlement, but its row still gets a figure (it was ignored as dropped)."""
+    from litellm_energy_router.energy.meter import RequestUsage
+    from litellm_energy_router.energy.simulated import ManualClock
+
+    clk = ManualClock(1_000_000.0)
+    att = Attributor(history_s=600.0, max_requests=1000, stale_s=300.0)
+    m = _simulated(att, clk)
+    t0 = clk()
+    m.request_started("LONG", t0)
+    att.in_flight()
+    for _ in range(3200):
+        clk.advance(0.1)
+        m.sample()
+    t1 = clk()
+    for _ in range(3):
+        clk.advance(0.1)
+        m.sample()
+    assert att.dropped()["stale"] == 1
+    long_ = m.energy_for_request(RequestUsage("LONG", "c", t0, t1, t0, 0, 3200), final=True)
+    assert long_.energy_j == pytest.approx(100.0 * (t1 - t0), rel=0.01)
+
+
+def test_segments_waiting_for_a_failing_meter_are_bounded():
+    att = Attributor(max_requests=100, max_segments=500, stale_s=5.0)
+    t = 1_000_000.0
+    att.add_sample(t, 0.0)
+    att.add_sample(t + 0.1, 10.0)
+    att.read_failed()
+    for i in range(5000):
+        ti = t + 0.2 + i * 1e-4
+        att.add_progress(f"r{i}", ti, 100, 0)
+        att.add_progress(f"r{i}", ti + 0.05, 100, 10, finished=True)
+    assert len(att._pending) <= 500  # it grew with every segment while the meter could not be read
+    att.add_sample(t + 2.0, 20.0)
+    assert all(seg[1] > t + 2.0 for seg in att._pending)

@@ -52,6 +52,15 @@ energy_router:
         ("table: {url: os.environ/NOPE}", {}, "config key 'table.url': environment variable 'NOPE' is not set"),
         ("knob: [1, 2", {}, "not valid YAML"),
         ("", {"ENERGY_ROUTER_KNOB__TARGET_ACCURACY": "1.5"}, "config key 'knob.target_accuracy' = '1.5'"),
+        # a bearer token YAML reads as a number is never echoed (it was: `= 8843920173554: Input should be ...`)
+        ("energy: {agent_token: 8843920173554}", {}, "config key 'energy.agent_token' = <redacted>"),
+        # non-finite energy settings (NaN idle power gave every joule to idle; inf history kept everything)
+        ("energy: {idle_power_w: .nan}", {}, "config key 'energy.idle_power_w"),
+        ("energy: {idle_power_w: .inf}", {}, "config key 'energy.idle_power_w"),
+        ("energy: {prefill_weight: .inf}", {}, "config key 'energy.prefill_weight' = inf"),
+        ("energy: {decode_weight: .inf}", {}, "config key 'energy.decode_weight' = inf"),
+        ("energy: {history_s: .inf}", {}, "config key 'energy.history_s' = inf"),
+        ("energy: {settle_timeout_s: .nan}", {}, "config key 'energy.settle_timeout_s' = nan"),
     ],
 )
 def test_errors_are_one_line_naming_key_and_value(tmp_path, yaml_text, env, expected):

@@ -181,7 +181,7 @@ def parse_progress(raw: bytes, window: TimeWindow) -> ProgressBody:
 def parse_timings(query: Mapping[str, str], window: TimeWindow) -> TimingsQuery:
     """Validate the query of ``GET /v1/energy/{id}`` (an aiohttp MultiDict or a plain mapping)."""
     what = "bad query parameter"
-    repeated = [k for k, n in Counter(query.keys()).items() if n > 1]
+    repeated = [k for k, n in Counter(k for k, _ in query.items()).items() if n > 1]  # a MultiDict's keys() are unique
     if repeated:
         raise ApiError(400, f"{what}: {_shown(repeated[0])} given more than once")
     try:

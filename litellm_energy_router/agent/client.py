@@ -30,6 +30,9 @@ from litellm_energy_router.redact import redact, redact_url
 log = logging.getLogger("litellm_energy_router.energy")
 
 
+AGENT_BACKOFF_S = 10.0  # s without calls to an agent after a transport error (timeout, refused connection)
+
+
 class AgentMeter:
     """HTTP client of the GPU-node agent.
 
@@ -78,6 +81,9 @@ class AgentMeter:
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, verify=verify)
         self.gpu: str | None = None
         self._last_warn = 0.0
+        self._down_until = (
+            0.0  # monotonic s: after a transport error, no call before this (the writer would wait on each)
+        )
 
     def _warn(self, msg: str) -> None:
         now = time.monotonic()
@@ -109,10 +115,15 @@ class AgentMeter:
         }
         if usage.first_token_s is not None:
             params["first_token"] = repr(usage.first_token_s)
+        if time.monotonic() < self._down_until:  # the agent timed out or refused lately: not asked again yet
+            return RequestEnergy.unavailable() if final else None
         try:
             r = self._client.get(f"/v1/energy/{quote(rid, safe='')}", params=params)
         except self._httpx.HTTPError as e:
-            self._warn(f"{type(e).__name__}: {e}")
+            # a hung agent cost the table writer timeout_s per waiting row per pass (20 s for 10 rows): one failure
+            # backs off for AGENT_BACKOFF_S, rows meanwhile wait and then take the estimate (fallback_to_estimate)
+            self._down_until = time.monotonic() + AGENT_BACKOFF_S
+            self._warn(f"{type(e).__name__}: {e} (not asked again for {AGENT_BACKOFF_S:g} s)")
             return RequestEnergy.unavailable() if final else None
         if r.status_code == 404:
             return RequestEnergy.unavailable()

@@ -100,6 +100,7 @@ class EnergyAgent:
         self.meter = meter
         self.cfg = cfg
         self.clock = clock
+        self._mono = time.monotonic if clock is time.time else None  # tells a wall-clock step from elapsed time
         token = (cfg.token or "").strip()
         self._expected_auth = hashlib.sha256(f"Bearer {token}".encode()).digest() if token else None
         self.attributor = Attributor(
@@ -190,13 +191,13 @@ class EnergyAgent:
     async def tick(self) -> None:
         """Take one sample (meter + optional vLLM counters)."""
         reading = self.meter.read()
-        t = self.clock()
+        t, mono = self.clock(), self._mono() if self._mono is not None else None
         tokens = await self._scrape_vllm()
         e = reading.total_j
         if tokens is None:
-            self.attributor.add_sample(t, e)
+            self.attributor.add_sample(t, e, mono=mono)
         else:
-            self.attributor.add_sample(t, e, tokens[0], tokens[1])
+            self.attributor.add_sample(t, e, tokens[0], tokens[1], mono=mono)
         self.m_samples.inc()
         self._last_reading = dict(reading.joules)
         for i, j in reading.joules.items():
@@ -220,7 +221,11 @@ class EnergyAgent:
             await asyncio.sleep(max(0.0, nxt - loop.time()))
 
     async def start(self) -> None:
-        await self.tick()
+        try:
+            await self.tick()
+        except Exception as e:  # noqa: BLE001 - as every later read: a gap, a warning, the agent keeps sampling
+            self.attributor.read_failed()
+            self._warn("read", "agent: meter read failed (no figure across it): %s", e)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:

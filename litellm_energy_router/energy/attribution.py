@@ -45,6 +45,8 @@ from typing import Literal, Sequence
 
 from litellm_energy_router.energy.attribution_state import _EPS, AttributionState, _Interval, _overlap_w, _Request
 
+CLOCK_STEP_S = 0.25  # s: a wall-clock advance this far from the monotonic one between two samples is a step (NTP)
+
 
 def token_weight(
     prompt_tokens: float, output_tokens: float, prefill_weight: float, decode_weight: float = 1.0
@@ -140,10 +142,20 @@ class Attributor(AttributionState):
 
     # -- inputs -----------------------------------------------------------------------------------
     def add_sample(
-        self, t: float, cumulative_j: float, prefill_total: float | None = None, decode_total: float | None = None
+        self,
+        t: float,
+        cumulative_j: float,
+        prefill_total: float | None = None,
+        decode_total: float | None = None,
+        mono: float | None = None,
     ) -> None:
         """A meter reading at ``t`` (Unix s): cumulative J; optionally the engine's cumulative token
-        counters (prompt, generation) sampled at the same time."""
+        counters (prompt, generation) sampled at the same time, and ``mono``, a monotonic clock (s) read with ``t``.
+
+        A wall-clock step (NTP) is a span without a trustworthy time: a ``t`` at or before the last sample's (a step
+        back), or, with ``mono``, a wall-clock advance that differs from the monotonic one by more than
+        :data:`CLOCK_STEP_S` (a step forward), opens a hole as failed reads do; sampling resumes once ``t`` passes
+        every time already measured, and a request across the hole gets no figure (not the joules of the step)."""
         if not math.isfinite(cumulative_j):  # a meter's NaN or inf: no reading (it would poison two intervals)
             return
         agg = None
@@ -152,14 +164,20 @@ class Attributor(AttributionState):
             if not math.isfinite(agg):
                 agg = None
         with self._lock:
+            if self._last is not None and (t <= self._last[0] or self._stepped(t, mono)):
+                self._gap_from = self._resume_after = self._last[0]
+                self._last = None
             if self._last is None:
-                if self._gap_from is not None and t > self._gap_from:  # reads failed in between: a hole
-                    self._holes = [*self._holes[-255:], (self._gap_from, t)]
-                self._last, self._gap_from = (t, cumulative_j, agg), None
+                if self._gap_from is not None:
+                    if t <= self._resume_after:  # the clock stepped back: no sample until it passes what is measured
+                        self._gap_from = min(self._gap_from, t)
+                        return
+                    self._holes = [*self._holes[-255:], (self._gap_from, t)]  # failed reads or a step: a hole
+                self._last, self._gap_from, self._mono = (t, cumulative_j, agg), None, mono
+                self._pending = [seg for seg in self._pending if seg[1] > t]  # none of the rest reaches an interval
                 return
             t_prev, e_prev, agg_prev = self._last
-            if t <= t_prev:
-                return
+            self._mono = mono
             de = cumulative_j - e_prev
             if de < 0:  # counter reset (driver reload): restart from this reading
                 de = 0.0
@@ -185,7 +203,15 @@ class Attributor(AttributionState):
         resumes without the joules of the gap), so a request across it gets no figure."""
         with self._lock:
             if self._last is not None:
-                self._gap_from, self._last = self._last[0], None
+                self._gap_from = self._resume_after = self._last[0]
+                self._last = None
+
+    def _stepped(self, t: float, mono: float | None) -> bool:
+        """Whether the wall clock stepped since the last sample: its advance and the monotonic clock's differ by more
+        than :data:`CLOCK_STEP_S` (both read with the samples; lock held)."""
+        if mono is None or self._mono is None or self._last is None:
+            return False
+        return abs((t - self._last[0]) - (mono - self._mono)) > CLOCK_STEP_S
 
     def request_started(self, request_id: str, t: float) -> None:
         """A request started at ``t`` (Unix s). Lock-free: safe on a serving hot path."""
@@ -262,6 +288,14 @@ class Attributor(AttributionState):
             self._enforce_caps()
             return True
 
+    def discard(self, request_id: str) -> None:
+        """Stop tracking a request that will get no figure (it ended before the kept history): started and never
+        finished, it would hold back the settlement of every request beside it."""
+        with self._lock:
+            self._drain_started()
+            if request_id in self._reqs:
+                self._forget(request_id)
+
     # -- outputs ----------------------------------------------------------------------------------
     def knows(self, request_id: str) -> bool:
         with self._lock:
@@ -286,10 +320,11 @@ class Attributor(AttributionState):
                 return None  # the meter stopped reading before the request ended: unknown, not the part it saw
             if r.answer is not None:
                 return r.answer
-            a = Attribution(request_id, self._claim(r, commit=settled), r.start, end, settled)
-            if settled:  # given for good: asked again, the same answer (a provisional one may still change)
-                r.answer = a
-            return a
+            # settled, or final (the caller writes it now): given for good, its joules claimed, so no later answer can
+            # take them again (a provisional answer left unclaimed let requests beside it add up to more than the
+            # meter); asked again, the same answer
+            r.answer = Attribution(request_id, self._claim(r, commit=True), r.start, end, settled)
+            return r.answer
 
     def _claim(self, r: _Request, commit: bool) -> float:
         """``r``'s joules (J): per interval its share of the dynamic energy by weighted tokens, at most what the

@@ -76,7 +76,9 @@ class AttributionState:
         self._trail: deque[float] = deque()
         self._floor: float | None = None
         self.dropped_intervals = 0
-        self._gap_from: float | None = None  # the last good sample before failed reads (Unix s)
+        self._gap_from: float | None = None  # the last good sample before failed reads or a clock step (Unix s)
+        self._resume_after = 0.0  # Unix s: after a clock step back, samples resume past this (the last measured)
+        self._mono: float | None = None  # the monotonic clock (s) read with the last sample, when its meter gives one
         self._holes: list[tuple[float, float]] = []  # spans with no reading (failed reads): no figure across them
         #: requests dropped (cap, stale), newest last, bounded: their tokens stay in the curve, so a later event of one
         #: would re-add it with its tokens counted twice (or all at once): ignored, the request gets no figure
@@ -98,12 +100,15 @@ class AttributionState:
             self._open[rid] = r
         return r
 
-    def _forget(self, rid: str, reason: str | None = None) -> None:
+    def _forget(self, rid: str, reason: str | None = None, remember: bool = True) -> None:
+        """Stop tracking ``rid``; with a ``reason`` (cap, stale) it is counted as dropped and, when ``remember`` (its
+        tokens are in the curve), its later events are ignored (:meth:`evicted`)."""
         r = self._reqs.pop(rid)
         self._open.pop(rid, None)
         self._n_segments -= len(r.segments)
         if reason is not None:
             self.dropped_requests[reason] += 1
+        if reason is not None and remember:
             self._evicted[rid] = None
             while len(self._evicted) > max(self.max_requests or 0, MIN_EVICTED):
                 self._evicted.popitem(last=False)
@@ -129,7 +134,9 @@ class AttributionState:
             rid, r = next(iter(self._open.items()))
             if r.known_until >= horizon:
                 break
-            self._forget(rid, "stale")
+            # one known only from request_started (the proxy's own meter learns its tokens at the end) has no tokens
+            # in the curve: dropped to stop holding back settlement, but not ignored: its row still gets a figure
+            self._forget(rid, "stale", remember=bool(r.segments))
 
     def _add_segment(self, r: _Request, a: float, b: float, w: float) -> None:
         if w <= 0:
@@ -142,6 +149,8 @@ class AttributionState:
             iv.curve_w += _overlap_w(seg, iv.t0, iv.t1)
         if self._last is None or seg[1] > self._last[0]:
             self._pending.append(seg)
+            if self.max_segments is not None and len(self._pending) > self.max_segments:
+                del self._pending[: len(self._pending) - self.max_segments]  # a meter failing for long: bounded
 
     def _span(self, a: float, b: float) -> range:
         """Indices of the closed intervals ``(t0, t1]`` a segment ``[a, b]`` touches (contiguous)."""
@@ -178,9 +187,12 @@ class AttributionState:
             return
         # trailing power over >= floor_window_s ending at the newest interval
         e = 0.0
-        t_end = self._ivs[-1].t1
+        t_end = t_next = self._ivs[-1].t1
         for iv in reversed(self._ivs):
+            if iv.t1 < t_next - _EPS:  # a hole (failed reads, a clock step): no contiguous window ends here
+                break
             e += iv.energy_j
+            t_next = iv.t0
             if t_end - iv.t0 >= self.floor_window_s - _EPS:
                 p = e / (t_end - iv.t0)
                 self._trail.append(p)

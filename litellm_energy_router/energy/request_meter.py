@@ -41,6 +41,8 @@ class AttributedMeter:
         attributor: the attribution core (weights, idle line, history).
         sample_hz: sampling rate, Hz; ``0`` = no thread (call :meth:`sample` yourself).
         clock: Unix-seconds clock matching the request timestamps (``time.time``).
+        monotonic: a monotonic clock (s) read with each sample, to tell a wall-clock step (NTP) from elapsed time
+            (:meth:`.Attributor.add_sample`); default ``time.monotonic`` with the real ``time.time``, else none.
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class AttributedMeter:
         *,
         sample_hz: float = 10.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.meter = meter
         self.attributor = attributor
@@ -57,9 +60,10 @@ class AttributedMeter:
         self.method = meter.method
         self.gpu = getattr(meter, "gpu", None) or getattr(meter, "gpu_name", None)
         self._clock = clock
+        self._mono = monotonic if monotonic is not None else (time.monotonic if clock is time.time else None)
         self._stop = threading.Event()
         self._warn = RateLimitedWarning(log, 60.0)
-        self.sample()
+        self._sample_or_gap()
         self._thread = None
         if sample_hz > 0:
             self._thread = threading.Thread(
@@ -70,21 +74,26 @@ class AttributedMeter:
     def sample(self) -> None:
         """Read the meter once and close an interval."""
         r = self.meter.read()
-        self.attributor.add_sample(self._clock(), r.total_j)
+        self.attributor.add_sample(self._clock(), r.total_j, mono=self._mono() if self._mono is not None else None)
 
     def _run(self, period: float) -> None:
         while not self._stop.wait(period):
-            try:
-                self.sample()
-            except Exception as e:  # noqa: BLE001 - keep sampling through transient driver errors
-                self.attributor.read_failed()  # no figure across the gap
-                self._warn("read", "energy meter %s: read failed (no figure across it): %s", self.name, e)
+            self._sample_or_gap()
+
+    def _sample_or_gap(self) -> None:
+        """:meth:`sample`; a read that fails (the first one too) is a gap: no figure across it, sampling goes on."""
+        try:
+            self.sample()
+        except Exception as e:  # noqa: BLE001 - keep sampling through transient driver errors
+            self.attributor.read_failed()
+            self._warn("read", "energy meter %s: read failed (no figure across it): %s", self.name, e)
 
     def request_started(self, request_id: str, t_s: float) -> None:
         self.attributor.request_started(request_id, t_s)
 
     def energy_for_request(self, usage: RequestUsage, *, final: bool = False) -> RequestEnergy | None:
         if not self.attributor.covers(usage.end_s):
+            self.attributor.discard(usage.request_id)  # never measured: it must not hold back the requests beside it
             return RequestEnergy.unavailable()  # before this meter started (or clocks disagree)
         self.attributor.add_request(
             usage.request_id,

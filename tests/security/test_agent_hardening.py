@@ -171,6 +171,17 @@ def test_bad_timing_queries_get_400_naming_the_field(agent_url, field, value):
     assert httpx.get(f"{agent_url}/v1/energy/evil", headers=AUTH).status_code == 404
 
 
+@pytest.mark.parametrize("field", ["start", "completion_tokens"])
+def test_a_repeated_query_parameter_gets_400(agent_url, field):
+    """Each parameter at most once (docs/security.md): aiohttp's MultiDict lists a repeated key once in ``keys()``,
+    so ``?start=5&start=1`` was accepted, the first value winning."""
+    now = time.time()
+    q = [("start", repr(now - 1.0)), ("end", repr(now - 0.5)), ("prompt_tokens", "10"), ("completion_tokens", "5")]
+    q.append((field, dict(q)[field]))
+    r = httpx.get(f"{agent_url}/v1/energy/twice", params=q, headers=AUTH)
+    assert r.status_code == 400 and f"{field}' given more than once" in one_line_error(r)
+
+
 @pytest.mark.parametrize("rid", ["x" * 300, "a b", "caf\u00e9"])
 def test_bad_request_ids_in_the_path_get_400(agent_url, rid):
     now = time.time()
@@ -349,3 +360,43 @@ def test_the_agent_meter_takes_no_figure_from_a_bad_200(answer):
         got = m.energy_for_request(usage, final=True)
         m.close()
     assert got is not None and got.energy_j is None
+
+
+def test_a_hung_agent_costs_the_writer_one_timeout_not_one_per_row():
+    """An agent that accepts connections and never answers: each waiting row cost the table writer the full
+    ``agent_timeout_s`` on every pass (20 s for 10 rows); after one timeout the meter backs off, the rows wait, and
+    final answers take no figure (the estimate's, with ``fallback_to_estimate``)."""
+    import socket
+    import threading
+
+    from litellm_energy_router.agent.client import AgentMeters
+    from litellm_energy_router.energy.meter import RequestUsage
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    meter = AgentMeters(f"http://127.0.0.1:{srv.getsockname()[1]}", {}, timeout_s=0.5)
+    try:
+        now = time.time()
+        usages = [RequestUsage(f"c{i}", "small", now - 2, now - 1, None, 10, 10) for i in range(10)]
+        t0 = time.monotonic()
+        answers = [meter.energy_for_request(u) for u in usages]
+        took = time.monotonic() - t0
+        assert answers == [None] * 10 and took < 2.5, took  # one timeout (0.5 s), not ten (5 s)
+        final = meter.energy_for_request(usages[0], final=True)
+        assert final is not None and final.energy_j is None
+    finally:
+        meter.close()
+        srv.close()
+        for c in held:
+            c.close()
