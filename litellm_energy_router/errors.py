@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from litellm_energy_router.redact import redact
 
-_SECRET_FIELD = re.compile(r"token|password|secret|api_key", re.I)  # a value never shown in an error
+#: a field whose value is never shown in an error (``energy.agent_token``, ``privacy.salt``; not ``max_tokens``)
+_SECRET_FIELD = re.compile(r"(?:^|[._])(?:token|password|secret|api_key|salt)$", re.I)
 
 
 def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str = "<root>") -> str:

@@ -7,7 +7,11 @@ import re
 
 MASK = "***"
 _RULES = [  # (pattern, replacement): what precedes the secret is kept
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):[^@\s'\"/]*@"), rf"\1:{MASK}@"),  # scheme://user:pw@
+    # scheme://user:pw@host: the password up to the @ that a host follows (it may hold "/", "@" or a space)
+    (
+        re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):[^'\"\n]*?@(?=[^@'\"\s]*(?:[/:?]|\s|$|['\"]))"),
+        rf"\1:{MASK}@",
+    ),
     (re.compile(r"(?i)(\b(?:password|passwd|pwd|token|api_key|apikey|secret)\s*=\s*)[^\s&;,'\"]+"), rf"\1{MASK}"),
     (re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]+"), rf"\1{MASK}"),
 ]

@@ -246,3 +246,83 @@ def test_overflow_stays_bounded_and_counts_every_row_while_the_spool_cannot_be_w
     assert len(ov._held) + len(ov._rows) <= 50
     assert len(ov._held) + len(ov._rows) + sum(lost) == sent
     ov.close(time.monotonic())
+
+
+def _writer(tmp_path, meter=None, **kw):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
+    return url, TableWriter(url, meter or EstimateMeter(), writer=cfg, privacy=PrivacySettings(), **kw)
+
+
+def _rejected(tmp_path) -> list[str]:
+    """The call ids in ``rejected.jsonl`` (a row the writer refused, or a record the table refused)."""
+    p = tmp_path / "spool" / "rejected.jsonl"
+    rows = [json.loads(line)["row"] for line in p.read_text().splitlines()] if p.exists() else []
+    return [r.get("call_id") or r["r"]["call_id"] for r in rows]
+
+
+def test_one_row_the_table_cannot_take_never_stalls_the_rest(tmp_path):
+    """A backend's prompt_tokens over 2**63 made SQLite raise OverflowError, which the sink took for an outage: the
+    batch went to the spool and its replay failed for ever, every later row queued behind it (0 of 50 written). Now
+    the row is refused as a value (tokens over the INTEGER columns') and the rest are written."""
+    url, w = _writer(tmp_path)
+    w.submit(served_row(0, prompt_tokens=10**20))
+    for i in range(1, 51):
+        w.submit(served_row(i))
+    assert w.flush(10)
+    w.close(timeout=5)
+    store = open_store(url)
+    assert store.count_runs() == 50
+    store.close()
+    assert _rejected(tmp_path) == ["call-0"] and w.spool.backlog_records() == 0
+
+
+def test_a_row_the_meter_or_the_accounting_breaks_is_rejected_alone(tmp_path):
+    """A meter's negative joules (the Prometheus counter raises) or a non-finite end time (the ledger's day) raised
+    out of the writer's pass: every row settled in it vanished, uncounted, and flush() never returned True."""
+    from litellm_energy_router.energy.meter import RequestEnergy
+
+    class OddMeter(EstimateMeter):
+        def energy_for_request(self, usage, *, final=False):
+            if usage.request_id == "call-0":
+                return RequestEnergy(energy_j=-3.0, method="nvml_counter")
+            return super().energy_for_request(usage, final=final)
+
+    url, w = _writer(tmp_path, OddMeter(), start=False)
+    for i in range(21):
+        w.submit(served_row(i))
+    w.submit(served_row(21, end_s=float("nan")))
+    w._thread.start()
+    assert w.flush(10)
+    assert (w.submitted, w.accounted, w.lost) == (22, 22, 0)
+    w.close(timeout=5)
+    store = open_store(url)
+    assert store.count_runs() == 20
+    store.close()
+    assert sorted(_rejected(tmp_path)) == ["call-0", "call-21"]
+
+
+def test_a_damaged_spooled_ledger_part_is_rejected_not_replayed_for_ever(tmp_path):
+    from litellm_energy_router.energy import RequestUsage
+
+    url, tw = _writer(tmp_path, start=False)
+    est = EstimateMeter()
+    recs = [
+        tw.builder.record(
+            served_row(i),
+            est.energy_for_request(
+                RequestUsage(f"call-{i}", "mistralai/mistral-7b-chat", 1000.0 + i, 1001.0 + i, None, 10, 5)
+            ),
+        )
+        for i in range(21)
+    ]
+    recs[0]["l"] = {"day": "1970-01-01"}  # a damaged (or another release's) ledger part
+    tw.spool.close()
+    (tmp_path / "spool" / "spool-deadhost-1-1-000001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    _, w = _writer(tmp_path)
+    assert w.wait_replayed(10)
+    w.close(timeout=5)
+    store = open_store(url)
+    assert store.count_runs() == 20
+    store.close()
+    assert w.spool.backlog_records() == 0 and _rejected(tmp_path) == ["call-0"]

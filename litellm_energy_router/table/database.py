@@ -8,6 +8,7 @@ busy timeout in ms, ``BEGIN IMMEDIATE`` for writers), the upgrade of a table mad
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
@@ -48,6 +49,7 @@ def _add_missing_columns(conn: Any) -> None:
 
 
 def _sqlite_engine(url: str) -> Engine:
+    _create_private(make_url(url).database)
     engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
@@ -67,6 +69,18 @@ def _sqlite_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("er_write") else "BEGIN")
 
     return engine
+
+
+def _create_private(path: str | None) -> None:
+    """Create a new SQLite file 0600 (SQLite gives its ``-wal`` and ``-shm`` files the same mode): it holds key hashes,
+    aliases, the ledger and, with ``privacy.store_text``, the prompts; sqlite3 alone creates it 0644. An existing file
+    keeps the mode its owner gave it."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    except OSError:  # there already; or a missing directory, no permission: sqlite3 says so when it connects
+        pass
 
 
 def check_table_url(url: str) -> URL:

@@ -24,6 +24,9 @@ Source = Literal["tournament", "production", "shadow", "import"]
 SOURCES: tuple[str, ...] = Source.__args__  # type: ignore[attr-defined]
 
 
+MAX_TOKENS = 2**31 - 1  # a token count the table's INTEGER columns hold on every backend (PostgreSQL: int4)
+
+
 class BadRowError(UserError, ValueError):
     """A row failed validation. The message is one line naming the row and the field."""
 
@@ -63,8 +66,8 @@ class Run(_Row):
     score: float | None = Field(None, ge=0, le=1, description="correctness in [0, 1]")
     latency_s: float | None = Field(None, ge=0, description="end-to-end latency, seconds")
     ttft_s: float | None = Field(None, ge=0, description="time to first token, seconds")
-    prompt_tokens: int | None = Field(None, ge=0)
-    completion_tokens: int | None = Field(None, ge=0)
+    prompt_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    completion_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
     energy_j: float | None = Field(None, ge=0, description="GPU energy, joules")
     avg_power_w: float | None = Field(None, ge=0, description="average GPU power over the request, watts")
     energy_method: EnergyMethod | None = None

@@ -106,6 +106,16 @@ def test_spool_files_are_private(tmp_path, umask022):
     assert not wide, f"files readable beyond their owner: {wide}"
 
 
+def test_a_new_sqlite_table_is_private(tmp_path, umask022):
+    """The table holds key hashes, aliases, the ledger (and the prompts with ``store_text``): sqlite3 created it 0644."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    store = open_store(url)
+    store.write(queries=[], runs=[], candidates=[{"name": "c"}])
+    store.close()
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in tmp_path.iterdir() if p.name.startswith("t.db")}
+    assert modes and set(modes.values()) == {"0o600"}, modes
+
+
 def test_salt_generated_once_and_reused_across_restarts(tmp_path, umask022):
     """No salt configured: a random one is generated on first start, stored 0600, reused after a
     restart (same text -> same hash); a configured salt file is used as given."""
@@ -172,7 +182,14 @@ def test_database_password_never_logged(pg_url, tmp_path, caplog):
 def test_bad_table_url_errors_hide_the_password():
     """The one-line errors for a wrong table URL name it without its password."""
     pw = "S3cret-pa55word"
-    for bad in (f"mysql://root:{pw}@db/x", f"postgresql://u:{pw}@db:notaport/x"):
+    # a password with "/", "@" or a space (left unencoded) in an unparsable URL (a typo in the port) was shown
+    for bad in (
+        f"mysql://root:{pw}@db/x",
+        f"postgresql://u:{pw}@db:notaport/x",
+        f"postgresql+psycopg://app:{pw}/x@db:54x2/prod",
+        f"postgresql+psycopg://app:{pw} x@db:54x2/prod",
+        f"postgresql+psycopg://app:{pw}@x@db:54x2/prod",
+    ):
         with pytest.raises(TableError) as e:
             open_store(bad)
         assert pw not in str(e.value) and "db" in str(e.value)

@@ -32,6 +32,9 @@ from litellm_energy_router.table.production import query_id_for, stored_call_id
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 
+MAX_MESSAGE = 300  # characters of a rejected row's message (its values are the caller's or a backend's)
+
+
 class RecordBuilder:
     """Args: ``task`` (the production rows' task), ``privacy`` (``PrivacySettings``), ``salt`` (the text
     hash's salt), ``cmap`` (candidate metadata), ``spool`` (where rejected rows are kept), ``shadow``
@@ -64,8 +67,8 @@ class RecordBuilder:
         call_id = stored_call_id(row.call_id)
         if call_id != row.call_id:
             CALL_IDS_REASSIGNED.labels(reason="too_long").inc()
-        figures, ledger = self.accounting.settle(row, e)  # accounting: run columns + ledger increments
         try:
+            figures, ledger = self.accounting.settle(row, e)  # accounting: run columns + ledger increments
             q = Query(
                 id=query_id_for(call_id),
                 task=self.task,
@@ -96,8 +99,10 @@ class RecordBuilder:
                 key_hash=row.key_hash,
                 **figures,
             )
-        except ValidationError as err:
-            msg = one_line(err, f"row for call {row.call_id!r}")
+        except Exception as err:  # noqa: BLE001 - a bad value (or a meter's, a carbon provider's) costs this row only
+            where = f"row for call {row.call_id[:100]!r}"
+            msg = one_line(err, where) if isinstance(err, ValidationError) else f"{where}: {type(err).__name__}: {err}"
+            msg = msg.splitlines()[0][:MAX_MESSAGE] if msg else where
             log.warning("energy-router: %s (kept in %s)", msg, self.spool.rejected_path)
             self.spool.reject([self.private_json(row, h)], msg)
             REJECTED_ROWS.inc()

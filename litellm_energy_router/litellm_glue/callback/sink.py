@@ -32,6 +32,8 @@ from litellm_energy_router.table import TableError
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 
 _TRANSIENT = (TableError, DBAPIError, OSError, TimeoutError)
+#: what a row's own values raise in a write (the driver's encoding, the ledger's merge): isolated, not retried
+_BAD_ROW = (ValueError, TypeError, ArithmeticError, LookupError, IntegrityError, DataError)
 
 
 class Tally:
@@ -182,8 +184,11 @@ class TableSink:
                 keep_first=True,
                 ledger=[r.get("l") for r in records],
             )
-        except (ValueError, IntegrityError, DataError) as e:  # a row the table cannot take (BadRowError, a value the
-            # driver cannot encode: a ValueError), not the table's state: isolated; anything else is spooled and retried
+        except _BAD_ROW as e:  # a row the table cannot take (BadRowError, a value the driver cannot encode: SQLite's
+            # OverflowError for an int over 2**63, a damaged spooled ledger part's KeyError), not the table's state:
+            # isolated by bisection and kept in rejected.jsonl; anything else (down, locked, a timeout, the unforeseen)
+            # is spooled and retried. An OverflowError or a KeyError used to be retried for ever, every row after it
+            # queued behind it in the spool.
             self._known = None
             if len(records) == 1:
                 msg = str(e).splitlines()[0][:300]

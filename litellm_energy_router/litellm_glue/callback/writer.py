@@ -223,17 +223,20 @@ class TableWriter:
             return
         settled, self._pending = self.settler.settle(self._pending, final=final)
         for row, e in settled:
-            if row.status == "success":  # the serving router's online energy state (router/adapt.py)
-                ADAPT.observe(
-                    row.candidate,
-                    row.prompt_tokens,
-                    row.completion_tokens,
-                    e.energy_j,
-                    row.context,
-                    row.checkpoint_j,
-                    row.router_version,
-                )
-            rec = self.builder.record(row, e)
+            try:
+                if row.status == "success":  # the serving router's online energy state (router/adapt.py)
+                    ADAPT.observe(
+                        row.candidate,
+                        row.prompt_tokens,
+                        row.completion_tokens,
+                        e.energy_j,
+                        row.context,
+                        row.checkpoint_j,
+                        row.router_version,
+                    )
+            except Exception as err:  # noqa: BLE001 - routing quality only: the row is written all the same
+                self._errors("adapt", "energy-router: online energy state not updated: %s", err)
+            rec = self.builder.record(row, e)  # a row it cannot build is rejected alone (kept in rejected.jsonl)
             if rec is not None:
                 self._ready.append(rec)
             else:
