@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from litellm_energy_router.metrics import RateLimitedWarning
 
@@ -82,7 +82,9 @@ class Budget(BaseModel):
     @field_validator("pace")
     @classmethod
     def _pace(cls, v: list[float] | None) -> list[float] | None:
-        if v is not None and (len(v) != 24 or not all(math.isfinite(x) and x >= 0 for x in v) or sum(v) <= 0):
+        if v is not None and (
+            len(v) != 24 or not all(math.isfinite(x) and x >= 0 for x in v) or not 0 < sum(v) < math.inf
+        ):  # 24 weights of 1e308 each are finite, their sum is not (the pace was NaN: the budget never bound)
             raise ValueError("must be 24 finite weights >= 0, one per UTC hour, not all 0")
         return v
 
@@ -114,6 +116,15 @@ class BudgetSettings(BaseModel):
         "since start) refuses like an exhausted one, fail closed; None: 3 x refresh_s, at least 30",
     )
 
+    @model_validator(mode="after")
+    def _stale_after_refresh(self) -> "BudgetSettings":
+        if self.max_stale_s is not None and self.max_stale_s <= self.refresh_s:
+            raise ValueError(
+                f"budgets.max_stale_s = {self.max_stale_s:g} must be more than budgets.refresh_s = {self.refresh_s:g} "
+                "(a hard budget would refuse between two healthy reads)"
+            )
+        return self
+
     @property
     def stale_s(self) -> float:
         """Seconds without a ledger read after which a hard budget's spend counts as unknown."""
@@ -128,7 +139,7 @@ def check_budget_sources(budgets: BudgetSettings, ledger: bool, carbon: Any) -> 
     if named and not ledger:
         raise ValueError(f"{next(iter(named))}: budgets read their spend from the ledger; set accounting.ledger: true")
     grams = [n for n, b in named.items() if b.unit == "gco2e"]
-    if grams and carbon.default_site is None and carbon.provider is None:
+    if grams and carbon.default_site is None:  # a provider prices a region, it gives no deployment a site
         raise ValueError(
             f"{grams[0]}: unit gco2e needs every deployment priced in grams: set carbon.default_site "
             "(a deployment without model_info.energy_router_site has no carbon intensity)"
@@ -159,7 +170,7 @@ class BudgetExceeded(Exception):
 
 def period_start(t_s: float, period: str) -> datetime:
     """Start (UTC) of the day or month holding Unix time ``t_s``."""
-    d = datetime.fromtimestamp(t_s, tz=timezone.utc)
+    d = datetime.fromtimestamp(math.floor(t_s), tz=timezone.utc)  # floored as the ledger's day: never rounded up
     return d.replace(hour=0, minute=0, second=0, microsecond=0, **({"day": 1} if period == "month" else {}))
 
 
@@ -202,6 +213,7 @@ class BudgetState:
     last_pace: float = 0.0
     reads: int = 0
     read_ok: float = -math.inf  # time.monotonic() of the last ledger read that succeeded
+    table_period: str = ""  # the period ``table`` was read in
     typical: float = 0.0  # a routed request's charge, smoothed (:data:`TYPICAL_WEIGHT`): what an undecided one counts
     held: float = 0.0  # requests admitted and not yet decided, at ``typical`` each (:meth:`BudgetBook.hold`)
 
@@ -213,9 +225,13 @@ class BudgetState:
     def spent(self) -> float:
         return self.table + self.local + self.held
 
+    def period_of(self, now_s: float) -> str:
+        """The period holding ``now_s`` (Unix s), ``YYYY-MM-DD`` of its first day."""
+        return period_start(now_s, self.cfg.period).strftime("%Y-%m-%d")
+
     def step(self, now_s: float) -> None:
         """One multiplier update at ``now_s`` (the module docstring's rule)."""
-        start = period_start(now_s, self.cfg.period).strftime("%Y-%m-%d")
+        start = self.period_of(now_s)
         if start != self.period:  # a new period: spend and pace start from 0, μ carries over
             self.period, self.last_spent, self.last_pace, self.z = start, 0.0, 0.0, self.mu
         spent, pace = self.spent, self.cfg.limit * elapsed_share(now_s, self.cfg.period, self.cfg.pace)
@@ -279,7 +295,7 @@ class BudgetBook:
         """``knob`` with λ raised by the budgets' multipliers (the cheapest-candidate λ over a hard cap with
         ``hard_action: cheapest``); raises :class:`BudgetExceeded` over a hard cap with ``refuse``. A hard budget
         whose spend is unknown (no ledger read for ``max_stale_s``, or none yet) counts as over its cap: fail closed."""
-        mu, cheapest, stale = 0.0, False, self.cfg.stale_s
+        mu, cheapest, stale, over = 0.0, False, self.cfg.stale_s, []
         for st in states:
             if st.cfg.mode == "hard":
                 unknown = time.monotonic() - st.read_ok > stale
@@ -287,9 +303,11 @@ class BudgetBook:
                     if st.cfg.hard_action == "refuse":
                         raise BudgetExceeded(st.where, st.spent, st.cfg, stale if unknown else None)
                     cheapest = True
+                    over.append(st)
             mu += st.mu
-        if cheapest:
-            return knob.model_copy(update={"lambda_": CHEAPEST_LAMBDA, "target_accuracy": None})
+        if cheapest:  # cheapest in the exhausted budgets' unit, not the objective the caller chose
+            objective = "carbon" if all(st.cfg.unit == "gco2e" for st in over) else "joules"
+            return knob.model_copy(update={"lambda_": CHEAPEST_LAMBDA, "target_accuracy": None, "objective": objective})
         return knob.model_copy(update={"lambda_": knob.lambda_ + mu}) if mu > 0 else knob
 
     def charge(self, states: list[BudgetState], figures: Mapping[str, Any] | None) -> None:
@@ -360,7 +378,9 @@ class BudgetBook:
                     st.local = max(st.local, 0.0) if st.charges else 0.0
                     st.reads += 1
                     st.read_ok = time.monotonic()
-                st.step(now)
+                    st.table_period = st.period_of(now)
+                if st.table_period == st.period_of(now):  # a failed read across the period's end: μ kept, not
+                    st.step(now)  # stepped against last period's full spend from 0 (it jumped to ≈ η at midnight)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

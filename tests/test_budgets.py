@@ -91,6 +91,8 @@ def plant(
         ("{limit: 10, eta: -1}", "budgets.teams.research.eta' = -1"),
         ("{limit: 10, hard: true}", "unknown config key 'budgets.teams.research.hard'"),
         ("{limit: 10, unit: gco2e}", "budgets.teams.research: unit gco2e needs every deployment priced in grams"),
+        # 24 finite weights whose sum is not: the pace was NaN and the budget never bound
+        ("{limit: 10, pace: [" + ", ".join(["1e308"] * 24) + "]}", "budgets.teams.research.pace' = list"),
     ],
 )
 def test_bad_budget_is_one_line_naming_the_field(tmp_path, yaml_budget, field):
@@ -113,6 +115,66 @@ def test_a_budget_that_could_never_see_its_spend_is_refused(tmp_path):
         "  budgets:\n    keys:\n      svc-a: {limit: 10, unit: gco2e}\n"
     )
     assert load_settings(cfg, environ={}).budgets.keys["svc-a"].unit == "gco2e"
+
+
+def test_settings_a_budget_could_never_bind_under_are_refused(tmp_path):
+    """A carbon provider prices regions, it gives no deployment a site: a gCO2e budget without carbon.default_site
+    counted 0 g for every deployment without one (accepted before). max_stale_s at or under refresh_s made a hard
+    budget refuse between two healthy reads."""
+    from litellm_energy_router.budgets import check_budget_sources
+
+    budgets = BudgetSettings(keys={"svc": {"limit": 1.0, "unit": "gco2e", "mode": "hard"}})
+    with pytest.raises(ValueError, match="budgets.keys.svc: unit gco2e needs every deployment priced in grams"):
+        check_budget_sources(budgets, True, SimpleNamespace(default_site=None, provider="a-registered-provider"))
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("energy_router:\n  budgets: {refresh_s: 60, max_stale_s: 20, keys: {svc: {limit: 1}}}\n")
+    with pytest.raises(ConfigError, match="budgets.max_stale_s = 20 must be more than budgets.refresh_s = 60"):
+        load_settings(cfg, environ={})
+
+
+def test_over_a_hard_cap_cheapest_is_cheapest_in_the_budget_s_unit(sqlite_url):
+    """Over a hard joules budget with ``hard_action: cheapest`` the caller's ``objective: carbon`` (which the default
+    policy allows) kept "cheapest" in gCO2e: a candidate in a clean site at 9x the joules was served."""
+    cfg = BudgetSettings(
+        keys={
+            "j": {"limit": 40.0, "mode": "hard", "hard_action": "cheapest"},
+            "g": {"limit": 1.0, "unit": "gco2e", "mode": "hard", "hard_action": "cheapest"},
+        }
+    )
+    book = BudgetBook(cfg, sqlite_url, clock=lambda: DAY0 + 3600)
+    book.tick()
+    j, g = book.keys["j"], book.keys["g"]
+    j.table, g.table = 50.0, 2.0  # both exhausted
+    carbon = Knob.point(lambda_=0.1).model_copy(update={"objective": "carbon"})
+    assert book.apply(carbon, [j]).objective == "joules" and book.apply(carbon, [j]).lambda_ == CHEAPEST_LAMBDA
+    assert book.apply(Knob.point(lambda_=0.1), [g]).objective == "carbon"
+    assert book.apply(carbon, [j, g]).objective == "joules"  # a joules cap over: no more joules than the cheapest
+    book.close()
+
+
+def test_a_failed_read_across_midnight_keeps_the_multiplier(sqlite_url):
+    """The table down at 00:00:05: the step started the new day from 0 against yesterday's full sum, so μ jumped to
+    about η (every request of the key to the cheapest model until the table came back); now μ is kept."""
+    now = [DAY0 + 86400 - 600]
+    book = BudgetBook(BudgetSettings(keys={"k": {"limit": 1000.0}}), sqlite_url, clock=lambda: now[0])
+    st = book.keys["k"]
+    up = [True]
+
+    def read(t):  # the ledger's sum of the day: 990 of 1000 J by 23:50, on pace
+        if not up[0]:
+            raise OSError("connection refused")
+        return {id(st): 990.0}
+
+    book._read = read
+    for _ in range(3):
+        book.tick()
+        now[0] += 5
+    mu = st.mu
+    up[0] = False
+    now[0] = DAY0 + 86400 + 5
+    book.tick()
+    assert st.mu == mu and st.mu < 1.0
+    book.close()
 
 
 def test_cli_refuses_a_zero_budget_in_one_line(tmp_path, capsys, monkeypatch):

@@ -88,6 +88,43 @@ def test_provider_error_falls_back_to_last_known(tmp_path):
     assert fallbacks("provider_error") == before + 1
 
 
+def test_a_provider_s_non_number_is_its_error_not_the_request_s(tmp_path):
+    """A provider answering the string "412" raised TypeError out of grams(): the writer's whole pass of rows was
+    dropped (and a carbon-objective request failed open)."""
+
+    class Stringy:
+        def intensity(self, region, t_s):
+            return "412" if t_s < t_at(2) else object()
+
+    cfg = CarbonSettings.model_construct(
+        sites={"x": SiteSettings(region="R")}, default_site=None, intensity_csv=None, provider=None, provider_options={}
+    )
+    m = CarbonModel(cfg, provider=Stringy())
+    assert m.intensity("x", t_at(1)) == 412.0  # a number in a string: read as one
+    before = fallbacks("provider_error")
+    assert m.grams(3.6e6, "x", t_at(3)) == pytest.approx(412.0)  # not a number: the last known value, counted
+    assert fallbacks("provider_error") == before + 1
+
+
+def test_no_value_for_now_on_a_fresh_process_is_priced_conservatively(tmp_path):
+    """A timed series without the current hour, on a process that never saw a value: grams() was None, so a gCO2e
+    budget was charged 0 g for ever (100 x 1 kWh under a 1 g hard cap all admitted). Now the region's largest value in
+    the file, else the reference intensity."""
+    csv = write(tmp_path, "region,hour,g_co2e_per_kwh\nDE,2026-12-05T10:00:00Z,400\nDE,2026-12-05T11:00Z,380\n")
+    m = CarbonModel(CarbonSettings(intensity_csv=csv, sites={"fra": {"pue": 1.1, "region": "DE"}}))
+    assert m.intensity("fra", t_at(20)) == 400
+    cfg = CarbonSettings.model_construct(
+        sites={"x": SiteSettings(region="R")},
+        default_site=None,
+        intensity_csv=None,
+        provider=None,
+        provider_options={},
+        reference_g_per_kwh=450.0,
+    )
+    m = CarbonModel(cfg, provider=type("Silent", (), {"intensity": lambda self, r, t: None})())
+    assert m.grams(3.6e6, "x", t_at(1)) == pytest.approx(450.0)
+
+
 @pytest.mark.parametrize(
     "body, needle",
     [
@@ -96,6 +133,7 @@ def test_provider_error_falls_back_to_last_known(tmp_path):
         ("DE,3,\n", "line 2: field 'g_co2e_per_kwh' is missing"),
         ("DE,1,10\nDE,24,10\n", "line 3: field 'hour' = '24': an hour of the day must be 0-23"),
         ("DE,noon,10\n", "line 2: field 'hour' = 'noon'"),
+        ("DE,\u00b2,10\n", "line 2: field 'hour' = '\u00b2'"),  # a digit to isdigit(), not to int(): a ValueError
         (",3,10\n", "line 2: field 'region' is missing"),
         ("DE,2025-06-01T10:00:00Z,300\nDE,2025-06-01T10:30:00Z,280\n", "line 3: region 'DE' has hour"),  # half-hourly
         ("DE,3,10\nDE,3,12\n", "line 3: region 'DE' has hour '3' twice"),

@@ -127,6 +127,11 @@ class HourlyTable:
     def __contains__(self, region: str) -> bool:
         return region in self.daily or region in self.timed
 
+    def highest(self, region: str) -> float | None:
+        """The largest gCO2e/kWh the file holds for ``region`` (None: the region is not in it)."""
+        vals = self.daily.get(region) or self.timed.get(region)
+        return max(vals.values()) if vals else None
+
     def lookup(self, region: str, t_s: float) -> float | None:
         """gCO2e/kWh of ``region`` at ``t_s``, or ``None`` when the file has no value for that hour."""
         hour = int(t_s // 3600)
@@ -137,7 +142,7 @@ class HourlyTable:
 
 def _parse_hour(raw: str, where: str) -> tuple[str, int]:
     raw = raw.strip()
-    if raw.isdigit():
+    if raw.isascii() and raw.isdigit():  # "²" is a digit to isdigit(), not to int()
         h = int(raw)
         if not 0 <= h <= 23:
             raise CarbonError(f"{where}: field 'hour' = {raw!r}: an hour of the day must be 0-23")
@@ -230,10 +235,11 @@ class CarbonModel:
         if site.region is not None and self.provider is not None:
             try:
                 v = self.provider.intensity(site.region, t_s)
+                v = None if v is None else float(v)  # a provider's "412" or object: its error, counted, not ours
             except Exception:  # noqa: BLE001 - a provider failure must not fail the request
                 return None, "provider_error"
             if v is not None and math.isfinite(v) and v >= 0:
-                return float(v), ""
+                return v, ""
             return None, "stale"
         if site.region is not None and self.table is not None and site.region in self.table:
             v = self.table.lookup(site.region, t_s)
@@ -242,7 +248,9 @@ class CarbonModel:
 
     def intensity(self, site: str | None, t_s: float) -> float | None:
         """gCO2e/kWh of ``site`` at Unix time ``t_s``: fresh, else the site's last known value (counted),
-        else its static value, else ``None``."""
+        else its static value, else a conservative one: the largest its region has in ``carbon.intensity_csv``, else
+        ``carbon.reference_g_per_kwh`` (a fresh process whose file or provider has no value for now: its gCO2e
+        budgets still bind; they counted 0 g). ``None`` for no site."""
         s = self.cfg.sites.get(site) if site is not None else None
         if s is None:
             return None
@@ -253,7 +261,12 @@ class CarbonModel:
                 return v
             self._fallbacks.labels(reason=why).inc()
             last = self._last.get(site)  # type: ignore[arg-type]
-        return last if last is not None else s.intensity_g_per_kwh
+        if last is not None:
+            return last
+        if s.intensity_g_per_kwh is not None:
+            return s.intensity_g_per_kwh
+        high = self.table.highest(s.region) if self.table is not None and s.region is not None else None
+        return high if high is not None else self.cfg.reference_g_per_kwh
 
     def factor(self, site: str | None, t_s: float) -> float | None:
         """PUE x intensity of ``site`` at ``t_s`` over ``reference_g_per_kwh`` (dimensionless: the objective
