@@ -323,7 +323,7 @@ def install_guard(workdir):
             return "/"  # unknown: outside
 
     def hook(event, args):
-        if event in _BLOCKED:
+        if event in _BLOCKED or event.startswith("ctypes."):  # every ctypes event: string_at, cdata, dlopen...
             raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "import" and args and str(args[0]).split(".")[0] in _NATIVE:
             raise PermissionError(f"sandbox: importing {args[0]} is not allowed")

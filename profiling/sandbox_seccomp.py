@@ -7,7 +7,9 @@ with a ``CLONE_NEW*`` flag, the new mount API), device nodes and FIFOs (``mknod`
 cross-process memory access, kernel surfaces that have carried exploits (``bpf``, ``perf_event_open``,
 ``userfaultfd``, ``io_uring``, keyrings), machine administration (modules, reboot, swap, clock), and what
 would outlive the run's kill or reach the runner: leaving the process group (``setsid``, ``setpgid``), cancelling
-the harness's alarm (``alarm``, ``setitimer``), pidfds (``pidfd_open``, ``pidfd_send_signal``).
+the harness's alarm (``alarm``, ``setitimer``), clearing its parent-death signal (``prctl(PR_SET_PDEATHSIG)``),
+pidfds (``pidfd_open``, ``pidfd_send_signal``); and memory the address-space limit does not count (System V shared
+memory, message queues and semaphores, ``memfd_create``).
 ``clone3`` answers ``ENOSYS`` (its flags live in memory a filter cannot read), so the C library falls
 back to ``clone``, which is checked. A call made for another ABI (x32 on x86-64) kills the process.
 
@@ -81,6 +83,13 @@ _DENY = (
     "setpgid",
     "alarm",
     "setitimer",
+    # memory RLIMIT_AS does not count: System V shared memory (a detached segment outlives the run and belongs to no
+    # process the OOM killer would pick), message queues, semaphore sets, memfd pages
+    "shmget",
+    "shmat",
+    "msgget",
+    "semget",
+    "memfd_create",
 )
 _NEW_CALLS = {
     "io_uring_setup": 425,
@@ -149,6 +158,12 @@ _X86_64 = {
     "setpgid": 109,
     "alarm": 37,
     "setitimer": 38,
+    "shmget": 29,
+    "shmat": 30,
+    "msgget": 68,
+    "semget": 64,
+    "memfd_create": 319,
+    "prctl": 157,
     **_NEW_CALLS,
 }
 _AARCH64 = {
@@ -196,6 +211,12 @@ _AARCH64 = {
     "setsid": 157,
     "setpgid": 154,
     "setitimer": 103,
+    "shmget": 194,
+    "shmat": 196,
+    "msgget": 186,
+    "semget": 190,
+    "memfd_create": 279,
+    "prctl": 167,
     **_NEW_CALLS,
 }
 # machine name -> (AUDIT_ARCH_*, syscall table, lowest number of a foreign ABI to kill or None)
@@ -205,6 +226,7 @@ ARCHES["amd64"], ARCHES["arm64"] = ARCHES["x86_64"], ARCHES["aarch64"]
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _EPERM, _ENOSYS = 1, 38
+_PR_SET_PDEATHSIG = 1  # prctl option: clearing the parent-death signal let the program outlive a killed runner
 _CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data: nr, arch, instruction_pointer, args[6]
 
@@ -236,12 +258,16 @@ def build_filter(arch: str | None = None) -> bytes:
     ]
     if foreign is not None:
         prog += [(_JGE_K, 0, 1, foreign), (_RET_K, 0, 0, _RET_KILL_PROCESS)]
-    # one jump per denied number to the shared EPERM return placed right after the list
+    # one jump per denied number to the EPERM return of the prctl check (the 6th instruction after the list)
     for i, nr in enumerate(deny):
-        prog.append((_JEQ_K, len(deny) - i + 4, 0, nr))  # over the rest and the 5 clone checks: EPERM
+        prog.append((_JEQ_K, len(deny) - i + 4, 0, nr))  # over the rest and 5 instructions: EPERM
     prog += [
         (_JEQ_K, 0, 1, table["clone3"]),
         (_RET_K, 0, 0, _RET_ERRNO | _ENOSYS),
+        (_JEQ_K, 0, 3, table["prctl"]),  # prctl(PR_SET_PDEATHSIG, ...): EPERM (the harness set it before)
+        (_LD_W_ABS, 0, 0, _OFF_ARG0),
+        (_JEQ_K, 0, 5, _PR_SET_PDEATHSIG),  # another prctl option: allowed
+        (_RET_K, 0, 0, _RET_ERRNO | _EPERM),
         (_JEQ_K, 0, 3, table["clone"]),
         (_LD_W_ABS, 0, 0, _OFF_ARG0),
         (_JSET_K, 0, 1, _CLONE_NEW),

@@ -278,6 +278,31 @@ def test_isolated_code_cannot_make_namespaces_of_its_own(isolated):
     assert r.passed, r
 
 
+def test_isolated_code_gets_no_memory_beyond_its_limit_and_cannot_outlive_the_runner(isolated):
+    """seccomp: System V shared memory (768 MB held under memory_mb 128, outliving the run), message queues,
+    semaphores and memfd pages are not counted by the address-space limit: refused; and the parent-death signal the
+    harness set cannot be cleared (the program outlived a SIGKILLed runner). Other prctl options still work."""
+    probe = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def err(rc):\n    return (rc, ctypes.get_errno())\n"
+        "shm = err(libc.shmget(0, 64 << 20, 0o1600))\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+        "msg = err(libc.msgget(0, 0o1600))\nsem = err(libc.semget(0, 1, 0o1600))\n"
+        "memfd = err(libc.memfd_create(b'x', 0))\n"
+        "try:\n    os.memfd_create('y')\n    os_memfd = 'allowed'\nexcept OSError as e:\n    os_memfd = e.errno\n"
+        "death = err(libc.prctl(1, 0, 0, 0, 0))\n"  # PR_SET_PDEATHSIG, 0: clear it
+        "deathsig = ctypes.c_int(-1)\nlibc.prctl(2, ctypes.byref(deathsig), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
+        "mode = libc.prctl(21, 0, 0, 0, 0)\n"  # PR_GET_SECCOMP: an allowed option
+    )
+    checks = (
+        "assert shm == (-1, 1) and msg == (-1, 1) and sem == (-1, 1) and memfd == (-1, 1), (shm, msg, sem, memfd)\n"
+        "assert os_memfd == 1, os_memfd\n"
+        "assert death == (-1, 1) and deathsig.value == 9, (death, deathsig.value)\n"
+        "assert mode == 2, mode"
+    )
+    r = _run(isolated, probe, checks)
+    assert r.passed, r
+
+
 def test_isolated_sandbox_still_grades_ordinary_programs(isolated):
     code = (
         "import math, re, collections, heapq, itertools, functools, bisect, string, datetime, decimal, fractions\n"
@@ -302,3 +327,22 @@ def test_seccomp_filter_is_built_for_known_architectures_only():
         assert len(prog) % 8 == 0 and 60 < len(prog) // 8 < 256
     with pytest.raises(ValueError, match="architecture 'riscv64' is not supported"):
         sandbox_seccomp.build_filter("riscv64")
+
+
+def test_the_guard_refuses_ctypes_reached_without_an_import_event():
+    """Pure Python loaded the C extension by file name (no ``import`` event the guard sees) and scanned memory with
+    ``string_at`` to reach raw system calls under the default config; every ``ctypes.*`` audit event is refused."""
+    sandbox = _require_isolation(Sandbox(SandboxConfig(timeout_s=10, isolation="namespaces")))
+    code = (
+        "import importlib.util, sys, glob, os, types\n"
+        "d = os.path.dirname(os.__file__)\n"
+        "spec = importlib.util.spec_from_file_location('_ctypes', glob.glob(d + '/lib-dynload/_ctypes.*.so')[0])\n"
+        "_ct = importlib.util.module_from_spec(spec)\nsys.modules['_ctypes'] = _ct\nspec.loader.exec_module(_ct)\n"
+        "src = open(d + '/ctypes/__init__.py').read()\n"
+        "src = src.replace('pythonapi = PyDLL(None)', 'pythonapi = None').replace('from ctypes._endian import', '#')\n"
+        "ct = types.ModuleType('ctypes')\nct.__path__ = [d + '/ctypes']\nsys.modules['ctypes'] = ct\n"
+        "exec(compile(src, 'copy.py', 'exec'), ct.__dict__)\n"
+        "head = ct.string_at(_ct._memmove_addr & ~0xFFF, 4)\n"
+    )
+    r = _run(sandbox, code)
+    assert not r.passed and "ctypes." in r.reason and "is not allowed" in r.reason, r
