@@ -86,6 +86,35 @@ def test_extract_code():
     assert extract_code("def k(): return 3") == "def k(): return 3"
 
 
+ADD = "def add(a, b):\n    return a + b"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Here you go:\n```python\n" + ADD + "\n```\nThis adds the two numbers.",
+        ADD + "\n\nThis function adds a and b.",  # no fence, prose after the code
+        "I'll put the code in a ``` fenced block:\n```python\n" + ADD + "\n```\nDone.",  # ``` inside the prose
+        "First a helper:\n```python\ndef _plus(a, b):\n    return a + b\n```\nThen:\n```python\n"
+        "def add(a, b):\n    return _plus(a, b)\n```",
+        "```python\nfrom operator import add as _add\n```\n```python\ndef add(a, b):\n    return _add(a, b)\n```",
+        "```python\n>>> add(1, 2)\n3\n```\n```python\n" + ADD + "\n```",  # a doctest session first
+        "1. Define the function:\n\n   ```python\n   def add(a, b):\n       return a + b\n   ```\n",  # in a list item
+        "~~~python\n" + ADD + "\n~~~\n",
+        "````python\n" + ADD + "\n````\n",
+        "First attempt:\n```python\ndef add(a, b):\n    return a - b\n```\nOops. Fixed:\n```python\n" + ADD + "\n```",
+        "```python\r\ndef add(a, b):\r\n    return a + b\r\n```\r\n",
+        "```python\nprint(add(1, 2))\n```\n```python\n" + ADD + "\n\nprint(add(1, 2))\n```",  # a usage block left out
+    ],
+)
+def test_extract_code_finds_the_program_a_correct_answer_holds(answer):
+    """Each of these correct answers was graded 0: fences paired across prose, an indented fence, a helper or an
+    import in its own block, a corrected second try, ~~~ fences, prose after unfenced code."""
+    scope: dict = {}
+    exec(compile(extract_code(answer), "solution.py", "exec"), scope)
+    assert scope["add"](1, 2) == 3
+
+
 def test_judge_rating_parse_and_mapping():
     assert parse_rating("Explanation... Rating: [[7]]") == 7
     assert parse_rating("[[11]] no, final [[3]]") == 3
