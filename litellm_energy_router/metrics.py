@@ -163,7 +163,9 @@ def observe_row(candidate: str, method: str | None, energy_j: float | None, meas
     m = method or "none"
     ROWS.labels(m).inc()
     if energy_j is not None:
-        REQUEST_JOULES.labels(candidate, m).observe(energy_j)
+        # bounded: with a wildcard deployment the served model string (the candidate of a row no candidate maps) is
+        # the caller's to choose
+        REQUEST_JOULES.labels(bounded_label("candidate", candidate), m).observe(energy_j)
     with _rows_lock:
         _rows_seen[0] += 1
         _rows_seen[1] += bool(measured)

@@ -326,3 +326,81 @@ def test_a_damaged_spooled_ledger_part_is_rejected_not_replayed_for_ever(tmp_pat
     assert store.count_runs() == 20
     store.close()
     assert w.spool.backlog_records() == 0 and _rejected(tmp_path) == ["call-0"]
+
+
+def test_close_spools_the_batch_a_hung_table_holds(sqlite_url, tmp_path):
+    """A table that hangs (a locked SQLite, a PostgreSQL that never answers) held the writer thread inside its write
+    past close(): the batch in flight and the rows behind it were lost with the process, uncounted. Now close() spools
+    them (a later duplicate is harmless: the first stored is kept)."""
+    import threading
+
+    release = threading.Event()
+
+    class Hung:
+        def __init__(self, url):
+            self.s = open_store(url)
+
+        def write(self, *a, **k):
+            release.wait(60)
+            return self.s.write(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Hung)
+    for i in range(30):
+        w.submit(served_row(i))
+    deadline = time.monotonic() + 10
+    while not w._inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for i in range(30, 40):
+        w.submit(served_row(i))
+    try:
+        w.close(timeout=0.5)
+        spooled = [
+            json.loads(x) for f in (tmp_path / "spool").glob("spool-*.jsonl") for x in f.read_text().splitlines()
+        ]
+        assert len(spooled) == 40 and w.lost == 0
+    finally:
+        release.set()
+
+
+def test_the_call_id_check_fails_open_fast_when_the_table_hangs(sqlite_url, monkeypatch):
+    """A table that hangs held every request carrying its own call id (each on one of the loop's executor threads)."""
+    from litellm_energy_router.litellm_glue.callback import call_ids
+    from litellm_energy_router.litellm_glue.callback.call_ids import CallIdGuard
+
+    guard = CallIdGuard(sqlite_url)
+    calls = []
+
+    def hung(cid):
+        calls.append(cid)
+        time.sleep(3)
+        return False
+
+    monkeypatch.setattr(guard, "_in_table", hung)
+    monkeypatch.setattr(call_ids, "caller_chosen", lambda data: data["id"])
+
+    async def go():
+        t0 = time.monotonic()
+        await guard.check({"id": "a"})
+        first = time.monotonic() - t0
+        t0 = time.monotonic()
+        await guard.check({"id": "b"})  # within the back-off: not asked
+        return first, time.monotonic() - t0
+
+    first, second = asyncio.run(go())
+    assert first < 1.5 and second < 0.1 and calls == ["a"]
+
+
+def test_an_unusable_spool_dir_is_one_line_naming_the_setting(tmp_path, sqlite_url):
+    from litellm_energy_router.errors import UserError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = WriterSettings(spool_dir=blocker / "spool")
+    with pytest.raises(UserError) as e:
+        TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings())
+    msg = str(e.value)
+    assert msg.startswith(f"writer.spool_dir '{blocker / 'spool'}': cannot be used") and "\n" not in msg, msg

@@ -38,6 +38,16 @@ _QUERY_FIELDS = [c.name for c in schema.queries.columns]
 _CAND_FIELDS = [c.name for c in schema.candidates.columns]
 
 
+PG_CONNECT_TIMEOUT_S = 10
+PG_CONNECT_ARGS = {
+    "connect_timeout": PG_CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+
 class SQLStore(TableReads):
     """:class:`TableStore` over SQLAlchemy Core, for SQLite and PostgreSQL: schema, transactions and writes here,
     the reads in :class:`~.reads.TableReads`."""
@@ -55,7 +65,16 @@ class SQLStore(TableReads):
                 )
             self.engine = _sqlite_engine(url)
         else:
-            self.engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+            # a server that accepts the connection and never answers (overloaded, a proxy in the way) must not hold a
+            # writer, a budget read or a call-id check for ever: connect within PG_CONNECT_TIMEOUT_S, and TCP
+            # keepalives notice a peer that is gone
+            self.engine = create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=4,
+                max_overflow=4,
+                connect_args={k: v for k, v in PG_CONNECT_ARGS.items() if k not in parsed.query},  # the URL's win
+            )
         if not create:
             self._require_table()
         self._ensure_schema()

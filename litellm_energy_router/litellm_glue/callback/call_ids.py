@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Mapping
 
@@ -27,6 +28,10 @@ from litellm_energy_router.table.production import stored_call_id
 
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
 HEADER = "x-litellm-call-id"
+
+
+CHECK_TIMEOUT_S = 0.5  # s a request waits for the table's answer on its call id (fail open after)
+SKIP_AFTER_TIMEOUT_S = 10.0  # s without table checks after one timed out
 
 
 class CallIdTaken(ValueError):
@@ -65,6 +70,8 @@ class CallIdGuard:
         self._lock = threading.Lock()
         self._store: Any = None
         self._warn = RateLimitedWarning(log, 60.0)
+        self._skip_until = 0.0  # monotonic s: table checks skipped until then (it timed out)
+        self._open_lock = threading.Lock()
 
     def _claim(self, cid: str) -> bool:
         with self._lock:
@@ -76,10 +83,11 @@ class CallIdGuard:
             return True
 
     def _in_table(self, cid: str) -> bool:
-        if self._store is None:
-            from litellm_energy_router.table import open_store
+        with self._open_lock:  # concurrent first checks open one store, not one each
+            if self._store is None:
+                from litellm_energy_router.table import open_store
 
-            self._store = open_store(self.table_url, create=False)
+                self._store = open_store(self.table_url, create=False)
         return any(r.source == "production" for r in self._store.runs_for_call(stored_call_id(cid)))
 
     async def check(self, data: Mapping[str, Any]) -> None:
@@ -89,9 +97,14 @@ class CallIdGuard:
             return
         if not self._claim(cid):
             raise CallIdTaken(cid)
+        if time.monotonic() < self._skip_until:  # the table hung lately: checked in this process only
+            return
         try:
-            taken = await asyncio.to_thread(self._in_table, cid)
+            taken = await asyncio.wait_for(asyncio.to_thread(self._in_table, cid), CHECK_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - an unreadable table must not fail the request (keep-first still holds)
+            if isinstance(e, asyncio.TimeoutError):  # a table that hangs held every such request (and a loop thread)
+                self._skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT_S
+                e = TimeoutError(f"no answer in {CHECK_TIMEOUT_S:g} s; not asked for {SKIP_AFTER_TIMEOUT_S:g} s")
             self._warn(
                 "table",
                 "energy-router: call id check skipped (table not readable: %s)",

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from litellm_energy_router.energy.meter import RequestEnergy, RequestEnergyMeter
+from litellm_energy_router.errors import UserError
 from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
 from litellm_energy_router.litellm_glue.callback.overflow import Overflow
 from litellm_energy_router.litellm_glue.callback.pending_row import (
@@ -46,6 +47,10 @@ from litellm_energy_router.router.adapt import ADAPT
 from litellm_energy_router.table import open_store
 
 log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
+
+
+class SpoolDirError(UserError, OSError):
+    """``writer.spool_dir`` cannot be created or written: one line naming it."""
 
 
 class TableWriter:
@@ -79,14 +84,19 @@ class TableWriter:
     ) -> None:
         self.url = url
         self.cfg = writer
-        self.salt = query_salt(privacy, writer.spool_dir) or ""
-        self.spool = Spool(
-            writer.spool_dir,
-            max_bytes=int(writer.spool_max_mb * 2**20),
-            keep_text=privacy.store_text,
-            salt=self.salt,
-            retry_max_s=writer.retry_max_s,
-        )
+        try:
+            self.salt = query_salt(privacy, writer.spool_dir) or ""
+            self.spool = Spool(
+                writer.spool_dir,
+                max_bytes=int(writer.spool_max_mb * 2**20),
+                keep_text=privacy.store_text,
+                salt=self.salt,
+                retry_max_s=writer.retry_max_s,
+            )
+        except OSError as e:  # a typo'd or read-only path: one line naming the setting, not a traceback
+            raise SpoolDirError(
+                f"writer.spool_dir {str(writer.spool_dir)!r}: cannot be used ({e.strerror or e}: {e.filename or ''})"
+            ) from None
         self.settler = EnergySettler(meter, settle_timeout_s, max_waiting=writer.queue_size)
         self.builder = RecordBuilder(
             writer.task, privacy, self.salt, cmap or CandidateMap(), self.spool, shadow, accounting or RowAccounting()
@@ -116,6 +126,7 @@ class TableWriter:
         self._stop = threading.Event()
         self._errors = RateLimitedWarning(log, 60.0, logging.ERROR)  # a traceback once a minute, not ten a second
         self._close_deadline = float("inf")
+        self._inflight: list[dict[str, Any]] = []  # the batch being written to the table now
         self._thread = threading.Thread(target=self._run, name="energy-router-writer", daemon=True)
         if start:
             self._thread.start()
@@ -168,8 +179,18 @@ class TableWriter:
             return
         self._stop.set()
         self._thread.join(timeout + 5)
+        if self._thread.is_alive():  # blocked in a table that hangs (a locked SQLite, a PostgreSQL that never answers)
+            self._abandon()
         self.spool.close()
         self.sink.close()
+
+    def _abandon(self) -> None:
+        """The writer thread is stuck in the table past the close deadline: its batch in flight and every row still
+        in memory go to the spool from here (a duplicate of a row the table takes later is harmless: the first stored
+        is kept, and a replay adds nothing to the ledger), instead of being lost with the process, uncounted."""
+        inflight, self._inflight = self._inflight, []
+        self._ready = inflight + self._ready
+        self._spool_everything()
 
     def _complete_chunk(self, chunk: Chunk) -> None:
         self.builder.complete_chunk(chunk, lambda row: self.settler.energy(row, True) or RequestEnergy.unavailable())
@@ -185,7 +206,11 @@ class TableWriter:
                 due = time.monotonic() - self.sink.last_commit >= self.cfg.flush_interval_s
                 if self._ready and (urgent or due or len(self._ready) >= self.cfg.batch_size):
                     batch, self._ready = self._ready, []
-                    self._hold(self.sink.commit(batch))
+                    self._inflight = batch  # a table that hangs holds it here: close() spools it
+                    try:
+                        self._hold(self.sink.commit(batch))
+                    finally:
+                        self._inflight = []
                 self.sink.maybe_replay(closing)
             except Exception:  # noqa: BLE001 - the writer thread must survive anything
                 self._errors(
