@@ -510,3 +510,19 @@ def test_a_request_that_fails_open_counts_at_the_typical_charge(planted_ckpt, sq
     assert book.keys["svc-a"].local == pytest.approx(20.0) and book.keys["svc-a"].held == 0.0
     book.close()
     core.runtime.close()
+
+
+def test_a_request_s_budgets_are_matched_once(planted_ckpt, sqlite_url):
+    """Its knob, its hold while scored and its charge count against the same budgets: matched once per request (three
+    matches before, which a budget reload between them could split)."""
+    core = _lm_core(planted_ckpt, sqlite_url, 1e6)
+    book, md = core.budgets, {"metadata": {"user_api_key_alias": "svc-a"}}
+    calls = []
+    match = book.match
+    book.match = lambda mds: calls.append(1) or match(mds)
+    deps = pool_deployments(SimpleNamespace(base=lambda c: f"http://127.0.0.1:9/{c}"))
+    dep, decision = asyncio.run(core.choose(deps, [{"role": "user", "content": "hi"}], request_kwargs=md))
+    assert decision is not None and decision.fallback is None and len(calls) == 1
+    assert book.keys["svc-a"].local > 0 and book.keys["svc-a"].held == 0.0
+    book.close()
+    core.runtime.close()

@@ -82,14 +82,20 @@ class EnergyRouterCore:
         self.budgets = budgets or (BudgetBook(b, self.settings.table.url).start() if b.keys or b.teams else None)
 
     # -- request → knob, text ---------------------------------------------------------------------
-    def knob(self, request_kwargs: Mapping[str, Any] | None) -> Knob:
+    def knob(self, request_kwargs: Mapping[str, Any] | None, states: list | None = None) -> Knob:
         """The request's :class:`~.knob.Knob`: request metadata beats the per-key default, which beats
-        the global one; λ raised by its budgets' multipliers. Raises :class:`~.knob.KnobError` for a request
-        value ``knob.policy`` refuses, :class:`~.budgets.BudgetExceeded` over a hard budget that refuses."""
+        the global one; λ raised by its budgets' multipliers (``states``: :meth:`budget_states`, when the caller
+        matched them). Raises :class:`~.knob.KnobError` for a request value ``knob.policy`` refuses,
+        :class:`~.budgets.BudgetExceeded` over a hard budget that refuses."""
         knob = resolve_knob(self.settings.knob, request_kwargs)
         if self.budgets is None:
             return knob
-        return self.budgets.apply(knob, self.budgets.match(metadata_dicts(request_kwargs)))
+        return self.budgets.apply(knob, self.budget_states(request_kwargs) if states is None else states)
+
+    def budget_states(self, request_kwargs: Mapping[str, Any] | None) -> list:
+        """The budgets the request's authenticated key and team match (:meth:`.BudgetBook.match`), matched once per
+        request: its knob, its hold while scored and its charge all count against the same ones."""
+        return self.budgets.match(metadata_dicts(request_kwargs)) if self.budgets is not None else []
 
     def _known(self) -> set[str]:
         model = self.runtime.model
@@ -233,12 +239,13 @@ class EnergyRouterCore:
         messages: Any,
         input: Any,
         request_kwargs: Mapping[str, Any] | None,
+        states: list | None = None,
     ) -> tuple[str, Knob, dict[str, list[Mapping[str, Any]]], Context | None, float] | None:
         """(text, knob, deployments by candidate, context, the whole prompt's characters over the text's, ≥ 1) to
         route on, or ``None`` to pass the request through unrouted (a model group that is not the router's pool,
         or no text). The knob is checked first: an invalid one is refused whichever model group the request is
         for."""
-        knob = self.knob(request_kwargs)
+        knob = self.knob(request_kwargs, states)
         by_cand = self.pool(deployments)
         if not by_cand:
             return None
@@ -252,7 +259,7 @@ class EnergyRouterCore:
 
     def _account(
         self,
-        request_kwargs: Mapping[str, Any] | None,
+        states: list,
         dep: Any,
         decision: Decision | None,
         pool: Collection[str] | None = None,
@@ -263,29 +270,27 @@ class EnergyRouterCore:
             try:
                 decision.figures = self.accounting.estimate(decision, dep, pool=pool)
                 if self.budgets is not None:
-                    self.budgets.charge(self.budgets.match(metadata_dicts(request_kwargs)), decision.figures)
+                    self.budgets.charge(states, decision.figures)
             except Exception as e:  # noqa: BLE001 - accounting must not fail routing
                 self._warn("figures", "energy-router: no energy figures: %s", e)
         return dep, decision
 
     @contextmanager
-    def _held(self, request_kwargs: Mapping[str, Any] | None) -> Iterator[None]:
+    def _held(self, states: list) -> Iterator[None]:
         """While the request is scored, its budgets count it at their typical charge (:meth:`.BudgetBook.hold`)."""
         book = self.budgets
-        held = book.hold(book.match(metadata_dicts(request_kwargs))) if book is not None else []
+        held = book.hold(states) if book is not None else []
         try:
             yield
         finally:
             if held:
                 book.release(held)  # type: ignore[union-attr]
 
-    def _failed(
-        self, deployments: Sequence[Mapping[str, Any]], e: BaseException, request_kwargs: Mapping[str, Any] | None
-    ) -> tuple[Any, Decision]:
+    def _failed(self, deployments: Sequence[Mapping[str, Any]], e: BaseException, states: list) -> tuple[Any, Decision]:
         """Fail open (LiteLLM's own choice); the request's budgets count it at their typical charge."""
         if self.budgets is not None:
             try:
-                self.budgets.charge_unrouted(self.budgets.match(metadata_dicts(request_kwargs)))
+                self.budgets.charge_unrouted(states)
             except Exception as err:  # noqa: BLE001 - accounting must not fail the request
                 self._warn("figures", "energy-router: unrouted request not charged: %s", err)
         if isinstance(e, asyncio.TimeoutError):
@@ -300,13 +305,14 @@ class EnergyRouterCore:
         t0: float,
         request_kwargs: Mapping[str, Any] | None,
         limit_s: float,
+        states: list,
     ) -> tuple[Any, Decision | None]:
         """The decision on a scored ``plan`` (:meth:`_plan`) with its figures; a score that took longer than
         ``limit_s`` (s, from ``t0``) is a timeout (an in-place score cannot be cut short)."""
         if time.perf_counter() - t0 > limit_s:
             raise asyncio.TimeoutError()
         decided = self.decide(scored, deployments, plan[1], t0, plan[2], request_kwargs, plan[3], plan[4])
-        return self._account(request_kwargs, *decided, pool=plan[2])
+        return self._account(states, *decided, pool=plan[2])
 
     async def choose(
         self,
@@ -316,21 +322,22 @@ class EnergyRouterCore:
         request_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[Any, Decision | None]:
         """(deployment or None for LiteLLM's own choice, decision or None when not routed)."""
-        t0 = time.perf_counter()
+        t0, states = time.perf_counter(), []
         try:
-            plan = self._plan(deployments, messages, input, request_kwargs)
+            states = self.budget_states(request_kwargs)
+            plan = self._plan(deployments, messages, input, request_kwargs, states)
             if plan is None:
                 return None, None
             budget, rt = self.settings.router.timeout_ms / 1000, self.runtime
             if rt.inline:  # the student scores in place: no task and no loop turns for wait_for to add
-                return self._decided(rt.score_sync(plan[0]), deployments, plan, t0, request_kwargs, budget)
-            with self._held(request_kwargs):  # seen by the budget checks of requests admitted while it is scored
+                return self._decided(rt.score_sync(plan[0]), deployments, plan, t0, request_kwargs, budget, states)
+            with self._held(states):  # seen by the budget checks of requests admitted while it is scored
                 scored = await asyncio.wait_for(rt.score(plan[0]), budget)
-                return self._decided(scored, deployments, plan, t0, request_kwargs, budget)
+                return self._decided(scored, deployments, plan, t0, request_kwargs, budget, states)
         except CALLER_ERRORS:
             raise  # the caller's error, not the router's: refused, not failed open
         except Exception as e:  # noqa: BLE001 - fail open, never fail the request
-            return self._failed(deployments, e, request_kwargs)
+            return self._failed(deployments, e, states)
 
     def choose_sync(
         self,
@@ -340,19 +347,20 @@ class EnergyRouterCore:
         request_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[Any, Decision | None]:
         """Sync twin of :meth:`choose` (LiteLLM's sync calls); the timeout is checked after scoring."""
-        t0 = time.perf_counter()
+        t0, states = time.perf_counter(), []
         try:
-            plan = self._plan(deployments, messages, input, request_kwargs)
+            states = self.budget_states(request_kwargs)
+            plan = self._plan(deployments, messages, input, request_kwargs, states)
             if plan is None:
                 return None, None
-            with self._held(request_kwargs):  # LiteLLM's sync calls may come from several threads
+            with self._held(states):  # LiteLLM's sync calls may come from several threads
                 scored = self.runtime.score_sync(plan[0])
                 limit_s = self.settings.router.timeout_ms / 1000
-                return self._decided(scored, deployments, plan, t0, request_kwargs, limit_s)
+                return self._decided(scored, deployments, plan, t0, request_kwargs, limit_s, states)
         except CALLER_ERRORS:
             raise
         except Exception as e:  # noqa: BLE001
-            return self._failed(deployments, e, request_kwargs)
+            return self._failed(deployments, e, states)
 
 
 def _decision(
