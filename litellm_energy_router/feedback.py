@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import hmac
 import math
+import re
 from typing import Any
 
 from litellm_energy_router.errors import UserError
@@ -43,10 +44,15 @@ class FeedbackError(UserError, ValueError):
         self.status = status
 
 
+_NUMBER = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+)  # ASCII only (float() takes "٠.٧", "1_0")
+
+
 def parse_score(value: Any) -> float:
     """A correctness score in [0, 1]; anything else raises :class:`FeedbackError` (422)."""
-    if isinstance(value, bool):
-        raise FeedbackError(f"score {value!r} is not a number in [0, 1]", 422)
+    if isinstance(value, bool) or (isinstance(value, str) and not _NUMBER.fullmatch(value.strip())):
+        raise FeedbackError(f"score {str(value)[:40]!r} is not a number in [0, 1]", 422)
     try:
         s = float(value)
     except (TypeError, ValueError, OverflowError):  # an integer too large for a float: not a score either
@@ -122,6 +128,8 @@ def feedback_app(store: TableStore, token: str | None, *, caller_keys: bool = Fa
             call_id, score = body["call_id"], body["score"]
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": 'body must be JSON {"call_id": str, "score": number}'}, status=400)
+        if not isinstance(score, (int, float)) or isinstance(score, bool):  # "0.5", " 1 ", "٠.٧": not a JSON number
+            return web.json_response({"error": f"score {str(score)[:40]!r} is not a JSON number in [0, 1]"}, status=422)
         try:
             n = await asyncio.to_thread(apply_feedback, store, call_id, score, owner=owner)
         except FeedbackError as e:

@@ -276,3 +276,33 @@ def test_one_candidate_production_rows_move_that_candidates_prediction(tmp_path)
     assert man.watermark["queries"] == 60  # SFT / calibration: complete queries only
     assert man.watermark["pairs"]["pairs_production"] == 40 and man.watermark["pairs"]["queries"] == 100
     assert man.energy.fitted_on["small"]["runs_production"] == 40
+
+
+def test_the_default_clip_keeps_uneven_exploration_unbiased():
+    """Serving explores unevenly: a well-priced candidate keeps a tenth of a uniform share, so its explored rows log
+    ε·0.1/K (1/p = 206 at ε = 0.1, K = 3). The clip at 100 cut exactly those rows and put a candidate of true
+    accuracy 0.50 at 0.67; the weighted estimate is the true one again. The project's own functions throughout."""
+    import random
+
+    from litellm_energy_router.training.pairs import SOURCES, ips_weights
+
+    from litellm_energy_router.router.online import OnlineEnergy, explore_pick, explore_weights
+
+    on = OnlineEnergy(["A", "B", "C"], j_out=[1, 1, 1], j_prompt=[0, 0, 0], prior_tokens=[10, 10, 10])
+    for _ in range(300):  # A and B well priced by production; C never served
+        on.update("A", 10, 10, 10.0)
+        on.update("B", 10, 10, 10.0)
+    w = explore_weights(on.uncertainty(None))
+    rng = random.Random(0)
+    prop, y = [], []
+    for i in range(60_000):  # half the queries the router sends to A (A right), half to B (A wrong)
+        j, p = explore_pick(rng, 0.1, i % 2, w, 3)
+        if j == 0:
+            prop.append(p)
+            y.append(1.0 if i % 2 == 0 else 0.0)
+    prop, y = np.array(prop), np.array(y)
+    assert 1 / prop.min() > 100  # the explored rows' weight, over the old clip
+    src = np.full(len(prop), SOURCES.index("production"))
+    wt, stats = ips_weights(src, prop, np.zeros(len(prop), int), ["v1"] * len(prop))
+    assert stats["production_clipped"] == 0
+    assert np.sum(wt * y) / np.sum(wt) == pytest.approx(0.5, abs=0.03) and y.mean() > 0.9

@@ -66,6 +66,8 @@ def test_apply_feedback(table):
         ("call-0", -0.1, 422),
         ("call-0", float("nan"), 422),
         ("call-0", "abc", 422),
+        ("call-0", "\u0660.\u0667", 422),  # Arabic-Indic digits: float() reads 0.7
+        ("call-0", "1_0e-1", 422),  # an underscore: float() reads 1.0
         ("call-0", True, 422),
         ("call-0", 10**400, 422),  # too large for a float
         ("call-9", 1, 409),
@@ -104,6 +106,9 @@ def test_http_endpoint(sqlite_url, tmp_path):
         r = httpx.post(url, json={"call_id": "call-0", "score": 2}, headers=auth)
         assert r.status_code == 422 and "out of range" in r.json()["error"]
         assert httpx.post(url, content=b"not json", headers=auth).status_code == 400
+        for text in ("0.5", " 1 ", "\u0660.\u0667"):  # a JSON string is not a JSON number (it was stored as one)
+            r = httpx.post(url, json={"call_id": "call-0", "score": text}, headers=auth)
+            assert r.status_code == 422 and "not a JSON number" in r.json()["error"], r.text
         huge = b'{"call_id": "call-0", "score": 1' + b"0" * 400 + b"}"
         assert httpx.post(url, content=huge, headers=auth).status_code == 422
         assert (
@@ -243,3 +248,37 @@ def test_bearer_parsing(header, ok, owner):
     got = bearer_owner(header, b"tok", True)
     assert got == (ok, hashlib.sha256(b"sk-a").hexdigest() if owner == "sha" else owner)
     assert bearer_owner(header, b"tok", False) == ((ok and owner is None), None)
+
+
+def test_a_production_row_arriving_after_its_shadow_tournament_can_be_labelled(tmp_path):
+    """A shadow tournament ran a queued entry before its production row reached the table (spooled through an outage
+    over an hour) and wrote the query itself; the production row then met a query with no owner and was moved to a
+    dup- id: no label could reach it (404 for the operator and the owner) and training saw one request as two."""
+    import hashlib
+    import time
+
+    from litellm_energy_router.profiling.shadow_tournament import ShadowEntry, shadow_jobs
+
+    from litellm_energy_router.table import Run
+    from litellm_energy_router.table.rows import Candidate
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    priv = PrivacySettings(salt="pepper")
+    store = open_store(url)
+    start = time.time() - 7200.0
+    key = hashlib.sha256(b"sk-tenant").hexdigest()
+    entry = ShadowEntry(query_id="prod-call-7", task="production", text="question 7", call_id="call-7", created=start)
+    (job,) = shadow_jobs([entry], store, priv, now=time.time())
+    cands = ("mistralai/mistral-7b-chat", "zero-one-ai/Yi-34B-Chat")
+    shadow = [
+        Run(query_id="prod-call-7", candidate=c, source="shadow", score=1.0, energy_j=5.0, status="success")
+        for c in cands
+    ]
+    store.write(queries=[job.query], runs=shadow, candidates=[Candidate(name=c) for c in cands])
+    w = TableWriter(url, EstimateMeter(), writer=WriterSettings(spool_dir=tmp_path / "spool"), privacy=priv)
+    w.submit(served_row(7, text="question 7", start_s=start, end_s=start + 1, propensity=0.9, key_hash=key))
+    w.close()
+    runs = list(store.iter_runs())
+    assert {r["query_id"] for r in runs} == {"prod-call-7"}, runs
+    assert apply_feedback(store, "call-7", 0.0, owner=key) == 1
+    store.close()

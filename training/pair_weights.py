@@ -9,10 +9,12 @@ rows over-represent the queries the router thought j good at. Weighting each row
 propensity) makes a weighted fit estimate the population fit, provided ``p`` is the true probability of the
 logged choice. Two choices, each for a reason:
 
-* *clipping* ``1/p`` at ``max_weight`` (default 100, i.e. p >= 0.01): ε-greedy propensities of
-  ε/K >= 0.01 (e.g. ε = 0.1 over up to 10 candidates) are never clipped, so the estimate stays
-  unbiased for the exploration rates the strategy logs; the clip only bounds what one mis-logged tiny
-  propensity can do (it would otherwise carry the fit alone). Clipped rows are counted.
+* *clipping* ``1/p`` at ``max_weight`` (default 10,000, i.e. p >= 1e-4): serving explores unevenly (a candidate
+  whose energy production has priced well keeps only ``EXPLORE_FLOOR`` = 0.1 of a uniform share,
+  :mod:`litellm_energy_router.router.online`), so its explored propensity is ε·0.1/K: with ε >= 0.01 over up to
+  10 candidates that is >= 1e-4, never clipped, so the estimate stays unbiased for the exploration the strategy
+  logs (a clip at 100 cut ε = 0.1, K = 3 explored rows at 1/p = 206 and put a candidate of true accuracy 0.50 at
+  0.67); the clip only bounds what one mis-logged tiny propensity can do. Clipped rows are counted.
 * *self-normalisation* per (logging router version, candidate): the weights of each group are scaled
   so that they sum to the group's row count. Ratio estimators (weighted means, a weighted likelihood's
   optimum without penalty) are unchanged by the scale, so the correction stays; what the scale sets is how
@@ -44,11 +46,11 @@ class PairWeighting:
     """How production rows are reweighted (module docstring).
 
     Attributes:
-        max_weight: clip of the inverse propensity ``1/p`` (100: propensities below 0.01 are clipped).
+        max_weight: clip of the inverse propensity ``1/p`` (10,000: propensities below 1e-4 are clipped).
         self_normalise: scale each (router version, candidate) group's weights to sum to its row count.
     """
 
-    max_weight: float = 100.0
+    max_weight: float = 10_000.0
     self_normalise: bool = True
 
 

@@ -115,9 +115,12 @@ def plan_rows(pairs: Sequence[tuple[Query, Run]], calls: dict[str, _Call]) -> Pl
     plan = Plan()
     for i, (q, r) in enumerate(pairs):
         call = calls.get(q.id)
-        if call is None:
+        if call is None or (not call.runs and call.text_hash == q.text_hash):
+            # new; or its query written first by a shadow tournament (the row was spooled through an outage): the
+            # request's first production row, adopted with its owner (it was moved to a dup- id no label reached)
+            if call is None:
+                plan.queries.append(q)
             calls[q.id] = _Call(q.text_hash, {r.candidate: (r.status, r.created)}, r.key_hash)
-            plan.queries.append(q)
             plan.runs.append(r)
             plan.stored.append((i, True))
             continue
