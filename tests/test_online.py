@@ -603,3 +603,26 @@ def test_exploration_stays_inside_the_energy_budget_and_off_over_a_hard_cap(
     over = Knob().model_copy(update={"lambda_": CHEAPEST_LAMBDA})  # what BudgetBook.apply gives over the cap
     picks = {core.decide(core.runtime.score_sync(NEAR), dl, over, 0.0)[1].candidate for _ in range(100)}
     assert len(picks) == 1
+
+
+def test_the_context_prior_counts_one_row_per_query_and_candidate():
+    """Training keeps one row per (query, candidate), a shadow row over the production one; the context prior counted
+    both, so a labelled production query a shadow tournament also ran gave the served candidate two rows (and mixed
+    the user's label with the judge's). Whichever arrives first, one row counts, the unbiased one."""
+    from litellm_energy_router.router.context import ContextPrior
+
+    A, B, ctx = "a", "b", "ctx:0123456789abcdef|cl:3"
+    prod = {"query_id": "prod-1", "candidate": A, "source": "production", "score": 1.0, "context": ctx}
+    shadow = [
+        {"query_id": "prod-1", "candidate": c, "source": "shadow", "score": s, "context": ctx}
+        for c, s in ((A, 0.0), (B, 1.0))
+    ]
+    for rows in ([prod, *shadow], [*shadow, prod]):
+        prior = ContextPrior([A, B])
+        prior.fit_rows(rows)
+        p, n, level = prior.detail(ctx)
+        assert level == "ctx:0123456789abcdef" and n.tolist() == [1.0, 1.0], (rows[0]["source"], n)
+        assert prior.rows == 2.0 and p[0] < p[1]  # A's row is the shadow's 0.0, not the user's 1.0
+    prior = ContextPrior([A, B])  # another query's rows still add up
+    prior.fit_rows([prod, {**prod, "query_id": "prod-2"}])
+    assert prior.rows == 2.0

@@ -146,6 +146,9 @@ def table_context(row: Mapping[str, Any]) -> Context | None:
     return Context(f"task:{task}" if task else None, text_cluster(text))
 
 
+MAX_COUNTED = 200_000  # (query, candidate) pairs remembered by ContextPrior.fit_rows (one row per pair)
+
+
 class ContextPrior:
     """The hierarchical correctness prior per context (module docstring).
 
@@ -161,6 +164,7 @@ class ContextPrior:
         K = len(self.candidates)
         self._pool = np.zeros((2, K))  # [n, sum]
         self._keys: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._counted: OrderedDict[tuple[str, str], tuple[bool, Context, float]] = OrderedDict()  # :meth:`_counts`
         self._lock = threading.Lock()
 
     def update(
@@ -171,16 +175,23 @@ class ContextPrior:
         k = self.ix.get(candidate)
         if k is None or not (0.0 <= float(correct) <= 1.0) or not (weight >= 0 and np.isfinite(weight)):
             return False
+        self._add(context, k, weight, float(correct))
+        return True
+
+    def _add(self, context: Context | Sequence[str] | str | None, k: int, weight: float, correct: float) -> None:
+        """``weight`` rows of ``correct`` on candidate ``k`` at the pool and every level of ``context``; a negative
+        ``weight`` takes a row back (from the levels still kept only)."""
         with self._lock:
             self._pool[:, k] += (weight, weight * correct)
             for key in _keys(context):
                 a = self._keys.pop(key, None)
+                if a is None and weight < 0:
+                    continue
                 a = np.zeros((2, len(self.candidates))) if a is None else a
                 a[:, k] += (weight, weight * correct)
                 self._keys[key] = a
             while len(self._keys) > self.max_keys:
                 self._keys.popitem(last=False)
-        return True
 
     def detail(self, context: Context | Sequence[str] | str | None) -> tuple[np.ndarray, np.ndarray, str]:
         """(``prior[K]`` in [0, 1], rows of the most specific level that has any ``[K]``, that level's key or "pool")."""
@@ -218,9 +229,30 @@ class ContextPrior:
             if r.get("score") is None or r.get("status") == "failure":
                 continue
             ctx = table_context(r)
-            if ctx is not None and self.update(ctx, str(r.get("candidate")), float(r["score"])):
+            if ctx is None or str(r.get("candidate")) not in self.ix:
+                continue
+            if self._counts(r, ctx) and self.update(ctx, str(r.get("candidate")), float(r["score"])):
                 used += 1
         return used
+
+    def _counts(self, r: Mapping[str, Any], ctx: Context) -> bool:
+        """Whether row ``r`` adds to the prior: one row per (query, candidate), as training's pairs keep it. A shadow,
+        tournament or import row wins over the production row of its pair (the row counted first is taken back); a
+        production row whose pair already counts is left out (a labelled production query that a shadow tournament
+        also ran counted the served candidate twice). Remembered for the last :data:`MAX_COUNTED` pairs."""
+        pair = (str(r.get("query_id")), str(r.get("candidate")))
+        unbiased = r.get("source") != "production"
+        with self._lock:
+            before = self._counted.pop(pair, None)
+            if before is not None and before[0] and not unbiased:
+                self._counted[pair] = before
+                return False
+            self._counted[pair] = (unbiased, ctx, float(r["score"]))
+            while len(self._counted) > MAX_COUNTED:
+                self._counted.popitem(last=False)
+        if before is not None:
+            self._add(before[1], self.ix[pair[1]], -1.0, before[2])
+        return True
 
     @property
     def rows(self) -> float:
