@@ -26,7 +26,9 @@ class TableError(UserError, RuntimeError):
 
 def _is_retryable(err: DBAPIError) -> bool:
     msg = str(err.orig).lower() if err.orig is not None else str(err).lower()
-    return any(s in msg for s in ("database is locked", "deadlock detected", "could not serialize", "busy"))
+    return any(
+        s in msg for s in ("database is locked", "deadlock detected", "could not serialize", "busy", "lock timeout")
+    )
 
 
 def _add_missing_columns(conn: Any) -> None:

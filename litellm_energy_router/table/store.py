@@ -39,6 +39,11 @@ _CAND_FIELDS = [c.name for c in schema.candidates.columns]
 
 
 PG_CONNECT_TIMEOUT_S = 10
+PG_WRITE_LOCK_TIMEOUT_S = 10  # s a production write waits for another proxy's (one try; retried with backoff)
+PG_WRITE_IDLE_TIMEOUT_S = (
+    60  # s a production write's transaction may sit idle (a frozen proxy) before the server ends it
+)
+PG_DDL_LOCK_TIMEOUT_S = 2  # s a schema upgrade's DDL waits for a table lock (one try; retried with backoff)
 PG_CONNECT_ARGS = {
     "connect_timeout": PG_CONNECT_TIMEOUT_S,
     "keepalives": 1,
@@ -83,6 +88,9 @@ class SQLStore(TableReads):
     def _ensure_schema(self) -> None:
         def create(conn: Any) -> None:
             if self.dialect == "postgresql":  # serialise concurrent first starts
+                # an upgrade's ALTER TABLE queued behind a long read (an export, a retrain scan) blocked every write
+                # to the table for as long as the read ran: each try waits at most this long, then backs off
+                conn.execute(text(f"SET LOCAL lock_timeout = '{PG_DDL_LOCK_TIMEOUT_S}s'"))
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(b"energy-router-schema")})
             schema.metadata.create_all(conn)
             _add_missing_columns(conn)
@@ -242,6 +250,11 @@ class SQLStore(TableReads):
                 )
             check_references(r_rows, known_c, known_q)
         if q_payload:
+            if self.dialect == "postgresql":
+                # insert first: meeting another transaction's uncommitted query of the same id, it waits for that
+                # commit, so the check below (a new snapshot) sees it; a check first did not, and the upsert then
+                # overwrote the other writer's query (its runs re-attached to another text), both writes succeeding
+                conn.execute(self._upsert(schema.queries, ["id"], False), q_payload)
             check_same_queries(conn, q_rows)
             conn.execute(self._upsert(schema.queries, ["id"], True, keep_stored), q_payload)
         if r_payload:
@@ -259,6 +272,11 @@ class SQLStore(TableReads):
             if c_payload:
                 conn.execute(self._upsert(schema.candidates, ["name"], True), c_payload)
             if self.dialect == "postgresql":  # production writers of every proxy, one at a time
+                # a frozen or partitioned proxy holding the lock stalled every proxy's writes with no timeout: a wait
+                # over PG_WRITE_LOCK_TIMEOUT_S fails (retried, then spooled), and the server ends a transaction left
+                # idle for a minute (releasing the lock)
+                conn.execute(text(f"SET LOCAL lock_timeout = '{PG_WRITE_LOCK_TIMEOUT_S}s'"))
+                conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = '{PG_WRITE_IDLE_TIMEOUT_S}s'"))
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(b"energy-router-production")})
                 # the lookups below are by key; a table grown since its last ANALYZE (a spool backlog
                 # replayed in one pass) would otherwise be sequentially scanned once per 500 ids
