@@ -283,6 +283,14 @@ class ShadowSettings(_Section):
         "(docs/unseen_traffic.md); 0 = off",
     )
     queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file (0600: it holds text)")
+    max_mb: float = Field(
+        64.0,
+        gt=0,
+        le=1_000_000,
+        allow_inf_nan=False,
+        description="queue file bound, MB: sampled queries are not queued beyond it (a shadow tournament takes "
+        "the entries it ran out of the file)",
+    )
 
 
 class AccountingSettings(_Section):

@@ -182,3 +182,36 @@ def test_writer_queues_a_new_apps_first_requests(sqlite_url, tmp_path):
     w.close()
     got = [json.loads(x)["call_id"] for x in path.read_text().splitlines()]
     assert got == ["a0", "a1", "b4", "b7"]
+
+
+def test_the_queue_is_bounded(tmp_path):
+    """The queue holds prompt text and was never bounded (20,000 entries: 9.8 MB, read whole on every run)."""
+    q = ShadowQueue(tmp_path / "shadow.jsonl", 1.0, max_mb=300 / 2**20)  # 300 bytes
+    for i in range(10):
+        q.enqueue(f"prod-{i}", "production", "x" * 40, str(i))
+    assert q.enqueued >= 1 and q.dropped == 10 - q.enqueued
+    assert (tmp_path / "shadow.jsonl").stat().st_size <= 300
+
+
+def test_trim_takes_out_what_a_tournament_ran_and_keeps_the_rest(tmp_path):
+    """Entries a shadow tournament ran stayed in the file for ever (their prompts on disk after labelling); those it
+    did not run (waiting for their production row) and those the proxies append during the trim stay, 0600."""
+    import threading
+
+    from litellm_energy_router.litellm_glue.callback.shadow_queue import trim_queue
+
+    path = tmp_path / "shadow.jsonl"
+    q = ShadowQueue(path, 1.0)
+    for i in range(5):
+        q.enqueue(f"prod-{i}", "production", f"question {i}", str(i))
+    path.write_bytes(
+        path.read_bytes() + b'{"query_id": "prod-torn", "ta'
+    )  # a torn append: left out, as read_queue does
+    late = threading.Timer(0.2, lambda: q.enqueue("prod-late", "production", "asked during the trim", "late"))
+    late.start()
+    assert trim_queue(path, {"prod-0", "prod-2", "prod-9"}, grace_s=0.5) == 2
+    late.join()
+    ids = [json.loads(x)["query_id"] for x in path.read_text().splitlines()]
+    assert sorted(ids) == ["prod-1", "prod-3", "prod-4", "prod-late"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not list(tmp_path.glob("*.trim-*"))
+    assert trim_queue(tmp_path / "absent.jsonl", {"x"}) == 0

@@ -187,6 +187,9 @@ def test_shadow_tournament_command(tmp_path, slow_backend):
         len(rs) == 6 and {x["source"] for x in rs} == {"shadow"} and {x["query_source"] for x in rs} == {"production"}
     )
     assert {x["query_id"] for x in rs} == {"prod-0", "prod-1", "prod-2"} and all(x["score"] in (0.0, 1.0) for x in rs)
+    # the entries it ran are taken out of the queue (their prompts stayed on disk for ever, the file grew)
+    assert "3 entries run and taken out" in r.stdout and not queue.exists()
+    queue.write_text(json.dumps({"query_id": "prod-9", "task": "chat", "text": "Q?", "created": 1.7e9}) + "\n")
     no_judge = write_config(tmp_path / "nj.yaml", slow_backend)
     r = subprocess.run(
         [EXE, "shadow-tournament", "--config", str(no_judge), "--db", url, "--queue", str(queue)],

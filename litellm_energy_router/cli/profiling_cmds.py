@@ -209,9 +209,17 @@ def shadow_tournament(
         from litellm_energy_router.litellm_glue.callback.private_files import query_salt
 
         salt = query_salt(st.privacy, st.writer.spool_dir, create=False)
-        return shadow_jobs(entries, store, st.privacy, cfg.generation.max_tokens, salt=salt)
+        jobs = shadow_jobs(entries, store, st.privacy, cfg.generation.max_tokens, salt=salt)
+        ran.update(j.item.key for j in jobs)
+        return jobs
 
-    _run(cfg, url, make_jobs, "shadow")
+    ran: set[str] = set()
+    _run(cfg, url, make_jobs, "shadow")  # returns only when the run completed (an error or interrupt exits)
+    from litellm_energy_router.litellm_glue.callback.shadow_queue import trim_queue
+
+    taken = trim_queue(qpath, ran)
+    if taken:
+        console.print(f"{taken} entries run and taken out of {qpath}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

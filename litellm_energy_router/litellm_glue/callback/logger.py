@@ -73,7 +73,7 @@ class EnergyLogger(CustomLogger):
         self.cmap = CandidateMap(s.candidates)
         shadow = None
         if s.shadow.fraction > 0 or s.shadow.new_context_requests > 0:
-            shadow = ShadowQueue(s.shadow.queue_path, s.shadow.fraction, s.shadow.new_context_requests)
+            shadow = ShadowQueue(s.shadow.queue_path, s.shadow.fraction, s.shadow.new_context_requests, s.shadow.max_mb)
             if not s.privacy.store_text:
                 log.warning(
                     "energy-router: shadow sampling writes query text to %s although privacy.store_text is false",

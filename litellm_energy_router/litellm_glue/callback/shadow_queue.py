@@ -23,12 +23,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import os
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 from litellm_energy_router.litellm_glue.callback.private_files import append_durably, private_dir
+from litellm_energy_router.metrics import RateLimitedWarning
 from litellm_energy_router.router.context import Context
 
 MAX_KEYS = 20_000  # context keys counted for ``new_context_requests``
@@ -47,11 +50,18 @@ def sampled(key: str, fraction: float, secret: str = "") -> bool:
     return int.from_bytes(d[:8], "big") / 2**64 < fraction
 
 
+log = logging.getLogger("litellm_energy_router.litellm_glue.callback")
+
+DEFAULT_MAX_MB = 64.0  # the queue file's bound (MB); settings shadow.max_mb
+
+
 class ShadowQueue:
     """Appends sampled queries to the JSONL queue at ``path`` (thread-safe; one line per write, 0600):
     ``fraction`` of them (by call id), and the first ``new_context_requests`` of each context key."""
 
-    def __init__(self, path: str | Path, fraction: float, new_context_requests: int = 0) -> None:
+    def __init__(
+        self, path: str | Path, fraction: float, new_context_requests: int = 0, max_mb: float = DEFAULT_MAX_MB
+    ) -> None:
         if not 0 <= fraction <= 1:
             raise ValueError(f"shadow.fraction = {fraction}: must be in [0, 1]")
         if new_context_requests < 0:
@@ -62,6 +72,9 @@ class ShadowQueue:
         self._lock = threading.Lock()
         self._seen: OrderedDict[str, int] = OrderedDict()  # context or owner key -> requests queued as new
         self.enqueued = 0
+        self.max_bytes = int(max_mb * 2**20)
+        self.dropped = 0  # sampled while the file was at max_mb: not queued
+        self._warn = RateLimitedWarning(log, 60.0)
 
     def maybe_enqueue(
         self,
@@ -133,5 +146,44 @@ class ShadowQueue:
         with self._lock:
             if self.path.parent and not self.path.parent.exists():
                 private_dir(self.path.parent)  # 0700: the queue holds query text
+            try:
+                full = self.path.stat().st_size + len(line) + 1 > self.max_bytes
+            except FileNotFoundError:
+                full = False
+            if full:  # bounded: the queue holds prompt text; a shadow tournament takes what it ran out of it
+                self.dropped += 1
+                self._warn(
+                    "full", "energy-router: shadow queue %s is at shadow.max_mb: sampled query not queued", self.path
+                )
+                return
             append_durably(self.path, (line + "\n").encode("utf-8"))
             self.enqueued += 1
+
+
+def trim_queue(path: str | Path, done: set[str], grace_s: float = 1.0) -> int:
+    """Take the entries a shadow tournament ran (``done``: their query ids) out of the queue file at ``path``: the
+    prompts it holds do not stay on disk once labelled, and the file does not grow for ever. The rest, and whatever
+    the proxies append meanwhile, stay: the file is renamed aside (a proxy's next append starts a new one), read after
+    ``grace_s`` s (an append that opened it before the rename has landed by then), and its other complete lines are
+    appended back. A failure half way leaves the aside file (``<name>.trim-<pid>``) for the operator; nothing is lost.
+    Returns the entries taken out."""
+    p = Path(path)
+    if not done or not p.exists():
+        return 0
+    aside = p.with_name(f"{p.name}.trim-{os.getpid()}")
+    os.replace(p, aside)
+    time.sleep(grace_s)
+    kept, taken = [], 0
+    for line in aside.read_bytes().split(b"\n")[:-1]:  # the last piece: "" or a torn append (read_queue skips it)
+        try:
+            qid = json.loads(line).get("query_id")
+        except (ValueError, AttributeError):
+            qid = None  # kept as it is: read_queue names it
+        if qid in done:
+            taken += 1
+        else:
+            kept.append(line + b"\n")
+    if kept:
+        append_durably(p, b"".join(kept))
+    aside.unlink()
+    return taken
