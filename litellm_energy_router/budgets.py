@@ -240,6 +240,26 @@ class BudgetState:
         self.last_spent, self.last_pace = spent, pace
 
 
+class WriterLag:
+    """Since when (``time.monotonic()`` s) this process's table writer has rows it has not committed (a write in
+    flight, a table down or locked, a spool backlog), or ``None``. The budgets keep their local charges from
+    ``pending_s`` before then: a charge is dropped only once its row can be in the ledger, so a writer stalled behind
+    another proxy's lock or an outage does not let a hard budget's spend fall back to a ledger that misses its rows
+    (6 x 60 J were admitted under a 100 J cap)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def behind(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def caught_up(self) -> None:
+        self.since = None
+
+
+WRITER_LAG = WriterLag()  # set by the table writer (litellm_glue/callback), read by every BudgetBook of the process
+
 TYPICAL_WEIGHT = 0.2  # weight of the latest charge in a budget's typical per-request charge (an EWMA)
 
 
@@ -373,6 +393,8 @@ class BudgetBook:
                 if sums is not None:  # table first: a lock-free reader may see the spend high, never low
                     st.table = sums[id(st)]
                     old = self.read_started - self.cfg.pending_s  # charged before: its row is in what was read
+                    if WRITER_LAG.since is not None:  # unless this process's writer has been behind since then
+                        old = min(old, WRITER_LAG.since - self.cfg.pending_s)
                     while st.charges and st.charges[0][1] < old:  # its latest charge is older
                         st.local -= st.charges.popleft()[2]
                     st.local = max(st.local, 0.0) if st.charges else 0.0

@@ -154,6 +154,16 @@ def _fresh_adaptation():
 
 
 @pytest.fixture(autouse=True)
+def _writer_caught_up():
+    """Whether this process's table writer is behind (budgets.WRITER_LAG) is process-wide, as in a proxy: a test
+    that leaves a writer stalled does not keep another test's budget charges."""
+    from litellm_energy_router.budgets import WRITER_LAG
+
+    WRITER_LAG.caught_up()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _litellm_logging_on_each_test_s_loop():
     """LiteLLM's logging worker is process-wide; at the oldest supported LiteLLM it stays bound to the first
     test's event loop (router_fixtures.release_litellm_logging_loop)."""

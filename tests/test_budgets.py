@@ -526,3 +526,54 @@ def test_a_request_s_budgets_are_matched_once(planted_ckpt, sqlite_url):
     assert book.keys["svc-a"].local > 0 and book.keys["svc-a"].held == 0.0
     book.close()
     core.runtime.close()
+
+
+def test_charges_stay_while_this_process_s_writer_is_behind(sqlite_url, tmp_path):
+    """A writer stalled (behind another proxy's lock, an outage: its rows not in the ledger) while the ledger reads
+    kept succeeding: after pending_s the budget dropped its local charges as if their rows were read, and a hard cap
+    admitted 6 x 60 J under 100 J. Charges now stay until the writer has caught up."""
+    import threading
+
+    from router_fixtures import served_row
+
+    from litellm_energy_router.energy.estimate import EstimateMeter
+    from litellm_energy_router.litellm_glue.callback import TableWriter
+    from litellm_energy_router.settings import PrivacySettings, WriterSettings
+
+    release = threading.Event()
+
+    class Stalled:
+        def __init__(self, url):
+            self.s = open_store(url)
+
+        def write(self, *a, **k):
+            release.wait(30)
+            return self.s.write(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    book = BudgetBook(BudgetSettings(pending_s=1.0, keys={"svc": {"limit": 100.0, "mode": "hard"}}), sqlite_url)
+    book.tick()
+    st = book.keys["svc"]
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05)
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Stalled)
+    try:
+        book.charge([st], {"joules_estimate": 60.0})
+        w.submit(served_row(1))
+        deadline = time.monotonic() + 10
+        while not w._inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.2)  # past pending_s
+        book.tick()
+        assert st.local == pytest.approx(60.0)  # its row is not in the ledger: still counted
+        with pytest.raises(BudgetExceeded):
+            book.charge([st], {"joules_estimate": 60.0})
+            book.apply(Knob.point(lambda_=0.1), [st])
+    finally:
+        release.set()
+        w.close(timeout=10)
+    time.sleep(1.2)
+    book.tick()
+    assert st.local == 0.0  # caught up: dropped once its row can be in the ledger
+    book.close()

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from litellm_energy_router.budgets import WRITER_LAG
 from litellm_energy_router.energy.meter import RequestEnergy, RequestEnergyMeter
 from litellm_energy_router.errors import UserError
 from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
@@ -207,11 +208,14 @@ class TableWriter:
                 if self._ready and (urgent or due or len(self._ready) >= self.cfg.batch_size):
                     batch, self._ready = self._ready, []
                     self._inflight = batch  # a table that hangs holds it here: close() spools it
+                    WRITER_LAG.behind()  # its rows are not in the ledger yet: the budgets keep their charges
                     try:
                         self._hold(self.sink.commit(batch))
                     finally:
                         self._inflight = []
                 self.sink.maybe_replay(closing)
+                if not self._ready and not self.spool.has_backlog():
+                    WRITER_LAG.caught_up()
             except Exception:  # noqa: BLE001 - the writer thread must survive anything
                 self._errors(
                     "loop", "energy-router writer: unexpected error (repeats logged once a minute)", exc_info=True
