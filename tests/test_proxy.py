@@ -279,3 +279,21 @@ def test_proxy_energy_logger_writes_production_rows(proxy):
     assert all(r["latency_s"] is not None and (r["prompt_tokens"], r["completion_tokens"]) in usages for r in rows)
     routed = [r for r in rows if r["propensity"] is not None]
     assert routed and all(0 < r["propensity"] <= 1 for r in routed)
+
+
+def test_bad_settings_are_one_line_and_the_proxy_still_serves(tmp_path):
+    """A typo in energy-router.yaml: the router said "requests fail open", then the logger's import raised and the
+    proxy died with a 400-line startup traceback (exit 3). Now the logger logs one line and records nothing."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("energy_router:\n  router: {timeout: 50}\n")
+    code = (
+        "import litellm_energy_router.litellm_glue.callback.proxy_logger as m\nprint(type(m.energy_logger).__name__)\n"
+    )
+    env = {**os.environ, "ENERGY_ROUTER_CONFIG": str(bad)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "CustomLogger", r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if "energy-router" in ln]
+    assert len(lines) == 1 and "energy logger not started" in lines[0] and "router.timeout" in lines[0], r.stderr

@@ -394,3 +394,16 @@ def test_no_decision_is_kept_for_headers_a_litellm_never_sends(ckpt, backend, mo
     before = len(HEADERS_BOOK)
     assert len(asyncio.run(filt.async_filter_deployments("pool", model_list(backend), EASY, kwargs))) == 1
     assert HEADERS_BOOK.get(kwargs) is None and len(HEADERS_BOOK) <= before
+
+
+def test_a_mistyped_candidate_tag_is_said_once(ckpt, backend, caplog):
+    """A typo in model_info.energy_router_candidate took the deployment out of routing without a word."""
+    core = EnergyRouterCore(settings(ckpt))
+    core.runtime.wait_ready()
+    deps = model_list(backend)
+    deps[0] = {**deps[0], "model_info": {**deps[0]["model_info"], "energy_router_candidate": "smal"}}
+    with caplog.at_level("WARNING", logger="litellm_energy_router"):
+        for _ in range(3):
+            asyncio.run(core.choose(deps, PROOF))
+    said = [r.getMessage() for r in caplog.records if "is not a candidate of the router" in r.getMessage()]
+    assert len(said) == 1 and "'smal'" in said[0] and "did you mean 'small'?" in said[0], said

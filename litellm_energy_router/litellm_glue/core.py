@@ -6,6 +6,7 @@ exploration → deployment, failing open (docs/serving.md). The LiteLLM classes 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import random
 import time
@@ -146,9 +147,25 @@ class EnergyRouterCore:
             else:
                 known = self._known() if known is None else known
                 c = memo[keys, version] = self._candidate_by_keys(keys, known)
+                self._warn_unknown_tag(keys, c)
             if c is not None:
                 by_cand.setdefault(c, []).append(d)
         return by_cand
+
+    def _warn_unknown_tag(self, keys: tuple[str | None, str | None, str | None], cand: str | None) -> None:
+        """A deployment tagged ``energy_router_candidate`` with a name the checkpoint does not score (a typo) is never
+        routed to: said once per deployment and checkpoint version (it was silent), with the closest name."""
+        model = self.runtime.model
+        if cand is None or keys[2] is None or model is None or cand in model.candidates:
+            return
+        close = difflib.get_close_matches(cand, list(model.candidates), n=1)
+        log.warning(
+            "energy-router: deployment %s: model_info.energy_router_candidate %r is not a candidate of the router "
+            "(%s): the router never sends requests to it",
+            keys[0] or keys[1],
+            cand[:200],
+            f"did you mean {close[0]!r}?" if close else f"candidates: {', '.join(model.candidates)}",
+        )
 
     def context_lengths(
         self, candidates: Sequence[str], by_cand: Mapping[str, Sequence[Mapping[str, Any]]]
