@@ -111,6 +111,33 @@ class Record:
     where: str
 
 
+def _checked_header(path: Path, header: Sequence[str], models: Sequence[str]) -> tuple[str, list[str]]:
+    """(the row-key column, the columns every row needs) of a RouterBench file's ``header``; else
+    :class:`ImportFormatError` naming the file and the first missing column."""
+    key_col = next((k for k in KEY_COLUMNS if k in header), None)
+    if key_col is None:
+        raise ImportFormatError(f"{path}: missing row-key column 'Unnamed: 0' (the unnamed first column)")
+    needed = ["prompt", "eval_name"] + [c for m in models for c in (m, f"{m}|model_response")]
+    missing = [c for c in needed if c not in header]
+    if missing:
+        raise ImportFormatError(
+            f"{path}: missing column {missing[0]!r}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    return key_col, needed
+
+
+def check_headers(files: Sequence[str | Path], models: Sequence[str] = OPEN_MODELS) -> None:
+    """Each file's header as :func:`iter_records` checks it, reading nothing else: a wrong file is refused before
+    the table is opened (a failed import left an empty database behind)."""
+    csv.field_size_limit(1 << 30)
+    for f in files:
+        path = Path(f)
+        if not path.exists():
+            raise ImportFormatError(f"{path}: file not found")
+        with reading(path), _open_text(path) as fh:
+            _checked_header(path, csv.DictReader(fh).fieldnames or [], models)
+
+
 def iter_records(
     files: Sequence[str | Path], models: Sequence[str] = OPEN_MODELS, summary: ImportSummary | None = None
 ) -> Iterator[Record]:
@@ -126,17 +153,7 @@ def iter_records(
         summary.files += 1
         with reading(path), _open_text(path) as fh:
             reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            key_col = next((k for k in KEY_COLUMNS if k in header), None)
-            if key_col is None:
-                raise ImportFormatError(f"{path}: missing row-key column 'Unnamed: 0' (the unnamed first column)")
-            needed = ["prompt", "eval_name"] + [c for m in models for c in (m, f"{m}|model_response")]
-            missing = [c for c in needed if c not in header]
-            if missing:
-                raise ImportFormatError(
-                    f"{path}: missing column {missing[0]!r}"
-                    + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
-                )
+            key_col, needed = _checked_header(path, reader.fieldnames or [], models)
             try:
                 for row in reader:
                     line = reader.line_num

@@ -334,3 +334,24 @@ def test_import_routerbench_with_an_unknown_model_creates_no_database(capsys, tm
     argv = ["table", "import-routerbench", str(bundled_files()[-1]), "--db", f"sqlite:///{db}", "--models", "nosuch"]
     _one_line(*_run(capsys, argv), "no entry for candidate 'nosuch'", argv)
     assert not db.exists()
+
+
+def test_a_file_that_is_not_routerbench_creates_no_table(capsys, tmp_path):
+    """A wrong file was refused only after the table was opened: an empty database was left behind, which later
+    commands read as an empty table (exit 0)."""
+    bad = tmp_path / "q.txt"
+    bad.write_text("just some prompts\none per line\n")
+    db = tmp_path / "imp.db"
+    argv = ["table", "import-routerbench", str(bad), "--db", f"sqlite:///{db}"]
+    _one_line(*_run(capsys, argv), "missing row-key column", argv)
+    assert not db.exists(), "the failed import created the database"
+
+
+def test_table_stats_refuses_an_unknown_source(capsys, tmp_path):
+    """`--source prod` printed "table is empty" with exit 0 on a table with rows."""
+    from litellm_energy_router.table import open_store
+
+    db = tmp_path / "t.db"
+    open_store(f"sqlite:///{db}").close()
+    argv = ["table", "stats", "--db", f"sqlite:///{db}", "--source", "prod"]
+    _one_line(*_run(capsys, argv), "--source 'prod': expected one of tournament|production|shadow|import", argv)

@@ -135,6 +135,7 @@ def test_train_cli_quick(tmp_path):
     r = _cli("train", "--db", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "ck"), "--quick")
     assert r.returncode == 0, r.stderr
     assert "calibration Brier" in r.stdout and (tmp_path / "ck" / "manifest.json").exists()
+    assert not (tmp_path / "ck" / "_trainer").exists()  # the trainer's scratch was left in the checkpoint
     assert read_manifest(tmp_path / "ck").probe["encoder"] == "all-MiniLM-L6-v2"
     open_store(f"sqlite:///{tmp_path / 'empty.db'}").close()  # an empty table (a missing one is refused)
     empty = _cli("train", "--db", f"sqlite:///{tmp_path / 'empty.db'}", "--out", str(tmp_path / "ck2"), "--quick")
@@ -271,3 +272,11 @@ def test_calibration_keeps_the_lm_slope_non_negative():
     cal = fit_calibration(z, z, Y, ["t"] * n, q, q)
     assert cal["a"][0] > 1 and cal["a_any"][0] > 1  # real signal is used
     assert cal["a"][1] == 0 and cal["a_any"][1] == 0  # an upside-down LM is ignored, never inverted
+
+
+def test_a_pointer_to_a_missing_directory_says_so(tmp_path):
+    """It said "<dir>: no manifest.json (not a router checkpoint)" for a directory that does not exist."""
+    ptr = tmp_path / "router.json"
+    ptr.write_text(json.dumps({"checkpoint": str(tmp_path / "gone")}))
+    with pytest.raises(CheckpointError, match=r"gone: no such checkpoint directory \(named by .*router\.json\)"):
+        read_manifest(ptr)

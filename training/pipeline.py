@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,7 @@ def _sft_stage(
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
     )
     model = run_sft(model, tok, ds, cfg.sft, str(out / "_trainer"), on_log=on_step)
+    shutil.rmtree(out / "_trainer", ignore_errors=True)  # the trainer's scratch: not part of the checkpoint
     return model, tok, layout, time.time() - t0
 
 

@@ -62,12 +62,13 @@ def replay_backend(
     try:
         backend = LocalBackend(answers, port=port).start()
     except RuntimeError as e:
-        fail(f"--port {port}: {e}")
+        fail(f"--port {port}: {e}" + (" (--port 0 picks a free one)" if "in use" in str(e) else ""))
         raise  # unreachable
     head = (
         f"# energy-router replay-backend: {len(answers.candidates)} candidates replaying recorded answers at {backend.base_url}\n"
-        "# Save as proxy_config.yaml, then (the checkpoint: e.g. the one `energy-router demo` promotes;\n"
-        "# without one each request fails open to LiteLLM's own choice):\n"
+        "# Save as proxy_config.yaml, then (the checkpoint: the one `energy-router demo` promotes, run from the same\n"
+        "# directory: energy_router_demo/router.json (make demo-quick: .ci-demo/work/router.json); without one each\n"
+        "# request fails open to LiteLLM's own choice; rows go to energy_router.db in the proxy's directory):\n"
         "#   ENERGY_ROUTER_ROUTER__CHECKPOINT=energy_router_demo/router.json LITELLM_MASTER_KEY=sk-local-key \\\n"
         "#     litellm --config proxy_config.yaml --host 127.0.0.1 --port 4000\n"
     )

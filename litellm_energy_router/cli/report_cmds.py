@@ -112,6 +112,13 @@ def report_cmd(
     else:
         span = f" {lo or '…'} .. {hi or '…'}" if lo or hi else ""
         console.print(_table(rows, by, f"energy ledger by {by}{span}"))
+        console.print(
+            "J measured / J estimated: the served requests' settled joules (metered, or from their tokens). J router "
+            "est., J reference and J saved: the router's decision-time estimates (Ê of the chosen and of the "
+            "reference candidate for each prompt), not the joules spent (docs/accounting.md).",
+            highlight=False,
+            style="dim",
+        )
     if plot is not None:
         from litellm_energy_router.cli.report_plot import plot_days
 

@@ -95,6 +95,11 @@ def stats(
     ),
 ) -> None:
     """Per candidate: rows, accuracy, and the mean, median and 95th percentile of joules and latency."""
+    from litellm_energy_router.table.rows import SOURCES
+
+    bad = [x for x in source or () if x not in SOURCES]
+    if bad:  # "prod" printed "table is empty" with exit 0 on a table with rows
+        fail(f"--source {bad[0]!r}: expected one of {'|'.join(SOURCES)}")
     with _store(db_url(db, config), create=False) as store:
         print_stats(store, by_task, source, by_version)
 
@@ -105,6 +110,7 @@ def _import_routerbench(
     from litellm_energy_router.profiling.routerbench import (
         OPEN_MODELS,
         ImportFormatError,
+        check_headers,
         import_routerbench,
     )
 
@@ -113,6 +119,10 @@ def _import_routerbench(
     origin = str(energy_profile or "bundled energy profile")
     for m in chosen:  # before the table is opened: a typo in --models creates no empty database
         profile.get(m, origin=origin)
+    try:
+        check_headers(files, chosen)  # nor does a file that is not RouterBench's
+    except ImportFormatError as e:
+        fail(str(e))
     with _store(url) as store, progress_bar() as bar:
         task = bar.add_task("importing RouterBench rows", total=None)
         try:

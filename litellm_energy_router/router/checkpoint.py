@@ -159,6 +159,9 @@ def read_manifest(path: str | os.PathLike[str], expect_candidates: Sequence[str]
     """Read and check ``manifest.json``; refuse a wrong format or a candidate mismatch."""
     d = resolve(path)
     f = d / MANIFEST
+    if not d.exists():  # a pointer naming a directory that is gone: say which file named it
+        named = f" (named by {path})" if Path(path).is_file() else ""
+        raise CheckpointError(f"{d}: no such checkpoint directory{named}")
     if not f.exists():
         raise CheckpointError(f"{d}: no {MANIFEST} (not a router checkpoint)")
     try:

@@ -153,7 +153,10 @@ class RouterRuntime:
         from litellm_energy_router.router.scoring import load_scorer
 
         if fp is None:
-            self.last_error = f"checkpoint {self.checkpoint} not found"
+            where = Path(self.checkpoint).absolute() if self.checkpoint else None
+            self.last_error = f"checkpoint {self.checkpoint} not found" + (
+                f" ({where})" if where is not None and str(where) != str(self.checkpoint) else ""
+            )  # a relative path names the proxy's working directory
             RELOADS.labels(result="missing").inc()
             log.error("energy-router: %s; serving falls back", self.last_error)
             return False
