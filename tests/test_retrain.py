@@ -386,3 +386,55 @@ def test_a_candidate_that_ties_the_serving_checkpoint_is_promoted_and_says_so(tm
     cfg = RetrainConfig(pointer=str(tmp_path / "p.json"), table_url="sqlite:///x")
     out = compare(Same(), Same(), hold, cfg)
     assert out["promote"] is True and "a tie: the fresher checkpoint serves" in out["why"]
+
+
+def test_the_gate_calls_a_lead_inside_the_spread_a_tie():
+    """A candidate 0.001 AIQ under the serving checkpoint on 152 held-out queries was "worse" and rejected at every
+    step of the closed loop, so a new task learnt from production rows (never among the held-out queries) never
+    served. A difference whose paired bootstrap 95 % interval holds 0 is a tie, and a tie promotes; a clearly worse
+    candidate is still rejected, and resamples: 0 compares the point figures."""
+    from litellm_energy_router.training.data import TableMatrix
+    from litellm_energy_router.training.retrain_gate import compare
+
+    rng = np.random.default_rng(1)
+    n = 150
+    Y = (rng.random((n, 3)) < [0.5, 0.65, 0.8]).astype(float)
+    E = np.tile([10.0, 30.0, 90.0], (n, 1))
+    hold = TableMatrix(
+        candidates=["small", "medium", "large"],
+        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+        tasks=np.array(["t"] * n, dtype=object),
+        texts=["x"] * n,
+        prompt_tokens=np.full(n, 10.0),
+        Y=Y,
+        E=E,
+        T=np.full((n, 3), np.nan),
+    )
+
+    class Fixed:
+        def __init__(self, P):
+            self.P = P
+
+        def predict_proba(self, m):
+            return self.P
+
+        def predict_energy(self, m):
+            return m.E
+
+    informed = np.clip(0.6 * Y + 0.2 + 0.05 * rng.standard_normal((n, 3)), 0, 1)
+    serving = Fixed(informed)
+    nudged = informed.copy()
+    flip = rng.random(n) < 0.03  # a few queries scored differently: a lead or a loss inside the spread
+    nudged[flip] = nudged[flip][:, ::-1]
+    near = Fixed(nudged)
+    noise = Fixed(rng.random((n, 3)))  # knows nothing
+    cfg = RetrainConfig.model_validate({"rule": "both"})
+    out = compare(near, serving, hold, cfg)
+    assert out["promote"] is True and "tie" in out["why"], out["why"]
+    lo, hi = out["aiq_diff_ci"]
+    assert lo <= 0 <= hi
+    bad = compare(noise, serving, hold, cfg)
+    assert bad["promote"] is False and bad["aiq_diff_ci"][1] < 0, bad["why"]
+    exact = compare(near, serving, hold, RetrainConfig.model_validate({"rule": "both", "resamples": 0}))
+    assert "aiq_diff_ci" not in exact
+    assert out["candidate"]["aiq"] < out["serving"]["aiq"] and exact["promote"] is False  # point figures: "worse"

@@ -67,6 +67,13 @@ class RetrainConfig(BaseModel):
     tolerance: float = Field(
         0.0, ge=0, description="slack: AIQ may drop by this much, joules may rise by this fraction"
     )
+    resamples: int = Field(
+        200,
+        ge=0,
+        le=10_000,
+        description="paired bootstrap resamples of the held-out queries: a difference whose 95 % interval holds 0 is a "
+        "tie, and a tie promotes (the fresher checkpoint); 0 = compare the point figures only",
+    )
     holdout_fraction: float = Field(
         0.2, gt=0, lt=1, description="share of queries held out (stable hash of the query id)"
     )
