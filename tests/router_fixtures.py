@@ -187,3 +187,22 @@ def retrain_yaml(tmp_path: Path, url: str, min_new_rows: int, retrain_extra: str
         + textwrap.indent(textwrap.dedent(retrain_extra), "  ")
     )
     return p
+
+
+def store_with_write(before_write):
+    """A ``store_factory`` for the table writer: the real store, with ``before_write()`` run before each ``write``
+    (raise to fail it, block to hang it)."""
+    from litellm_energy_router.table import open_store
+
+    class Wrapped:
+        def __init__(self, url):
+            self.s = open_store(url)
+
+        def write(self, *a, **k):
+            before_write()
+            return self.s.write(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    return Wrapped

@@ -171,7 +171,8 @@ def test_counters_with_proxy_timings():
     assert errs[len(errs) // 2] < 0.05  # median request within 5 % of its true joules
 
 
-def test_settlement_waits_for_overlapping_requests():
+def _two_overlapping() -> Attributor:
+    """Requests a (0.05-0.30 s) and b (0.10-0.35 s) on a meter read every 0.2 s (100 J by 0.4 s); a finished."""
     att = Attributor(idle_power_w=0.0)
     att.add_sample(0.0, 0.0)
     att.request_started("a", 0.05)
@@ -179,6 +180,11 @@ def test_settlement_waits_for_overlapping_requests():
     att.add_sample(0.2, 50.0)
     att.add_sample(0.4, 100.0)
     att.add_request("a", 0.05, 0.30, 0, 10)
+    return att
+
+
+def test_settlement_waits_for_overlapping_requests():
+    att = _two_overlapping()
     assert att.energy("a") is None  # b is in flight and unknown up to a's end
     prov = att.energy("a", final=True)
     assert prov is not None and not prov.settled
@@ -194,13 +200,7 @@ def test_settlement_waits_for_overlapping_requests():
 
 
 def test_settlement_without_a_provisional_answer_splits_by_tokens():
-    att = Attributor(idle_power_w=0.0)
-    att.add_sample(0.0, 0.0)
-    att.request_started("a", 0.05)
-    att.request_started("b", 0.10)
-    att.add_sample(0.2, 50.0)
-    att.add_sample(0.4, 100.0)
-    att.add_request("a", 0.05, 0.30, 0, 10)
+    att = _two_overlapping()
     att.add_request("b", 0.10, 0.35, 0, 10)
     att.add_sample(0.6, 100.0)
     a, b = att.energy("a"), att.energy("b")
@@ -350,6 +350,13 @@ def test_a_request_dropped_by_the_cap_gets_no_figure_from_its_later_events():
         assert att.energy("b", final=True) is not None
 
 
+def _ticks(m, clk, n: int) -> None:
+    """``n`` samples of meter ``m``, 0.1 s apart on ``clk``."""
+    for _ in range(n):
+        clk.advance(0.1)
+        m.sample()
+
+
 def _simulated(att: Attributor, clk, power_w=100.0, mono=None):
     from litellm_energy_router.energy.request_meter import AttributedMeter
     from litellm_energy_router.energy.simulated import SimulatedMeter
@@ -369,17 +376,11 @@ def test_provisional_answers_never_add_up_to_more_than_the_meter():
     t0 = clk()
     m.request_started("A", t0)
     m.request_started("B", t0)
-    for _ in range(100):
-        clk.advance(0.1)
-        m.sample()
+    _ticks(m, clk, 100)
     a = m.energy_for_request(RequestUsage("A", "c", t0, clk(), t0, 0, 100), final=True)  # B still running
-    for _ in range(300):
-        clk.advance(0.1)
-        m.sample()
+    _ticks(m, clk, 300)
     tb = clk()
-    for _ in range(3):
-        clk.advance(0.1)
-        m.sample()
+    _ticks(m, clk, 3)
     b = m.energy_for_request(RequestUsage("B", "c", t0, tb, t0, 0, 400))
     assert not a.settled and b.settled
     assert a.energy_j + b.energy_j <= 100.0 * (tb - t0) + 1e-6
@@ -476,13 +477,9 @@ def test_a_long_request_known_only_from_its_start_still_gets_a_figure():
     t0 = clk()
     m.request_started("LONG", t0)
     att.in_flight()
-    for _ in range(3200):
-        clk.advance(0.1)
-        m.sample()
+    _ticks(m, clk, 3200)
     t1 = clk()
-    for _ in range(3):
-        clk.advance(0.1)
-        m.sample()
+    _ticks(m, clk, 3)
     assert att.dropped()["stale"] == 1
     long_ = m.energy_for_request(RequestUsage("LONG", "c", t0, t1, t0, 0, 3200), final=True)
     assert long_.energy_j == pytest.approx(100.0 * (t1 - t0), rel=0.01)

@@ -534,30 +534,20 @@ def test_charges_stay_while_this_process_s_writer_is_behind(sqlite_url, tmp_path
     admitted 6 x 60 J under 100 J. Charges now stay until the writer has caught up."""
     import threading
 
-    from router_fixtures import served_row
+    from router_fixtures import served_row, store_with_write
 
     from litellm_energy_router.energy.estimate import EstimateMeter
     from litellm_energy_router.litellm_glue.callback import TableWriter
     from litellm_energy_router.settings import PrivacySettings, WriterSettings
 
     release = threading.Event()
-
-    class Stalled:
-        def __init__(self, url):
-            self.s = open_store(url)
-
-        def write(self, *a, **k):
-            release.wait(30)
-            return self.s.write(*a, **k)
-
-        def __getattr__(self, name):
-            return getattr(self.s, name)
+    stalled = store_with_write(lambda: release.wait(30))
 
     book = BudgetBook(BudgetSettings(pending_s=1.0, keys={"svc": {"limit": 100.0, "mode": "hard"}}), sqlite_url)
     book.tick()
     st = book.keys["svc"]
     cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05)
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Stalled)
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=stalled)
     try:
         book.charge([st], {"joules_estimate": 60.0})
         w.submit(served_row(1))

@@ -152,24 +152,13 @@ def test_measured_split_is_the_meter_registrys_answer():
     """The ledger's and the metrics' measured / estimated split: a meter that declares it measures (``nvml``,
     ``agent``) is measured; the ``simulated`` stand-in and the token estimate are not (the split used to count
     every method but ``estimate`` as measured)."""
+    from router_fixtures import served_row
+
     from litellm_energy_router.energy.meter import RequestEnergy
     from litellm_energy_router.litellm_glue.callback.accounting import RowAccounting
     from litellm_energy_router.metrics import MEASURED_ENERGY_RATIO, observe_row
 
-    row = PendingRow(
-        call_id="acc",
-        candidate="mistralai/mistral-7b-chat",
-        status="success",
-        text="x",
-        start_s=1.0,
-        end_s=2.0,
-        first_token_s=None,
-        prompt_tokens=10,
-        completion_tokens=10,
-        propensity=None,
-        deployment_id=None,
-        backend_id=None,
-    )
+    row = served_row(0)
     split = {}
     for method in ("nvml_counter", "power_sampling", "agent", "simulated", "estimate"):
         _, entry = RowAccounting().settle(row, RequestEnergy(5.0, method))

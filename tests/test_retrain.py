@@ -268,34 +268,12 @@ def test_rows_read_within_the_skew_margin_are_not_new_again_unless_relabelled(sq
 def test_the_joules_rule_does_not_pass_a_worse_checkpoint_when_neither_reaches_the_target():
     """Neither checkpoint reaches the target accuracy on the held-out rows ("never" both): the joules rule compares
     the best accuracy each reaches instead of passing any candidate (a shuffled-label one was promoted)."""
-    from litellm_energy_router.training.data import TableMatrix
     from litellm_energy_router.training.retrain_gate import compare
 
     rng = np.random.default_rng(0)
     n = 200
     Y = (rng.random((n, 2)) < [0.5, 0.8]).astype(float)
-    E = np.tile([10.0, 50.0], (n, 1))
-    hold = TableMatrix(
-        candidates=["small", "large"],
-        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
-        tasks=np.array(["t"] * n, dtype=object),
-        texts=["x"] * n,
-        prompt_tokens=np.full(n, 10.0),
-        Y=Y,
-        E=E,
-        T=np.full((n, 2), np.nan),
-    )
-
-    class Fixed:
-        def __init__(self, P):
-            self.P = P
-
-        def predict_proba(self, m):
-            return self.P
-
-        def predict_energy(self, m):
-            return m.E
-
+    hold = _hold(Y, [10.0, 50.0])
     good = Fixed(np.where(Y > 0, 0.9, 0.1))  # knows each answer: reaches what the data allows
     bad = Fixed(rng.random((n, 2)))  # noise
     cfg = RetrainConfig.model_validate({"rule": "joules", "target_accuracy": 1.0})
@@ -393,34 +371,12 @@ def test_the_gate_calls_a_lead_inside_the_spread_a_tie():
     step of the closed loop, so a new task learnt from production rows (never among the held-out queries) never
     served. A difference whose paired bootstrap 95 % interval holds 0 is a tie, and a tie promotes; a clearly worse
     candidate is still rejected, and resamples: 0 compares the point figures."""
-    from litellm_energy_router.training.data import TableMatrix
     from litellm_energy_router.training.retrain_gate import compare
 
     rng = np.random.default_rng(1)
     n = 150
     Y = (rng.random((n, 3)) < [0.5, 0.65, 0.8]).astype(float)
-    E = np.tile([10.0, 30.0, 90.0], (n, 1))
-    hold = TableMatrix(
-        candidates=["small", "medium", "large"],
-        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
-        tasks=np.array(["t"] * n, dtype=object),
-        texts=["x"] * n,
-        prompt_tokens=np.full(n, 10.0),
-        Y=Y,
-        E=E,
-        T=np.full((n, 3), np.nan),
-    )
-
-    class Fixed:
-        def __init__(self, P):
-            self.P = P
-
-        def predict_proba(self, m):
-            return self.P
-
-        def predict_energy(self, m):
-            return m.E
-
+    hold = _hold(Y, [10.0, 30.0, 90.0])
     informed = np.clip(0.6 * Y + 0.2 + 0.05 * rng.standard_normal((n, 3)), 0, 1)
     serving = Fixed(informed)
     nudged = informed.copy()
@@ -438,3 +394,33 @@ def test_the_gate_calls_a_lead_inside_the_spread_a_tie():
     exact = compare(near, serving, hold, RetrainConfig.model_validate({"rule": "both", "resamples": 0}))
     assert "aiq_diff_ci" not in exact
     assert out["candidate"]["aiq"] < out["serving"]["aiq"] and exact["promote"] is False  # point figures: "worse"
+
+
+def _hold(Y: np.ndarray, joules: list[float]):
+    """Held-out queries with correctness ``Y[n, K]`` and each candidate's constant joules (candidates small, ...)."""
+    from litellm_energy_router.training.data import TableMatrix
+
+    n, k = Y.shape
+    return TableMatrix(
+        candidates=["small", "medium", "large"][:k] if k == 3 else ["small", "large"],
+        ids=np.array([f"q{i}" for i in range(n)], dtype=object),
+        tasks=np.array(["t"] * n, dtype=object),
+        texts=["x"] * n,
+        prompt_tokens=np.full(n, 10.0),
+        Y=Y,
+        E=np.tile(joules, (n, 1)),
+        T=np.full((n, k), np.nan),
+    )
+
+
+class Fixed:
+    """A checkpoint stand-in scoring the held-out queries with fixed ``P`` and their true joules."""
+
+    def __init__(self, P):
+        self.P = P
+
+    def predict_proba(self, m):
+        return self.P
+
+    def predict_energy(self, m):
+        return m.E

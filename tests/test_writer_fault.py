@@ -12,7 +12,7 @@ import time
 import litellm
 import pytest
 from prometheus_client import REGISTRY
-from router_fixtures import served_row, small_big_pool
+from router_fixtures import served_row, small_big_pool, store_with_write
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from tcp_proxy import TCPProxy
@@ -195,21 +195,15 @@ def test_unforeseen_store_error_keeps_rows(sqlite_url, tmp_path):
     """A store that raises something unexpected once: the batch goes to the spool, then in."""
     calls = {"n": 0}
 
-    class Flaky:
-        def __init__(self, url):
-            self.s = open_store(url)
-
-        def write(self, *a, **k):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise RuntimeError("driver bug")
-            return self.s.write(*a, **k)
-
-        def __getattr__(self, name):
-            return getattr(self.s, name)
+    def once():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("driver bug")
 
     cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Flaky)
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=store_with_write(once)
+    )
     for i in range(30):
         w.submit(served_row(i))
     assert w.flush(10)
@@ -335,20 +329,9 @@ def test_close_spools_the_batch_a_hung_table_holds(sqlite_url, tmp_path):
     import threading
 
     release = threading.Event()
-
-    class Hung:
-        def __init__(self, url):
-            self.s = open_store(url)
-
-        def write(self, *a, **k):
-            release.wait(60)
-            return self.s.write(*a, **k)
-
-        def __getattr__(self, name):
-            return getattr(self.s, name)
-
     cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
-    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=Hung)
+    hung = store_with_write(lambda: release.wait(60))
+    w = TableWriter(sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), store_factory=hung)
     for i in range(30):
         w.submit(served_row(i))
     deadline = time.monotonic() + 10
