@@ -184,7 +184,11 @@ def _export_baseline_cmd(kind: str, out: Path, url: str, candidates: str | None)
         _remove_dead_runs(out)
         with replacing(out) as tmp:  # written beside it and swapped in, as the LM's
             try:
-                (specs[kind].export or export_baseline)(kind, load_matrix(store, cands), tmp)
+                m = load_matrix(store, cands)
+                console.print(  # the fit prints nothing for tens of seconds (kNN and logreg embed every query first)
+                    f"fitting {kind} on {len(m)} queries x {len(m.candidates)} candidates...", highlight=False
+                )
+                (specs[kind].export or export_baseline)(kind, m, tmp)
             except ValueError as e:
                 fail(str(e))
     console.print(f"{kind} checkpoint {out} in {time.time() - t0:.0f}s", highlight=False)
