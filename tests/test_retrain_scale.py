@@ -4,6 +4,7 @@ across runs, and reports rows read, the sample, stage timings and peak memory.""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from litellm_energy_router.training.retrain import RetrainConfig, run_retrain
@@ -91,8 +92,11 @@ def test_retrain_reads_the_table_once(tmp_path: Path, sqlite_url: str, monkeypat
     reads: list[tuple[str, ...] | None] = []
     real = store_mod.SQLStore.iter_runs
 
-    def counted(self, *a, **kw):
-        reads.append(tuple(kw["sources"]) if kw.get("sources") else None)
+    caller = threading.current_thread()
+
+    def counted(self, *a, **kw):  # this thread's reads: a serving core another test left running reads its own table
+        if threading.current_thread() is caller:
+            reads.append(tuple(kw["sources"]) if kw.get("sources") else None)
         return real(self, *a, **kw)
 
     monkeypatch.setattr(store_mod.SQLStore, "iter_runs", counted)

@@ -405,5 +405,6 @@ def test_a_mistyped_candidate_tag_is_said_once(ckpt, backend, caplog):
     with caplog.at_level("WARNING", logger="litellm_energy_router"):
         for _ in range(3):
             asyncio.run(core.choose(deps, PROOF))
+    core.runtime.close()
     said = [r.getMessage() for r in caplog.records if "is not a candidate of the router" in r.getMessage()]
     assert len(said) == 1 and "'smal'" in said[0] and "did you mean 'small'?" in said[0], said

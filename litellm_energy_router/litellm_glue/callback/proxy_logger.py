@@ -16,16 +16,20 @@ from litellm_energy_router.errors import UserError
 from litellm_energy_router.litellm_glue.callback.logger import EnergyLogger
 from litellm_energy_router.litellm_glue.litellm_compat import quiet_refusals
 
-try:
-    energy_logger: CustomLogger = EnergyLogger()
-except (
-    UserError,
-    MeterError,
-) as e:  # a settings, table or meter error: one line (it was a 400-line startup traceback, exit 3)
-    logging.getLogger("litellm_energy_router").error(
-        "energy-router: energy logger not started (%s); served requests are not recorded until the proxy restarts "
-        "with valid settings",
-        str(e).splitlines()[0],
-    )
-    energy_logger = CustomLogger()  # records nothing; the proxy serves (the router fails open the same way)
+
+def _energy_logger() -> CustomLogger:
+    """The logger from the settings; on a settings, table or meter error one line, and a logger that records nothing:
+    the proxy serves (the router fails open the same way). It was a 400-line startup traceback, exit 3."""
+    try:
+        return EnergyLogger()
+    except (UserError, MeterError) as e:
+        logging.getLogger("litellm_energy_router").error(
+            "energy-router: energy logger not started (%s); served requests are not recorded until the proxy "
+            "restarts with valid settings",
+            str(e).splitlines()[0],
+        )
+        return CustomLogger()
+
+
+energy_logger = _energy_logger()
 quiet_refusals()  # a refused call id: the logger's WARNING line, not the proxy's ERROR line
