@@ -253,3 +253,19 @@ def test_another_candidates_failed_attempt_arriving_after_the_retry_counts_its_j
             ("small", "success"),
         ]
     store.close()
+
+
+def test_report_shows_no_carbon_as_unknown_not_zero(sqlite_url):
+    """Without carbon settings no request is priced in grams: the table showed gCO2e 0.000 (and an empty panel)."""
+    from litellm_energy_router.cli import app
+
+    store = open_store(sqlite_url)
+    write(store, [production(f"c{i}", co2e=None) for i in range(2)])
+    store.close()
+    r = CliRunner().invoke(app, ["report", "--db", sqlite_url, "--by", "team"])
+    assert r.exit_code == 0 and "carbon.sites not configured" in r.output and "0.000" not in r.output, r.output
+    store = open_store(sqlite_url)
+    write(store, [production("c9")])  # one priced request: grams shown
+    store.close()
+    r = CliRunner().invoke(app, ["report", "--db", sqlite_url, "--by", "team"])
+    assert r.exit_code == 0 and "carbon.sites not configured" not in r.output and "0.500" in r.output, r.output

@@ -64,12 +64,15 @@ def _table(rows: list[dict[str, Any]], by: str, title: str) -> Table:
         t.add_column("alias")
     for name, _, _ in COLUMNS:
         t.add_column(name, justify="right")
+    no_carbon = not any(r.get("co2e_g") for r in rows)  # no row priced in grams: no carbon settings, not 0 g
     for r in rows:
         cells = [str(r[by])] + ([str(r.get("label") or "-")] if "label" in r else [])
         for name, key, spec in COLUMNS:
             v = r["tokens"] if name == "tokens" else r["saved_pct"] if name == "saved %" else r[key]
-            cells.append("-" if v is None else format(v, spec))
+            cells.append("-" if v is None or (key == "co2e_g" and no_carbon) else format(v, spec))
         t.add_row(*cells)
+    if rows and no_carbon:
+        t.caption = "gCO2e: - (no request was priced in grams: carbon.sites not configured; docs/accounting.md)"
     return t
 
 
