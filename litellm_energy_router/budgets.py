@@ -390,6 +390,7 @@ class BudgetBook:
             sums = None
         with self._lock:
             for st in self.states:
+                period = st.period_of(now)
                 if sums is not None:  # table first: a lock-free reader may see the spend high, never low
                     st.table = sums[id(st)]
                     old = self.read_started - self.cfg.pending_s  # charged before: its row is in what was read
@@ -400,8 +401,8 @@ class BudgetBook:
                     st.local = max(st.local, 0.0) if st.charges else 0.0
                     st.reads += 1
                     st.read_ok = time.monotonic()
-                    st.table_period = st.period_of(now)
-                if st.table_period == st.period_of(now):  # a failed read across the period's end: μ kept, not
+                    st.table_period = period
+                if st.table_period == period:  # a failed read across the period's end: μ kept, not
                     st.step(now)  # stepped against last period's full spend from 0 (it jumped to ≈ η at midnight)
 
     def _loop(self) -> None:

@@ -17,10 +17,7 @@ from typing import Iterator
 
 from pydantic import ValidationError
 
-from litellm_energy_router.redact import redact
-
-#: a field whose value is never shown in an error (``energy.agent_token``, ``privacy.salt``; not ``max_tokens``)
-_SECRET_FIELD = re.compile(r"(?:^|[._])(?:token|password|secret|api_key|salt)$", re.I)
+from litellm_energy_router.redact import redact, secret_field
 
 
 def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str = "<root>") -> str:
@@ -42,7 +39,7 @@ def one_line(err: ValidationError, where: str, *, key: str = "field", whole: str
     if e["type"] == "value_error" and (not e["loc"] or isinstance(e.get("input"), dict)):
         return f"{where}: {msg}"  # a check on a whole (sub)object: its message names the fields
     value = e.get("input")
-    if _SECRET_FIELD.search(loc):  # a token YAML read as a number is a bare value redact() cannot tell from any other
+    if secret_field(loc):
         shown = "<redacted>"
     else:
         shown = type(value).__name__ if isinstance(value, (dict, list)) else redact(repr(value))

@@ -34,6 +34,21 @@ from litellm_energy_router.router.decide import decide, lambda_grid
 
 from .data import MatrixError
 
+# -- resamples ----------------------------------------------------------------------------------------
+
+
+def bootstrap_rows(n: int, n_boot: int, seed: int = 0) -> list[np.ndarray]:
+    """``n_boot`` resamples (with replacement) of ``n`` query rows: :func:`evaluate`'s ``folds`` for paired intervals."""
+    rng = np.random.default_rng(seed)
+    return list(rng.integers(0, n, size=(n_boot, n)))
+
+
+def interval95(x: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of ``x`` (resampled differences): a 95 % interval."""
+    lo, hi = np.percentile(np.asarray(x, dtype=np.float64), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 # -- hull and area ------------------------------------------------------------------------------------
 
 

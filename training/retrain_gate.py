@@ -41,17 +41,15 @@ def set_pointer(pointer: Path, checkpoint_dir: Path) -> None:
 def compare(candidate: Any, serving: Any, hold: TableMatrix, cfg: RetrainConfig) -> dict[str, Any]:
     """Score both checkpoints (:class:`~.pipeline.CheckpointPredictor`; ``serving`` may be None) on the
     held-out queries; ``promote`` says whether the rule holds."""
-    from .evaluate import evaluate, joules_at_accuracy
+    from .evaluate import bootstrap_rows, evaluate, joules_at_accuracy
 
     routers = {
         name: (p.predict_proba(hold), p.predict_energy(hold))
         for name, p in (("candidate", candidate), ("serving", serving))
         if p is not None
     }
-    boot = None
-    if cfg.resamples and serving is not None:  # paired: both checkpoints scored on the same resamples
-        rng = np.random.default_rng(0)
-        boot = list(rng.integers(0, len(hold), size=(cfg.resamples, len(hold))))
+    # paired: both checkpoints scored on the same resamples of the held-out queries
+    boot = bootstrap_rows(len(hold), cfg.resamples) if cfg.resamples and serving is not None else None
     ev = evaluate(hold.Y, hold.E, routers, hold.candidates, folds=boot)
     target = cfg.target_accuracy or ev.best_accuracy
     out: dict[str, Any] = {
@@ -100,15 +98,16 @@ def _bootstrap_ties(ev: Any, out: dict[str, Any], cfg: RetrainConfig) -> tuple[b
     loss: a point comparison rejected a candidate 0.001 AIQ "worse" on 152 queries at every step of the closed loop,
     so a new task learnt from production never served). The joules tie reads J at the best single candidate's
     accuracy per resample (``None``: a configured ``target_accuracy``, or too few resamples reach it)."""
+    from .evaluate import interval95
+
     c, s = ev.method("candidate"), ev.method("serving")
-    da = np.asarray(c.aiq_folds) - np.asarray(s.aiq_folds)
-    lo, hi = np.percentile(da, [2.5, 97.5])
+    lo, hi = interval95(np.asarray(c.aiq_folds) - np.asarray(s.aiq_folds))
     out["aiq_diff_ci"] = [round(float(lo), 5), round(float(hi), 5)]
     j_tie = None
     cj, sj = np.asarray(c.joules_ratio_folds), np.asarray(s.joules_ratio_folds)
     both = np.isfinite(cj) & np.isfinite(sj)
     if cfg.target_accuracy is None and both.mean() >= 0.9:
-        jlo, jhi = np.percentile(cj[both] - sj[both], [2.5, 97.5])
+        jlo, jhi = interval95(cj[both] - sj[both])
         out["joules_ratio_diff_ci"] = [round(float(jlo), 5), round(float(jhi), 5)]
         j_tie = bool(jlo <= 0.0 <= jhi)
     return bool(lo <= 0.0 <= hi), j_tie

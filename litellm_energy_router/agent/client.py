@@ -81,9 +81,7 @@ class AgentMeter:
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, verify=verify)
         self.gpu: str | None = None
         self._last_warn = 0.0
-        self._down_until = (
-            0.0  # monotonic s: after a transport error, no call before this (the writer would wait on each)
-        )
+        self._down_until = 0.0  # monotonic s: no call before this after a transport error
 
     def _warn(self, msg: str) -> None:
         now = time.monotonic()

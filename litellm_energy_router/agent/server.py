@@ -212,20 +212,20 @@ class EnergyAgent:
         loop = asyncio.get_running_loop()
         nxt = loop.time()
         while True:
-            try:
-                await self.tick()
-            except Exception as e:  # noqa: BLE001
-                self.attributor.read_failed()  # no figure across the gap
-                self._warn("read", "agent: meter read failed (no figure across it): %s", e)
+            await self._tick_or_gap()
             nxt += period
             await asyncio.sleep(max(0.0, nxt - loop.time()))
 
-    async def start(self) -> None:
+    async def _tick_or_gap(self) -> None:
+        """:meth:`tick`; a read that fails (the first one too) is a gap: no figure across it, sampling goes on."""
         try:
             await self.tick()
-        except Exception as e:  # noqa: BLE001 - as every later read: a gap, a warning, the agent keeps sampling
+        except Exception as e:  # noqa: BLE001
             self.attributor.read_failed()
             self._warn("read", "agent: meter read failed (no figure across it): %s", e)
+
+    async def start(self) -> None:
+        await self._tick_or_gap()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:

@@ -73,12 +73,6 @@ class Sweep:
     hull_boot: np.ndarray | None = None
 
 
-def bootstrap_rows(n: int, n_boot: int, seed: int = 0) -> list[np.ndarray]:
-    """``n_boot`` resamples (with replacement) of ``n`` query rows."""
-    rng = np.random.default_rng(seed)
-    return list(rng.integers(0, n, size=(n_boot, n)))
-
-
 def router_sweep(
     checkpoint: Path,
     texts: Sequence[str],
@@ -93,7 +87,7 @@ def router_sweep(
     decision rule; ``Y``/``E`` in the checkpoint's candidate order. ``n_boot`` query resamples give the
     AIQ's spread (router and static hull on the same resample)."""
     from litellm_energy_router.router.scoring import load_scorer
-    from litellm_energy_router.training.evaluate import aiq, evaluate
+    from litellm_energy_router.training.evaluate import aiq, bootstrap_rows, evaluate
 
     model = load_scorer(checkpoint)
     P = model.score(list(texts), None)
@@ -108,11 +102,6 @@ def router_sweep(
     if boot is not None:
         hull = np.array([aiq(E[i].mean(axis=0), Y[i].mean(axis=0), float(E[i].mean(axis=0).max())) for i in boot])
     return Sweep(ev, at, e_ref, model.version, np.asarray(ev.method("router").aiq_folds) if boot else None, hull)
-
-
-def _ci(x: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(x, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 @dataclass
@@ -142,6 +131,8 @@ class Headline:
         seed: int = 0,
     ) -> "Headline":
         """``prod``: the served production rows, row i = query i of ``Y``/``E`` (labelled, with energy)."""
+        from litellm_energy_router.training.evaluate import bootstrap_rows, interval95
+
         b = list(sweep.evaluation.candidates).index(base["best_single"].candidate)
         s = np.array([r["score"] for r in prod], dtype=np.float64)
         j = np.array([r["energy_j"] for r in prod], dtype=np.float64)
@@ -152,16 +143,16 @@ class Headline:
         ev = sweep.evaluation
         a_r, a_h = ev.method("router").aiq, ev.method("zero router (static hull)").aiq
         a_ci = (
-            _ci(sweep.aiq_boot - sweep.hull_boot)
+            interval95(sweep.aiq_boot - sweep.hull_boot)
             if sweep.aiq_boot is not None and sweep.hull_boot is not None
             else None
         )
         return cls(
             base["best_single"].name,
             float(s.mean() - Y[:, b].mean()),
-            _ci(d),
+            interval95(d),
             float(j.mean() / E[:, b].mean()),
-            _ci(r),
+            interval95(r),
             a_r,
             a_h,
             a_ci,

@@ -165,8 +165,7 @@ class Attributor(AttributionState):
                 agg = None
         with self._lock:
             if self._last is not None and (t <= self._last[0] or self._stepped(t, mono)):
-                self._gap_from = self._resume_after = self._last[0]
-                self._last = None
+                self._open_gap()
             if self._last is None:
                 if self._gap_from is not None:
                     if t <= self._resume_after:  # the clock stepped back: no sample until it passes what is measured
@@ -203,8 +202,12 @@ class Attributor(AttributionState):
         resumes without the joules of the gap), so a request across it gets no figure."""
         with self._lock:
             if self._last is not None:
-                self._gap_from = self._resume_after = self._last[0]
-                self._last = None
+                self._open_gap()
+
+    def _open_gap(self) -> None:
+        """From the last good sample on, no reading counts until a new one starts the intervals again (lock held)."""
+        self._gap_from = self._resume_after = self._last[0]  # type: ignore[index]
+        self._last = None
 
     def _stepped(self, t: float, mono: float | None) -> bool:
         """Whether the wall clock stepped since the last sample: its advance and the monotonic clock's differ by more

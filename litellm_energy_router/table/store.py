@@ -40,9 +40,7 @@ _CAND_FIELDS = [c.name for c in schema.candidates.columns]
 
 PG_CONNECT_TIMEOUT_S = 10
 PG_WRITE_LOCK_TIMEOUT_S = 10  # s a production write waits for another proxy's (one try; retried with backoff)
-PG_WRITE_IDLE_TIMEOUT_S = (
-    60  # s a production write's transaction may sit idle (a frozen proxy) before the server ends it
-)
+PG_WRITE_IDLE_TIMEOUT_S = 60  # s a production write's transaction may sit idle (a frozen proxy) before it is ended
 PG_DDL_LOCK_TIMEOUT_S = 2  # s a schema upgrade's DDL waits for a table lock (one try; retried with backoff)
 PG_CONNECT_ARGS = {
     "connect_timeout": PG_CONNECT_TIMEOUT_S,

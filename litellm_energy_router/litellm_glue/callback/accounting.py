@@ -29,12 +29,15 @@ class RowAccounting:
         self.carbon = carbon or CarbonModel()
         self.keep_ledger = keep_ledger
 
-    def settle(self, row: PendingRow, e: RequestEnergy) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def settle(
+        self, row: PendingRow, e: RequestEnergy, measured: bool | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(extra ``Run`` columns, ledger entry or ``None``) of ``row`` whose energy is ``e``; counts the
         Prometheus accounting counters."""
         site = self.carbon.site_of({SITE_KEY: row.site} if row.site else None)
         co2e = self.carbon.grams(e.energy_j, site, row.end_s)
-        measured = is_measured(e.method)  # the meter registry: a simulation or an estimate is not
+        if measured is None:  # the meter registry: a simulation or an estimate is not
+            measured = is_measured(e.method)
         est, ref = row.estimate_j, row.reference_j
         saved = ref - est if est is not None and ref is not None else None
         observe_accounting(row.team_alias or row.team, row.model_group, measured, e.energy_j, co2e, saved)

@@ -67,8 +67,9 @@ class RecordBuilder:
         call_id = stored_call_id(row.call_id)
         if call_id != row.call_id:
             CALL_IDS_REASSIGNED.labels(reason="too_long").inc()
+        measured = is_measured(e.method)  # the meter registry's answer, read once for the ledger and the metrics
         try:
-            figures, ledger = self.accounting.settle(row, e)  # accounting: run columns + ledger increments
+            figures, ledger = self.accounting.settle(row, e, measured)  # accounting: run columns + ledger increments
             q = Query(
                 id=query_id_for(call_id),
                 task=self.task,
@@ -107,7 +108,7 @@ class RecordBuilder:
             self.spool.reject([self.private_json(row, h)], msg)
             REJECTED_ROWS.inc()
             return None
-        observe_row(row.candidate, e.method, e.energy_j, is_measured(e.method))
+        observe_row(row.candidate, e.method, e.energy_j, measured)
         cand = {"name": row.candidate, **self.cmap.info.get(row.candidate, {})}
         return {"k": "row", "q": q.model_dump(), "r": run.model_dump(), "c": cand, "l": ledger}
 
