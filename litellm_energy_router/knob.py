@@ -32,7 +32,8 @@ from __future__ import annotations
 import copy
 import math
 import re
-from typing import Any, Literal, Mapping, Optional, get_args, get_origin
+from collections.abc import Mapping  # typing's Mapping makes every isinstance check several calls
+from typing import Any, Literal, Optional, get_args, get_origin
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator

@@ -128,7 +128,7 @@ def test_known_task_prices_a_candidate_without_its_rows_with_the_length_model():
 def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
     """The serving shortcut (a cue's pattern tried only where one of its anchors occurs, on ASCII text) flags
     exactly what a search of the whole tail flags: every anchor, upper case, non-ASCII text, near misses."""
-    from litellm_energy_router.router.length_model import CUE_CHARS, CUES, LENGTH_RE, LENGTH_UNITS, _fires
+    from litellm_energy_router.router.length_model import CUE_CHARS, CUES, LENGTH_RE, _fires, _may_ask_length
 
     texts = [
         "Write a Python function that adds two numbers.",
@@ -172,6 +172,14 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
         "only give answer",
         "Without any explanation",
         "phone: yes or no",
+        "3+4",
+        "3 +\n 4",
+        "x = y and 12",
+        "12 apples - none",
+        "what?  ",
+        "what? no",
+        "\u0663+\u0664",
+        "3\x1c=\x1c4",
     ]
     for t in texts:
         tail = t[-CUE_CHARS:]
@@ -179,10 +187,10 @@ def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
         for name, alts in CUES:
             fast = any(_fires(p, tail, low, a) for p, a in alts)
             assert fast == any(p.search(tail) for p, _ in alts), (name, t[:40])
-        if low is not None and not any(u in low for u in LENGTH_UNITS):
+        if low is not None and not _may_ask_length(low):
             assert not list(LENGTH_RE.finditer(tail)), t[:40]
     assert all(
-        a == a.lower() for _, alts in CUES for _, anchors in alts for a in anchors
+        a == a.lower() for _, alts in CUES for _, anchors in alts if isinstance(anchors, tuple) for a in anchors
     )  # found in the lower-cased tail
 
 

@@ -54,3 +54,18 @@ def test_the_routing_estimate_stays_near_the_count_on_the_bundled_prompts():
         n = estimate_prompt_tokens(t)
         assert 1 <= n <= 2 * len(t.encode("utf-8", "replace")) and isinstance(n, int)
     assert estimate_prompt_tokens("word " * 20_000) > 10 * estimate_prompt_tokens("word " * 1_000) > 0
+
+
+def test_the_estimate_is_its_documented_linear_model_of_the_byte_class_features():
+    """The served estimate (one bincount of byte class and run start, dotted with the fused weights) is
+    ``round(token_features(text) @ _EST_W)``, at least 1, on any non-empty text: every byte class, run class and first byte."""
+    from itertools import islice
+
+    from litellm_energy_router.profiling.routerbench import bundled_files, iter_records
+
+    from litellm_energy_router.tokens import _EST_W, token_features
+
+    texts = [r.prompt for f in bundled_files() for r in islice(iter_records([f]), 100)]
+    texts += [*TEXTS, "a", "A", "7", " ", "\n", ",", "é", "日本語", "\ud800", "aB3 \n\t,.é日" * 7, "x" * 9000]
+    for t in filter(None, texts):  # "" is 0 tokens
+        assert estimate_prompt_tokens(t) == max(int(round(float(token_features(t) @ _EST_W))), 1), t[:40]

@@ -173,17 +173,13 @@ class EnergyRouterCore:
         """Context length (tokens, prompt + output; inf: none known) per candidate, or None when no candidate has
         one: the largest ``model_info.max_input_tokens`` of its deployments in the pool, else its
         ``candidates[].context_tokens`` setting."""
-        out, known = np.full(len(candidates), np.inf), False
-        for k, c in enumerate(candidates):
-            vals = [
-                v
-                for d in by_cand.get(c, ())
-                if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0
-            ]
-            n = max(vals) if vals else self._context.get(c)
-            if n:
-                out[k], known = float(n), True
-        return out if known else None
+        found = dict(self._context)  # one pass over the pool's deployments; a deployment's figure beats the setting
+        for c, deps in by_cand.items():
+            vals = [v for d in deps if type(v := (d.get("model_info") or {}).get("max_input_tokens")) is int and v > 0]
+            if vals:
+                found[c] = max(vals)
+        out = [float(found.get(c) or np.inf) for c in candidates] if found else ()
+        return np.array(out) if any(n < np.inf for n in out) else None
 
     def decide(
         self,

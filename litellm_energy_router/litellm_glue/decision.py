@@ -16,8 +16,9 @@ import itertools
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping  # typing's Mapping makes every isinstance check several calls
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 DECISION_KEY = "energy_router_decision"
 KNOB_KEY = "energy_router"  # request metadata: {"energy_router": {"lambda": 0.3}} or {"target_accuracy": 0.9}

@@ -8,7 +8,8 @@ equal to a candidate name or a settings candidate's ``model``, with or without t
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 CANDIDATE_KEY = "energy_router_candidate"  # model_info key naming a deployment's candidate
 
@@ -18,7 +19,7 @@ def deployment_keys(deployment: Mapping[str, Any] | None) -> tuple[str | None, s
     if not deployment:
         return None, None, None
     info = deployment.get("model_info") or {}
-    info = info if type(info) is dict or isinstance(info, Mapping) else {}  # dict first: typing's Mapping check is slow
+    info = info if type(info) is dict or isinstance(info, Mapping) else {}  # dict first: the ABC check is slower
     params = deployment.get("litellm_params") or {}
     model = params.get("model") if type(params) is dict or isinstance(params, Mapping) else None
     dep_id, tag = info.get("id"), info.get(CANDIDATE_KEY)

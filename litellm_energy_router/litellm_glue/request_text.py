@@ -13,7 +13,8 @@ Never raises: anything unexpected yields ``""`` or ``None``. Output is bounded (
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping  # typing's Mapping makes every isinstance check several calls
+from typing import Any, Sequence
 
 MAX_CHARS = 8192
 CONTEXT_CHARS = 1024

@@ -52,10 +52,23 @@ SUPPORT_FULL = SUPPORT_BLEND[1]
 PRIOR_BAND = (0.25, 2.5)  # the chat prior's 80 % interval, × the prior (chat answers span two orders of magnitude)
 _BANDS = np.array([[1.0], [PRIOR_BAND[0]], [PRIOR_BAND[1]]])  # × the prior: its mean, 80 % low and high
 
+
+@dataclass(frozen=True)
+class Needs:
+    """A cue pattern's necessary characters on ASCII text: every match holds a character of each group (a pattern that
+    any position may begin is searched only on a text that has them: most texts have no digit or no "?")."""
+
+    groups: tuple[str, ...]
+
+    def met(self, low: str) -> bool:
+        return all(any(c in low for c in g) for g in self.groups)
+
+
 #: cue name → its alternatives, each (pattern, anchors): lower-case literals one of which begins every match of the
-#: pattern on ASCII text (``()``: any position may begin one). On an ASCII text (nearly all) a pattern is tried only
-#: where one of its anchors occurs: the same flags as a search everywhere, in a tenth of the time (docs/benchmarks.md).
-CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]], ...] = tuple(
+#: pattern on ASCII text (``()``: any position may begin one; :class:`Needs`: any position, on a text with those
+#: characters). On an ASCII text (nearly all) a pattern is tried only where one of its anchors occurs: the same flags
+#: as a search everywhere, in a tenth of the time (docs/benchmarks.md).
+CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...] | Needs], ...]], ...] = tuple(
     (n, tuple((re.compile(p, re.I | re.M), a) for p, a in alts))
     for n, alts in (
         (
@@ -134,10 +147,10 @@ CUES: tuple[tuple[str, tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]], ...
                     r"\b(solve|calculate|compute|how many|how much)\b",
                     ("solve", "calculate", "compute", "how many", "how much"),
                 ),
-                (r"\d\s*[-+*/^=]\s*\d", ()),
+                (r"\d\s*[-+*/^=]\s*\d", Needs(("0123456789", "-+*/^="))),
             ),
         ),
-        ("question", ((r"\?\s*\Z", ()),)),
+        ("question", ((r"\?\s*\Z", Needs(("?",))),)),
         ("fill", ((r"_{2,}|\bblank\b", ("__", "blank")),)),
     )
 )
@@ -168,9 +181,16 @@ def dense_features(text: str, prompt_tokens: float) -> np.ndarray:
     """The cue flags and numeric features of one request (:data:`DENSE`, in that order)."""
     tail = text[-CUE_CHARS:]
     low = tail.lower() if tail.isascii() else None  # ASCII: lower() maps character for character, as re.I does
-    f = [1.0 if any(_fires(p, tail, low, a) for p, a in alts) else 0.0 for _, alts in CUES]
+    f = []
+    for _, alts in CUES:  # plain loops: a generator per cue cost more than most cues' searches
+        hit = 0.0
+        for p, anchors in alts:
+            if _fires(p, tail, low, anchors):
+                hit = 1.0
+                break
+        f.append(hit)
     asked = 0.0
-    for m in LENGTH_RE.finditer(tail) if low is None or any(u in low for u in LENGTH_UNITS) else ():
+    for m in LENGTH_RE.finditer(tail) if low is None or _may_ask_length(low) else ():
         unit = m.group(2).lower().rstrip("s")
         asked = max(asked, float(m.group(1)) * UNIT_TOKENS.get(unit, UNIT_TOKENS.get(unit + "s", 1.0)))
     turns = len([b for b in _BLANK.split(text) if b.strip()])
@@ -184,17 +204,25 @@ def dense_features(text: str, prompt_tokens: float) -> np.ndarray:
     return np.asarray(f, dtype=np.float64)
 
 
-def _fires(p: re.Pattern[str], tail: str, low: str | None, anchors: tuple[str, ...]) -> bool:
+def _may_ask_length(low: str) -> bool:
+    """Whether ASCII ``low`` may hold a :data:`LENGTH_RE` match: one of its units and a digit."""
+    return any(u in low for u in LENGTH_UNITS) and any(d in low for d in "0123456789")
+
+
+def _fires(p: re.Pattern[str], tail: str, low: str | None, anchors: tuple[str, ...] | Needs) -> bool:
     """Whether ``p`` matches somewhere in ``tail``: where one of its ``anchors`` occurs in ``low`` (``tail`` lower-cased,
-    ASCII), else everywhere."""
+    ASCII), else everywhere (with :class:`Needs`: on ASCII text only where it has those characters)."""
+    if isinstance(anchors, Needs):
+        return (low is None or anchors.met(low)) and p.search(tail) is not None
     if low is None or not anchors:
         return p.search(tail) is not None
+    find, match = low.find, p.match
     for a in anchors:
-        i = low.find(a)
+        i = find(a)
         while i >= 0:
-            if p.match(tail, i):
+            if match(tail, i):
                 return True
-            i = low.find(a, i + 1)
+            i = find(a, i + 1)
     return False
 
 
@@ -370,8 +398,10 @@ class LengthModel:
             w, sup, mu = np.zeros(n), np.zeros(n), np.zeros((n, K))
         else:
             mu, sup, cue = self.log_mu(texts, prompt_tokens)
-            span = max(self.support_hi - self.support_lo, 1e-9)
-            w = np.where(cue, 1.0, np.minimum(np.maximum((sup - self.support_lo) / span, 0.0), 1.0))
+            lo, span = self.support_lo, max(self.support_hi - self.support_lo, 1e-9)
+            w = np.array(
+                [1.0 if c else min(max((s - lo) / span, 0.0), 1.0) for c, s in zip(cue.tolist(), sup.tolist())]
+            )
         ww = w[:, None, None]
         out = np.maximum(np.expm1(ww * (mu[:, None, :] + self._offsets) + (1 - ww) * log_p), 0.0)  # [n, 3, K]
         return LengthPrediction(out[:, 0], out[:, 1], out[:, 2], w, sup)

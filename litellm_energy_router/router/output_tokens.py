@@ -63,10 +63,10 @@ def request_tokens(
         out = np.maximum(out + offset, 0.0)
     lo, hi = out, out
     support = [None] * n
-    unk = [i for i in range(n) if gap[i].any()]
+    unk = list(range(n)) if gap is None else [i for i in range(n) if gap[i].any()]
     if unk and length is not None:
         pred = length.predict([texts[i] for i in unk], [prompt_tokens[i] for i in unk], prior)
-        if gap.all():  # no request of a known task (production traffic): the prediction throughout
+        if gap is None:  # no request of a known task (production traffic): the prediction throughout
             out, lo, hi = pred.mean, pred.lo, pred.hi
         else:
             g = gap[unk]
@@ -79,17 +79,24 @@ def request_tokens(
             if source[i] == "prior":
                 source[i] = pred.source(j)
     elif unk:
-        lo = np.where(gap, out * PRIOR_BAND[0], out)
-        hi = np.where(gap, out * PRIOR_BAND[1], out)
+        band = np.ones(out.shape, dtype=bool) if gap is None else gap
+        lo = np.where(band, out * PRIOR_BAND[0], out)
+        hi = np.where(band, out * PRIOR_BAND[1], out)
+    if not out.flags.writeable:  # the prior broadcast (:func:`_task_means`): the caller's own array
+        out = out.copy()
     caps = list(max_tokens) if max_tokens is not None else [None] * n
     if any(c is not None for c in caps):
         out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
-    bands = np.round(np.stack([lo, out, hi], axis=2), 1).tolist()  # [n, K, 3]: one rounding pass, then Python floats
+    bands = np.empty((n, len(candidates), 3))  # [n, K, 3]: one rounding pass, then Python floats
+    bands[..., 0], bands[..., 1], bands[..., 2] = lo, out, hi
+    bands = np.round(bands, 1, out=bands).tolist()
     notes = [_note(candidates, source[i], support[i], caps[i], bands[i]) for i in range(n)]
     for i in unk:
         if source[i] == "task_mean":
             notes[i]["length_model_for" if length is not None else "prior_for"] = [
-                c for c, g in zip(candidates, gap[i]) if g
+                c
+                for c, g in zip(candidates, gap[i])
+                if g  # type: ignore[index]
             ]
         elif source[i] == "prior":
             notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"
@@ -98,19 +105,22 @@ def request_tokens(
 
 def _task_means(
     est, candidates: Sequence[str], tasks: Sequence[str | None]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[str]]:
     """(the estimate's prior ``[K]``, output tokens ``[n, K]``: a known task's per-task mean, else the prior, ``gap``
-    ``[n, K]``: no row of the request's task for the candidate, the source per request)."""
+    ``[n, K]``: no row of the request's task for the candidate, or None when no request's task is known (production
+    traffic: every entry a gap), the source per request)."""
     fb = est.unknown_task_tokens()
     prior = np.array([fb[c] for c in candidates], dtype=np.float64)
-    out = np.tile(prior, (len(tasks), 1))
-    gap = np.ones(out.shape, dtype=bool)
+    known = [i for i, task in enumerate(tasks) if est.knows_task(task)]
+    out = np.broadcast_to(prior, (len(tasks), len(prior)))  # read-only: replaced, never written, when no task is known
     source = ["prior"] * len(tasks)
-    for i, task in enumerate(tasks):
-        if est.knows_task(task):
-            table, source[i] = est.output_tokens[task], "task_mean"
-            out[i] = [table.get(c, fb[c]) for c in candidates]
-            gap[i] = [c not in table for c in candidates]
+    if not known:
+        return prior, out, None, source
+    out, gap = out.copy(), np.ones(out.shape, dtype=bool)
+    for i in known:
+        table, source[i] = est.output_tokens[tasks[i]], "task_mean"
+        out[i] = [table.get(c, fb[c]) for c in candidates]
+        gap[i] = [c not in table for c in candidates]
     return prior, out, gap, source
 
 

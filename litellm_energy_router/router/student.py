@@ -15,6 +15,7 @@ indicator per task seen in training (none for an unknown task, as for production
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -45,28 +46,35 @@ def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -
 
 
 @lru_cache(maxsize=32)
-def _hashes(tail: str, max_n: int) -> tuple[np.ndarray, ...]:
-    """Per n in 2..``max_n``: the mixed hash ``(h · M) >> 16`` of the n-gram starting at each byte of the tail."""
-    b = np.frombuffer(tail.lower().encode("utf-8", "replace"), dtype=np.uint8).astype(np.uint64)
-    h, out = b + np.uint64(2 * 257), []
+def _hashes(tail: str, max_n: int, wide: bool = False) -> tuple[np.ndarray, ...]:
+    """Per n in 2..``max_n``: the mixed hash ``(h · M) >> 16`` of the n-gram starting at each byte of the tail, as
+    uint16 (its low 16 bits: every bucket of ``dim`` ≤ 2¹⁶), or with ``wide`` as uint64 (48 bits). The narrow pass
+    runs in uint32: ``h`` and ``h · M`` mod 2³² are the low bits of the same sums mod 2⁶⁴, at half the bytes."""
+    raw = np.frombuffer(tail.lower().encode("utf-8", "replace"), dtype=np.uint8)
+    t = np.uint64 if wide else np.uint32
+    b = raw.astype(t)
+    h, out, mult, shift = b + t(2 * 257), [], t(_MULT), t(16)
     for n in range(2, max_n + 1):
-        h = h[:-1] * np.uint64(257) + b[n - 1 :]
-        out.append((h * _MULT) >> np.uint64(16))
+        h = h[:-1] * t(257)
+        h += b[n - 1 :]
+        m = h * mult
+        m >>= shift
+        out.append(m if wide else m.astype(np.uint16))
     return tuple(out)
 
 
 @lru_cache(maxsize=32)
 def _suffix_buckets(tail: str, chars: int, ngrams: tuple[int, ...], dim: int) -> np.ndarray:
     """The buckets of the last ``chars`` characters of ``tail`` (all of them, or an ASCII tail's suffix)."""
-    hs = _hashes(tail, max(_MAX_N, *ngrams) if ngrams else _MAX_N)
+    narrow = dim <= 2**16
+    hs = _hashes(tail, max(_MAX_N, *ngrams) if ngrams else _MAX_N, not narrow)
     skip = max(len(tail) - chars, 0)  # ASCII when > 0: characters are bytes
     parts = [hs[n - 2][skip:] for n in ngrams if n >= 2]
-    if dim <= 2**16:  # 16-bit ids: numpy sorts them by radix (kind="stable"), touching only the ids
-        # the cast keeps a hash's low 16 bits (the bucket of dim 2**16), the mask the low bits of a smaller dim
-        ids = np.concatenate(parts, dtype=np.uint16, casting="unsafe") if parts else np.zeros(0, dtype=np.uint16)
+    if narrow:  # 16-bit ids: the low bits of a hash are the bucket of a dim ≤ 2**16
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
         if dim < 2**16:
             ids &= np.uint16(dim - 1)
-        ids.sort(kind="stable")
+        ids.sort()
         keep = np.empty(len(ids), dtype=bool)
         keep[:1] = True
         np.not_equal(ids[1:], ids[:-1], out=keep[1:])
@@ -141,7 +149,7 @@ class Student:
         out = np.empty((len(texts), self.n_candidates), dtype=np.float64)
         for i, (text, task) in enumerate(zip(texts, tasks)):
             idx = self.features(text or "")
-            z = row_sum(self.W, idx) / np.sqrt(max(len(idx), 1)) + self.b
+            z = row_sum(self.W, idx) / math.sqrt(max(len(idx), 1)) + self.b
             t = self.tasks.get(task or "")
             out[i] = z + self.W_task[t] if t is not None else z
         return out
