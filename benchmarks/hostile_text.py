@@ -17,7 +17,8 @@ import statistics
 import time
 
 from litellm_energy_router.litellm_glue.request_text import query_text
-from litellm_energy_router.router.length_model import buckets, dense_features, text_sketch
+from litellm_energy_router.router.length_cues import dense_features
+from litellm_energy_router.router.length_model import buckets, text_sketch
 from litellm_energy_router.router.student import ngram_buckets
 from litellm_energy_router.tokens import estimate_prompt_tokens
 

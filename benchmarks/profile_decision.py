@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from litellm_energy_router.router import length_model as lm  # noqa: E402
 from litellm_energy_router.router.checkpoint import read_manifest  # noqa: E402
+from litellm_energy_router.router.length_cues import dense_features  # noqa: E402
 from litellm_energy_router.router.output_tokens import request_tokens  # noqa: E402
 from litellm_energy_router.tokens import count_prompt_tokens, estimate_prompt_tokens  # noqa: E402
 
@@ -88,7 +89,7 @@ def stages(core, texts: list[str], deps: list[dict], rk: dict) -> dict[str, floa
         "student": stage("student P (n-grams, weights)", lambda i: sc.score([texts[i]], [None]), n),
     }
     if L is not None and L.W is not None:
-        s["cues"] = stage("length model: cue flags", lambda i: lm.dense_features(texts[i], ntok[i]), n)
+        s["cues"] = stage("length model: cue flags", lambda i: dense_features(texts[i], ntok[i]), n)
         s["buckets"] = stage("length model: n-gram buckets", lambda i: lm.buckets(texts[i]), n)
         s["support"] = stage("length model: support (reference products)", lambda i: L.support(sk[i]), n)
         s["length"] = stage("length model: predict, all of it", lambda i: L.predict([texts[i]], [ntok[i]], prior), n)

@@ -128,7 +128,7 @@ def test_known_task_prices_a_candidate_without_its_rows_with_the_length_model():
 def test_cue_flags_tried_at_their_anchors_equal_a_search_everywhere():
     """The serving shortcut (a cue's pattern tried only where one of its anchors occurs, on ASCII text) flags
     exactly what a search of the whole tail flags: every anchor, upper case, non-ASCII text, near misses."""
-    from litellm_energy_router.router.length_model import CUE_CHARS, CUES, LENGTH_RE, _fires, _may_ask_length
+    from litellm_energy_router.router.length_cues import CUE_CHARS, CUES, LENGTH_RE, _fires, _may_ask_length
 
     texts = [
         "Write a Python function that adds two numbers.",
@@ -238,7 +238,7 @@ def test_the_choice_cue_reads_option_lines_and_does_not_scan_blank_lines():
     """An option line ("A) ...", indented or after blank lines) flags the choice cue; whitespace alone does not.
     The pattern's leading blank is horizontal only: matched over newlines it backtracked quadratically on a run of
     blank lines (benchmarks/hostile_text.py: 150 ms for one 8 KiB request, on the event loop)."""
-    from litellm_energy_router.router.length_model import CUES, DENSE, dense_features
+    from litellm_energy_router.router.length_cues import CUES, DENSE, dense_features
 
     choice = DENSE.index("choice")
     pattern = dict(CUES)["choice"][0][0]

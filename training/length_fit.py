@@ -19,17 +19,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from litellm_energy_router.energy.profile import chat_output_tokens
+from litellm_energy_router.router.length_cues import DENSE, INFORMATIVE, MIN_CUE_ROWS, dense_features
 from litellm_energy_router.router.length_model import (
-    DENSE,
     DIM,
-    INFORMATIVE,
     LENGTH_FILE,
-    MIN_CUE_ROWS,
     SKETCH,
     SUPPORT_FULL,
     LengthModel,
     buckets,
-    dense_features,
     sketch,
 )
 

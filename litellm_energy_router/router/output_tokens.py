@@ -82,8 +82,6 @@ def request_tokens(
         band = np.ones(out.shape, dtype=bool) if gap is None else gap
         lo = np.where(band, out * PRIOR_BAND[0], out)
         hi = np.where(band, out * PRIOR_BAND[1], out)
-    if not out.flags.writeable:  # the prior broadcast (:func:`_task_means`): the caller's own array
-        out = out.copy()
     caps = list(max_tokens) if max_tokens is not None else [None] * n
     if any(c is not None for c in caps):
         out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
@@ -112,11 +110,12 @@ def _task_means(
     fb = est.unknown_task_tokens()
     prior = np.array([fb[c] for c in candidates], dtype=np.float64)
     known = [i for i, task in enumerate(tasks) if est.knows_task(task)]
-    out = np.broadcast_to(prior, (len(tasks), len(prior)))  # read-only: replaced, never written, when no task is known
+    out = np.empty((len(tasks), len(prior)))
+    out[:] = prior
     source = ["prior"] * len(tasks)
     if not known:
         return prior, out, None, source
-    out, gap = out.copy(), np.ones(out.shape, dtype=bool)
+    gap = np.ones(out.shape, dtype=bool)
     for i in known:
         table, source[i] = est.output_tokens[tasks[i]], "task_mean"
         out[i] = [table.get(c, fb[c]) for c in candidates]

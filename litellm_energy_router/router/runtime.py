@@ -279,7 +279,7 @@ class RouterRuntime:
     def _lookup(self, text: str, task: str | None) -> tuple[str, Scored | None]:
         """(cache key, cached score or None), after the hot-reload check."""
         self.maybe_reload()
-        key = self._key(text, task)
+        key = self._key(text, task) if self.cache_size > 0 else ""  # no cache: no key to hash
         return key, self._cached(key)
 
     def _score_now(self, key: str, text: str, task: str | None) -> Scored:

@@ -107,8 +107,9 @@ class Student:
         ngrams: Sequence[int],
         tail_chars: int,
     ) -> None:
-        # float32 as stored (half the cache lines per request); rows are summed in float64: the same sums
-        self.W = np.ascontiguousarray(W, dtype=np.float32)
+        # the float32 values as stored, held as float64: the same sums as float32 rows summed in float64, without a
+        # cast per gathered row (a third of a request's row sum; 1.5 MiB more per 2**16 x 6 weights)
+        self.W = np.ascontiguousarray(np.asarray(W, dtype=np.float32), dtype=np.float64)
         self.W_task = np.asarray(W_task, dtype=np.float64)
         self.b = np.asarray(b, dtype=np.float64)
         self.tasks = {t: i for i, t in enumerate(tasks)}
