@@ -136,6 +136,8 @@ def test_train_cli_quick(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "calibration Brier" in r.stdout and (tmp_path / "ck" / "manifest.json").exists()
     assert not (tmp_path / "ck" / "_trainer").exists()  # the trainer's scratch was left in the checkpoint
+    # no library noise in the output: the checkpointing rename's FutureWarning, the shard writer's progress bar
+    assert "FutureWarning" not in r.stderr and "Writing model shards" not in r.stdout + r.stderr, r.stderr[-2000:]
     assert read_manifest(tmp_path / "ck").probe["encoder"] == "all-MiniLM-L6-v2"
     open_store(f"sqlite:///{tmp_path / 'empty.db'}").close()  # an empty table (a missing one is refused)
     empty = _cli("train", "--db", f"sqlite:///{tmp_path / 'empty.db'}", "--out", str(tmp_path / "ck2"), "--quick")

@@ -191,6 +191,8 @@ def run_grpo(
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from .sft import checkpointing
+
     allowed = set(layout.label_ids)
     suppress = [i for i in range(len(tokenizer)) if i not in allowed]
     args = GRPOConfig(
@@ -210,6 +212,7 @@ def run_grpo(
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
         disable_tqdm=True,
+        **checkpointing(GRPOConfig),
     )
     from transformers.utils import logging as hf_logging
 

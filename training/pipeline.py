@@ -165,6 +165,9 @@ def train_matrix(
         extra = partial_only(pairs, m) if pairs is not None else None
         student = distil(model, layout, lean, fit, cal, z_task, z_any, out, log, student_head(c), extra)
     manifest = _manifest(m, cfg, model, est, c, student, knob_grpo, float(grid[-1]), scores, pairs, out)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the library's "Writing model shards" bar: the log line below says it
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     write_manifest(out, manifest)

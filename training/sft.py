@@ -88,6 +88,7 @@ def run_sft(
         max_length=None,
         dataset_num_proc=None,
         disable_tqdm=True,
+        **checkpointing(SFTConfig),
     )
 
     class _Log(TrainerCallback):
@@ -105,3 +106,10 @@ def run_sft(
     trainer.remove_callback(PrinterCallback)  # progress goes through on_log (a rich bar in the CLI)
     trainer.train()
     return trainer.model
+
+
+def checkpointing(config_cls: Any) -> dict[str, bool]:
+    """TRL's default (activation checkpointing on) under the name transformers reads: transformers 5.2x renamed
+    ``gradient_checkpointing`` and warns (FutureWarning, in every ``train`` output) when only the old name is set,
+    as TRL's default sets it."""
+    return {"activation_checkpointing": True} if "activation_checkpointing" in config_cls.__dataclass_fields__ else {}

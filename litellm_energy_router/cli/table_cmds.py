@@ -124,7 +124,7 @@ def _import_routerbench(
     except ImportFormatError as e:
         fail(str(e))
     with _store(url) as store, progress_bar() as bar:
-        task = bar.add_task("importing RouterBench rows", total=None)
+        task, before = bar.add_task("importing RouterBench rows", total=None), store.count_runs()
         try:
             summary = import_routerbench(
                 store,
@@ -136,7 +136,8 @@ def _import_routerbench(
             )
         except ImportFormatError as e:  # a UserError too; caught here for an install whose profiling/ predates it
             fail(str(e))
-    console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
+        added = _added(store, before, summary.runs)
+    console.print(summary.line(redact_url(url)) + added, highlight=False, soft_wrap=True)
 
 
 @table_app.command("import-routerbench")
@@ -191,7 +192,7 @@ def import_matrix_cmd(
     url, mapping = db_url(db, config), parse_map(model_map) or None
     profile = load_profile(energy_profile)
     with _store(url) as store, progress_bar() as bar:
-        task = bar.add_task("importing the matrix", total=None)
+        task, before = bar.add_task("importing the matrix", total=None), store.count_runs()
         summary = import_matrix(
             store,
             file,
@@ -201,7 +202,15 @@ def import_matrix_cmd(
             profile_origin=str(energy_profile or "bundled energy profile"),
             progress=lambda n: bar.advance(task, n),
         )
-    console.print(summary.line(redact_url(url)), highlight=False, soft_wrap=True)
+        added = _added(store, before, summary.runs)
+    console.print(summary.line(redact_url(url)) + added, highlight=False, soft_wrap=True)
+
+
+def _added(store, before: int, runs: int) -> str:
+    """What an import of ``runs`` rows added to a table that held ``before``: an import is an upsert, so importing a
+    file again writes its rows again and adds none."""
+    after = store.count_runs()
+    return f"; {after - before} new runs, {runs - (after - before)} already in the table (the table holds {after})"
 
 
 @table_app.command("export")
@@ -228,5 +237,7 @@ def import_cmd(
     from litellm_energy_router.table.io import import_table
 
     with _store(db_url(db, config)) as store:
+        before = store.count_runs()
         n = import_table(store, file)
-    console.print(f"imported {n} runs from {file}", highlight=False)
+        added = _added(store, before, n)
+    console.print(f"imported {n} runs from {file}{added}", highlight=False)
