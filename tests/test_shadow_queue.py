@@ -110,12 +110,15 @@ def test_profiler_reads_our_queue(tmp_path):
 
 def test_first_requests_of_each_new_context_are_queued(tmp_path):
     """``new_context_requests``: the first N requests of each context key, whatever the fraction; never a request
-    without a key (its text cluster alone), nor one of a key past its first N; counted per key."""
+    without a key (its text cluster alone), nor one of a key past its first N; counted per key and per owner."""
     path = tmp_path / "shadow.jsonl"
     q = ShadowQueue(path, 0.0, new_context_requests=3)
     a, b = "ctx:00aa11bb22cc33dd|cl:3", "ctx:ffee00112233aabb|cl:3"
     offered = [("a", a)] * 5 + [("b", b)] * 2 + [("cl", "cl:3"), ("none", None), ("bad", "ctx:1|ctx:2|cl:1")]
-    got = [q.maybe_enqueue(f"prod-{n}{i}", "production", "t", f"{n}{i}", context=c) for i, (n, c) in enumerate(offered)]
+    got = [
+        q.maybe_enqueue(f"prod-{n}{i}", "production", "t", f"{n}{i}", context=c, owner=n)
+        for i, (n, c) in enumerate(offered)
+    ]
     assert got == [True] * 3 + [False] * 2 + [True] * 2 + [False] * 3
     assert [e["call_id"] for e in map(json.loads, path.read_text().splitlines())] == ["a0", "a1", "a2", "b5", "b6"]
     # one authenticated key: N over all its contexts, however it varies its system prompt (part of the key)
@@ -125,6 +128,11 @@ def test_first_requests_of_each_new_context_are_queued(tmp_path):
     ]
     assert got == [True] * 3 + [False] * 3
     assert q.maybe_enqueue("prod-o", "production", "t", "o", context=owned[0], owner="key-2")  # its own budget
+    # no authenticated key (an open proxy, the SDK): the contexts differ only by the caller's system prompt, so all
+    # such requests share one owner's N, however many system prompts they send
+    anon = [f"ctx:{i + 100:016x}|cl:2" for i in range(6)]
+    got = [q.maybe_enqueue(f"prod-n{i}", "production", "t", f"n{i}", context=c) for i, c in enumerate(anon)]
+    assert got == [True] * 3 + [False] * 3
     with pytest.raises(ValueError, match="new_context_requests = -1"):
         ShadowQueue(path, 0.0, new_context_requests=-1)
 
@@ -182,6 +190,28 @@ def test_writer_queues_a_new_apps_first_requests(sqlite_url, tmp_path):
     w.close()
     got = [json.loads(x)["call_id"] for x in path.read_text().splitlines()]
     assert got == ["a0", "a1", "b4", "b7"]
+
+
+def test_requests_with_no_identity_share_one_new_context_budget(sqlite_url, tmp_path):
+    """Through the writer: rows with no key hash count against their alias (an SDK app's own metadata); rows with no
+    identity at all (an open proxy: the context differs only by the caller's system prompt) share one budget, so
+    varying the system prompt queues no more than N for every candidate to run."""
+    path = tmp_path / "shadow.jsonl"
+    cfg = WriterSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.05)
+    w = TableWriter(
+        sqlite_url, EstimateMeter(), writer=cfg, privacy=PrivacySettings(), shadow=ShadowQueue(path, 0.0, 2)
+    )
+    for i in range(6):  # six system prompts, no identity
+        row = served_row(i, call_id=f"n{i}")
+        row.context = f"ctx:{i:016x}|cl:1"
+        w.submit(row)
+    for i, alias in enumerate("xxxy"):  # one app per alias: its own budget
+        row = served_row(10 + i, call_id=f"{alias}{i}")
+        row.context, row.key_alias = f"ctx:{0xA0 + i:016x}|cl:1", alias
+        w.submit(row)
+    w.close()
+    got = [json.loads(x)["call_id"] for x in path.read_text().splitlines()]
+    assert got == ["n0", "n1", "x0", "x1", "y3"]
 
 
 def test_the_queue_is_bounded(tmp_path):

@@ -141,7 +141,7 @@ class RecordBuilder:
                 cid,
                 row.start_s,
                 context=row.context,
-                owner=row.key_hash,
+                owner=_owner(row),
                 secret=self.salt,
             )
         except OSError as e:
@@ -186,3 +186,13 @@ def _storable(text: str | None) -> str | None:
     """``text`` as every database stores it: a lone surrogate (valid in JSON, not in UTF-8) becomes ``?``, a NUL
     (PostgreSQL's text refuses it) U+FFFD."""
     return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd") if text is not None else None
+
+
+def _owner(row: PendingRow) -> str | None:
+    """Who a row's new-context shadow slots count against: its authenticated key (hash), else the other identity
+    fields LiteLLM attributed it to (alias, team, user: an SDK caller's own metadata), else None (no identity: every
+    such request one owner, :data:`.shadow_queue.ANONYMOUS`)."""
+    for prefix, v in (("", row.key_hash), ("alias:", row.key_alias), ("team:", row.team), ("user:", row.user_id)):
+        if v:
+            return prefix + v
+    return None

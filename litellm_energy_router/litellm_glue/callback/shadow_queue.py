@@ -12,7 +12,9 @@ replayed from the writer's spool is never sampled twice with different outcomes.
 authenticated key, team, tags or system prompt, :mod:`.router.context`) are queued as well, whatever the
 fraction: a shadow tournament of them labels every candidate for the app, which the context prior learns from
 (docs/unseen_traffic.md). An authenticated key gets at most N queued this way over all its contexts (the system
-prompt is the caller's to vary). The counts live in the process (at most :data:`MAX_KEYS` keys, least recent
+prompt is the caller's to vary; without a key hash: its alias, team or user), and so do all requests with no identity
+together (an open proxy's, whose contexts differ only by their system prompt: one caller could otherwise mint
+contexts, each queued query run on every candidate). The counts live in the process (at most :data:`MAX_KEYS` keys, least recent
 dropped): each worker of a proxy counts its own, and after a restart a context may get up to N more.
 
 The file holds query text: it is created 0600 (an existing one with wider permissions is narrowed).
@@ -35,6 +37,7 @@ from litellm_energy_router.metrics import RateLimitedWarning
 from litellm_energy_router.router.context import Context
 
 MAX_KEYS = 20_000  # context keys counted for ``new_context_requests``
+ANONYMOUS = "owner:"  # the one owner of every request without an authenticated key
 
 
 def sampled(key: str, fraction: float, secret: str = "") -> bool:
@@ -89,9 +92,9 @@ class ShadowQueue:
     ) -> bool:
         """Queue the query when its call id (else query id) is sampled, or when it is among the first
         ``new_context_requests`` queued as new of its ``context`` (the row's stored context: keys of
-        :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash) has
-        had fewer than that many queued this way (a caller that varies its system prompt, part of the context key,
-        gets no more). ``secret``: :func:`sampled`'s. Returns whether it was queued."""
+        :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash, else the
+        request's other identity; None: every request with no identity, one owner) has had fewer than that many queued this way (a caller that varies
+        its system prompt, part of the context key, gets no more). ``secret``: :func:`sampled`'s. Returns whether it was queued."""
         slots = self._new_context(context, owner)
         if not (sampled(call_id or query_id, self.fraction, secret) or slots):
             return False
@@ -105,14 +108,14 @@ class ShadowQueue:
         return True
 
     def _new_context(self, context: str | None, owner: str | None) -> tuple[str, ...]:
-        """The keys whose new-context slot this request takes: ``context``'s key (and ``owner``'s when given) while
+        """The keys whose new-context slot this request takes: ``context``'s key and its owner's while
         that key has had fewer than ``new_context_requests`` queued this way and ``owner`` too; else ``()`` (a
         request with no context key, only its text cluster: always). Only a slot taken is counted: a request turned
         away (its key's or its owner's N reached) uses none."""
         ctx = Context.parse(context) if self.new_context_requests else None
         if ctx is None or ctx.key is None:
             return ()
-        keys = (ctx.key,) if owner is None else (ctx.key, f"owner:{owner}")
+        keys = (ctx.key, f"owner:{owner}" if owner is not None else ANONYMOUS)
         with self._lock:
             if any(self._seen.get(k, 0) >= self.new_context_requests for k in keys):
                 return ()
