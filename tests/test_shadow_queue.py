@@ -245,3 +245,24 @@ def test_trim_takes_out_what_a_tournament_ran_and_keeps_the_rest(tmp_path):
     assert sorted(ids) == ["prod-1", "prod-3", "prod-4", "prod-late"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not list(tmp_path.glob("*.trim-*"))
     assert trim_queue(tmp_path / "absent.jsonl", {"x"}) == 0
+
+
+def test_on_a_proxy_that_checks_no_keys_every_request_shares_one_new_context_budget(tmp_path, monkeypatch):
+    """A LiteLLM proxy without a master key (nor custom, JWT or OAuth2 auth) takes any bearer token and logs its hash
+    as ``user_api_key_hash``: a caller sending a new token per request minted a new owner and context each time (6 of
+    6 queued at N = 2). There every request is one owner's; with a master key, each key its own N again."""
+    import sys
+    import types
+
+    proxy = types.ModuleType("litellm.proxy.proxy_server")  # the running proxy's globals, as LiteLLM sets them
+    proxy.master_key, proxy.user_custom_auth, proxy.general_settings = None, None, {}
+    monkeypatch.setitem(sys.modules, "litellm.proxy.proxy_server", proxy)
+    q = ShadowQueue(tmp_path / "shadow.jsonl", 0.0, new_context_requests=2)
+    offer = lambda i: q.maybe_enqueue(
+        f"prod-{i}", "production", "t", f"c{i}", context=f"ctx:{i:016x}|cl:1", owner=f"h{i}"
+    )  # noqa: E731
+    assert [offer(i) for i in range(6)] == [True, True, False, False, False, False]
+    proxy.master_key = "sk-master"
+    assert [offer(i) for i in range(6, 9)] == [True, True, True]  # keys checked: each hash its own budget
+    proxy.master_key, proxy.general_settings = None, {"enable_jwt_auth": True}
+    assert offer(9)

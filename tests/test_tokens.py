@@ -57,15 +57,21 @@ def test_the_routing_estimate_stays_near_the_count_on_the_bundled_prompts():
 
 
 def test_the_estimate_is_its_documented_linear_model_of_the_byte_class_features():
-    """The served estimate (one bincount of byte class and run start, dotted with the fused weights) is
-    ``round(token_features(text) @ _EST_W)``, at least 1, on any non-empty text: every byte class, run class and first byte."""
+    """The served estimate (one bincount of byte class and run start, dotted with the fused weights in units of 1e-4)
+    is ``token_features(text) · _EST_W`` computed exactly, rounded half to even, at least 1, on any non-empty text:
+    every byte class, run class and first byte, and sums that land on a half token (a float sum put ``Z99\\n9_9_`` at
+    7.4999… and rounded it down)."""
+    from fractions import Fraction
     from itertools import islice
 
     from litellm_energy_router.profiling.routerbench import bundled_files, iter_records
 
     from litellm_energy_router.tokens import _EST_W, token_features
 
+    w = [Fraction(str(x)) for x in _EST_W.tolist()]
     texts = [r.prompt for f in bundled_files() for r in islice(iter_records([f]), 100)]
     texts += [*TEXTS, "a", "A", "7", " ", "\n", ",", "é", "日本語", "\ud800", "aB3 \n\t,.é日" * 7, "x" * 9000]
+    texts += ["Z99\n9_9_", "a \ud800,Z12€  _-!"]
     for t in filter(None, texts):  # "" is 0 tokens
-        assert estimate_prompt_tokens(t) == max(int(round(float(token_features(t) @ _EST_W))), 1), t[:40]
+        exact = sum(int(c) * x for c, x in zip(token_features(t).tolist(), w))
+        assert estimate_prompt_tokens(t) == max(round(exact), 1), t[:40]

@@ -136,7 +136,7 @@ def _import_routerbench(
             )
         except ImportFormatError as e:  # a UserError too; caught here for an install whose profiling/ predates it
             fail(str(e))
-        added = _added(store, before, summary.runs)
+        added = _added(store, before)
     console.print(summary.line(redact_url(url)) + added, highlight=False, soft_wrap=True)
 
 
@@ -202,15 +202,15 @@ def import_matrix_cmd(
             profile_origin=str(energy_profile or "bundled energy profile"),
             progress=lambda n: bar.advance(task, n),
         )
-        added = _added(store, before, summary.runs)
+        added = _added(store, before)
     console.print(summary.line(redact_url(url)) + added, highlight=False, soft_wrap=True)
 
 
-def _added(store, before: int, runs: int) -> str:
-    """What an import of ``runs`` rows added to a table that held ``before``: an import is an upsert, so importing a
-    file again writes its rows again and adds none."""
+def _added(store, before: int) -> str:
+    """How many runs an import added to a table that held ``before``: an import is an upsert, so a file imported
+    again writes its rows again and adds none (rows another writer added meanwhile count too)."""
     after = store.count_runs()
-    return f"; {after - before} new runs, {runs - (after - before)} already in the table (the table holds {after})"
+    return f"; {max(after - before, 0)} new runs (the table holds {after})"
 
 
 @table_app.command("export")
@@ -239,5 +239,5 @@ def import_cmd(
     with _store(db_url(db, config)) as store:
         before = store.count_runs()
         n = import_table(store, file)
-        added = _added(store, before, n)
+        added = _added(store, before)
     console.print(f"imported {n} runs from {file}{added}", highlight=False)

@@ -138,3 +138,22 @@ def quiet_refusals() -> None:
     lg = logging.getLogger(PROXY_LOGGER)
     if not any(isinstance(f, _DropRefusals) for f in lg.filters):
         lg.addFilter(_DropRefusals())
+
+
+_AUTH_FLAGS = ("enable_jwt_auth", "enable_oauth2_auth", "enable_oauth2_proxy_auth")
+
+
+def proxy_checks_keys() -> bool:
+    """Whether the ``user_api_key_*`` fields of this process's requests name an identity a caller cannot choose: False
+    only inside a LiteLLM proxy with no ``master_key``, no custom auth and no JWT / OAuth2 auth, which takes any bearer
+    token and logs its hash as ``user_api_key_hash`` (a caller mints an identity per request). Outside a proxy (the
+    SDK: the metadata is the operator's own code's) True. Read at each call: the proxy sets these as it starts."""
+    import sys
+
+    ps = sys.modules.get("litellm.proxy.proxy_server")
+    if ps is None:
+        return True
+    if getattr(ps, "master_key", None) is not None or getattr(ps, "user_custom_auth", None) is not None:
+        return True
+    settings = getattr(ps, "general_settings", None)
+    return isinstance(settings, dict) and any(settings.get(f) for f in _AUTH_FLAGS)

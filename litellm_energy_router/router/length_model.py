@@ -6,7 +6,7 @@ across tasks, fitted on every task of the table at once (``training/length_fit.p
 * cue flags read from the request text (:mod:`.length_cues`): code ("write a function", a code fence), a letter or
   option answer ("answer with the letter", "(A) …"), a short answer ("yes or no", "one word"), a long one
   ("explain", "step by step", "essay"), arithmetic, a closing question mark, a blank to fill;
-* a requested length ("in 200 words", "3 paragraphs") as log1p of its tokens (:data:`UNIT_TOKENS`);
+* a requested length ("in 200 words", "3 paragraphs") as log1p of its tokens (:data:`.length_cues.UNIT_TOKENS`);
 * log1p of the earlier turns / blocks, of the prompt tokens and of the query's characters;
 * hashed byte 3/4-grams of the text's tail (:func:`.student.ngram_buckets`, :data:`DIM` buckets).
 
@@ -14,7 +14,7 @@ across tasks, fitted on every task of the table at once (``training/length_fit.p
 candidate, the 10th and 90th percentiles (an 80 % interval) and the smearing factor that turns the
 predicted log into a mean (Duan's estimate: mean of ``exp(residual)``).
 
-**Support**: a request unlike every training row, on which no informative cue (:data:`INFORMATIVE`) that the
+**Support**: a request unlike every training row, on which no informative cue (:data:`.length_cues.INFORMATIVE`) that the
 training rows showed fires, gets no prediction from this model. Its similarity is the
 largest cosine between its signed-hashed n-gram sketch (:data:`SKETCH` dims) and a sample of the training
 rows; the model's weight rises linearly from 0 at ``support_lo`` to 1 at ``support_hi`` (the 2nd

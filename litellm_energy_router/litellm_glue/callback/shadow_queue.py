@@ -13,8 +13,9 @@ authenticated key, team, tags or system prompt, :mod:`.router.context`) are queu
 fraction: a shadow tournament of them labels every candidate for the app, which the context prior learns from
 (docs/unseen_traffic.md). An authenticated key gets at most N queued this way over all its contexts (the system
 prompt is the caller's to vary; without a key hash: its alias, team or user), and so do all requests with no identity
-together (an open proxy's, whose contexts differ only by their system prompt: one caller could otherwise mint
-contexts, each queued query run on every candidate). The counts live in the process (at most :data:`MAX_KEYS` keys, least recent
+together, as do all requests of a proxy that checks no keys (:func:`.litellm_compat.proxy_checks_keys`: it logs the
+hash of whatever bearer token a caller sends): one caller could otherwise mint contexts, each queued query run on every
+candidate. The counts live in the process (at most :data:`MAX_KEYS` keys, least recent
 dropped): each worker of a proxy counts its own, and after a restart a context may get up to N more.
 
 The file holds query text: it is created 0600 (an existing one with wider permissions is narrowed).
@@ -33,6 +34,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from litellm_energy_router.litellm_glue.callback.private_files import append_durably, private_dir
+from litellm_energy_router.litellm_glue.litellm_compat import proxy_checks_keys
 from litellm_energy_router.metrics import RateLimitedWarning
 from litellm_energy_router.router.context import Context
 
@@ -95,6 +97,8 @@ class ShadowQueue:
         :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash, else the
         request's other identity; None: every request with no identity, one owner) has had fewer than that many queued this way (a caller that varies
         its system prompt, part of the context key, gets no more). ``secret``: :func:`sampled`'s. Returns whether it was queued."""
+        if owner is not None and not proxy_checks_keys():  # an open proxy: the key (hash) is the caller's to choose
+            owner = None
         slots = self._new_context(context, owner)
         if not (sampled(call_id or query_id, self.fraction, secret) or slots):
             return False
