@@ -258,9 +258,10 @@ def test_on_a_proxy_that_checks_no_keys_every_request_shares_one_new_context_bud
     proxy.master_key, proxy.user_custom_auth, proxy.general_settings = None, None, {}
     monkeypatch.setitem(sys.modules, "litellm.proxy.proxy_server", proxy)
     q = ShadowQueue(tmp_path / "shadow.jsonl", 0.0, new_context_requests=2)
-    offer = lambda i: q.maybe_enqueue(
-        f"prod-{i}", "production", "t", f"c{i}", context=f"ctx:{i:016x}|cl:1", owner=f"h{i}"
-    )  # noqa: E731
+
+    def offer(i):
+        return q.maybe_enqueue(f"prod-{i}", "production", "t", f"c{i}", context=f"ctx:{i:016x}|cl:1", owner=f"h{i}")
+
     assert [offer(i) for i in range(6)] == [True, True, False, False, False, False]
     proxy.master_key = "sk-master"
     assert [offer(i) for i in range(6, 9)] == [True, True, True]  # keys checked: each hash its own budget
