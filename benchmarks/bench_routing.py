@@ -14,9 +14,9 @@
    checkpoint (:mod:`proxy_footprint`): resident memory after 200 requests and the time from start to the
    first request the router routed (``--no-proxy`` skips this part).
 
-Without ``--checkpoint`` it builds the default ``energy-router train`` architecture (tiny backbone,
-max_len 128, student) with a few SFT steps: decision cost depends on the architecture, not on training
-length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
+Without a checkpoint at ``--checkpoint DIR`` it builds the default ``energy-router train`` architecture (tiny
+backbone, max_len 128, student) with a few SFT steps, into DIR when given (reused by the next run: pass the same DIR):
+decision cost depends on the architecture, not on training length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
 proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d> in_loop_decision_p50_ms=<e>`` (the
 decision timed inside the sequential ``acompletion`` calls), then ``glue_ratio=<g>`` with ``--glue``: the strategy's
 per-call time with a decision made in advance over ``simple-shuffle``'s (the plugin path and the decision's metadata
@@ -62,6 +62,24 @@ def build_checkpoint(d: Path) -> Path:
     ck = train(store, d / "router", cfg, log=lambda s: None)
     store.close()
     return ck
+
+
+def checkpoint_at(arg: str | None, tmp: Path) -> Path:
+    """The benchmark's checkpoint: ``arg`` when it is one (a checkpoint directory or pointer), the one an earlier run
+    built into ``arg`` (``arg/router``), else one built now into ``arg`` (kept for the next run) or, without ``arg``,
+    into ``tmp``."""
+    from litellm_energy_router.router.checkpoint import MANIFEST
+
+    if arg is None:
+        return build_checkpoint(tmp)
+    d = Path(arg)
+    if d.is_file() or (d / MANIFEST).exists():
+        return d
+    if (d / "router" / MANIFEST).exists():
+        return d / "router"
+    print(f"no checkpoint at {d}: building the benchmark's checkpoint into it (a minute or two; reused next time)")
+    d.mkdir(parents=True, exist_ok=True)
+    return build_checkpoint(d)
 
 
 def texts_of(tmp: Path, candidate: str) -> list[str]:
@@ -236,7 +254,7 @@ async def main_async(args) -> None:
     logging.getLogger("LiteLLM").setLevel(logging.ERROR)
     litellm.suppress_debug_info = True
     tmp = Path(tempfile.mkdtemp())
-    ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(tmp)
+    ck = checkpoint_at(args.checkpoint, tmp)
     cands = read_manifest(ck).candidates
     texts = texts_of(tmp, cands[0])
     backend = LocalBackend().start()

@@ -6,8 +6,8 @@ Calls each stage of a serving-student decision (``EnergyRouterCore.choose``: tex
 student's P, the output-length model's parts, the decision, the accounting figures) directly on the uncached
 RouterBench prompts :mod:`bench_routing` uses, and prints the median per-prompt time of each (5 passes over 300
 prompts), then ``choose()`` end to end. ``--cprofile`` adds cProfile's top functions by own time over 1,000
-decisions; ``--cold`` adds ``choose()`` after evicting the CPU caches before each call. Without ``--checkpoint``
-it builds :mod:`bench_routing`'s checkpoint (a few minutes). Last line:
+decisions; ``--cold`` adds ``choose()`` after evicting the CPU caches before each call. Without a checkpoint
+at ``--checkpoint DIR`` it builds :mod:`bench_routing`'s checkpoint (a few minutes), into DIR when given. Last line:
 ``choose_p50_us=<x> length_model_us=<y> prompt_tokens_us=<z> student_us=<w> shared_ngram_pass_ratio=<r>`` (and
 ``cold_choose_p50_us=<c>`` with ``--cold``; ``in_loop_choose_p50_us=<l>`` with ``--in-loop``: each stage timed inside
 ``choose()`` back to back and between sequential ``Router.acompletion`` calls against a local backend, side by side). ``unlike_table_choose_p50_us``: ``choose()`` on 60 chat requests unlike the
@@ -61,10 +61,10 @@ def messages(texts: list[str]) -> list[list[dict]]:
 def setup(checkpoint: str | None):
     """(core, prompts, deployments) for the decisions: the checkpoint (built when not given), 300 uncached prompts;
     the core and prompts as :mod:`bench_routing` makes them, deployments at an address never called."""
-    from bench_routing import build_checkpoint, make_core, pool_model_list, texts_of
+    from bench_routing import checkpoint_at, make_core, pool_model_list, texts_of
 
     tmp = Path(tempfile.mkdtemp())
-    ck = Path(checkpoint) if checkpoint else build_checkpoint(tmp)
+    ck = checkpoint_at(checkpoint, tmp)
     cands = read_manifest(ck).candidates
     texts = [f"{t} #{i}" for i, t in enumerate(texts_of(tmp, cands[0])[:300])]
     core = make_core(ck, "auto")
