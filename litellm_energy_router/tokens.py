@@ -85,19 +85,24 @@ def token_features(text: str) -> np.ndarray:
 _W_UNIT = 10_000  # the coefficients have four decimals: in units of 1e-4 they are integers, and the sum exact
 
 
-def _fused_weights() -> np.ndarray:
-    """:data:`_EST_W` per (byte class, whether the byte starts a run) in units of 1e-4 (int64, ``[16]``): the class's
-    weight, plus its run class's weight where the byte starts a run; one bincount of ``class + 8 · starts`` dotted with
-    it is the estimate's sum less the constant, exact."""
+def _integer_weights() -> np.ndarray:
+    """:data:`_EST_W` in units of 1e-4 (int64): the coefficients have four decimals, so every sum of them is exact."""
     w = np.rint(_EST_W * _W_UNIT).astype(np.int64)
     if not np.allclose(w, _EST_W * _W_UNIT, rtol=0, atol=1e-6):
         raise ValueError("tokens._EST_W: the estimate's coefficients must have at most four decimals")
+    return w
+
+
+def _fused_weights(w: np.ndarray) -> np.ndarray:
+    """The integer weights ``w`` per (byte class, whether the byte starts a run), ``[16]``: the class's weight, plus
+    its run class's weight where the byte starts a run; one bincount of ``class + 8 · starts`` dotted with it is the
+    estimate's sum less the constant, exact."""
     run_of_class = _RUN[[int(np.flatnonzero(_CLS == c)[0]) for c in range(8)]]  # the run class of a byte of each
     return np.concatenate([w[:8], w[:8] + w[8 + np.searchsorted(_RUN_STARTS, run_of_class)]])
 
 
-_FUSED_W = _fused_weights()
-_EST_CONST = int(round(_EST_W[14] * _W_UNIT))
+_W_INT = _integer_weights()
+_FUSED_W, _EST_CONST = _fused_weights(_W_INT), int(_W_INT[14])
 
 
 def estimate_prompt_tokens(text: str) -> int:
@@ -110,10 +115,10 @@ def estimate_prompt_tokens(text: str) -> int:
     if not text:
         return 0
     b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
-    r = _RUN[b]
+    runs = _RUN[b]
     starts = np.empty(len(b), dtype=np.uint8)
     starts[0] = 8  # the first run starts at the first byte
-    np.not_equal(r[1:], r[:-1], out=starts[1:])
+    np.not_equal(runs[1:], runs[:-1], out=starts[1:])
     starts[1:] <<= 3
     starts += _CLS[b]
     total = int(np.bincount(starts, minlength=16) @ _FUSED_W) + _EST_CONST  # tokens x 1e4, exact

@@ -124,7 +124,8 @@ def _import_routerbench(
     except ImportFormatError as e:
         fail(str(e))
     with _store(url) as store, progress_bar() as bar:
-        task, before = bar.add_task("importing RouterBench rows", total=None), store.count_runs()
+        before = store.count_runs()
+        task = bar.add_task("importing RouterBench rows", total=None)
         try:
             summary = import_routerbench(
                 store,
@@ -192,7 +193,8 @@ def import_matrix_cmd(
     url, mapping = db_url(db, config), parse_map(model_map) or None
     profile = load_profile(energy_profile)
     with _store(url) as store, progress_bar() as bar:
-        task, before = bar.add_task("importing the matrix", total=None), store.count_runs()
+        before = store.count_runs()
+        task = bar.add_task("importing the matrix", total=None)
         summary = import_matrix(
             store,
             file,

@@ -79,9 +79,7 @@ def request_tokens(
             if source[i] == "prior":
                 source[i] = pred.source(j)
     elif unk:
-        band = np.ones(out.shape, dtype=bool) if gap is None else gap
-        lo = np.where(band, out * PRIOR_BAND[0], out)
-        hi = np.where(band, out * PRIOR_BAND[1], out)
+        lo, hi = (out * k if gap is None else np.where(gap, out * k, out) for k in PRIOR_BAND)
     caps = list(max_tokens) if max_tokens is not None else [None] * n
     if any(c is not None for c in caps):
         out, lo, hi = (bound_tokens(a, caps) for a in (out, lo, hi))
@@ -94,7 +92,7 @@ def request_tokens(
             notes[i]["length_model_for" if length is not None else "prior_for"] = [
                 c
                 for c, g in zip(candidates, gap[i])
-                if g  # type: ignore[index]
+                if g  # a known task's request: gap is not None
             ]
         elif source[i] == "prior":
             notes[i]["prior"] = est.prior_source or "mean of the table's tasks (checkpoint without a prior)"

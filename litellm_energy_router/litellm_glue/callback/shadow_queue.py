@@ -94,11 +94,10 @@ class ShadowQueue:
     ) -> bool:
         """Queue the query when its call id (else query id) is sampled, or when it is among the first
         ``new_context_requests`` queued as new of its ``context`` (the row's stored context: keys of
-        :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash, else the
-        request's other identity; None: every request with no identity, one owner) has had fewer than that many queued this way (a caller that varies
-        its system prompt, part of the context key, gets no more). ``secret``: :func:`sampled`'s. Returns whether it was queued."""
-        if owner is not None and not proxy_checks_keys():  # an open proxy: the key (hash) is the caller's to choose
-            owner = None
+        :class:`~litellm_energy_router.router.context.Context`) and its ``owner`` (the authenticated key's hash, else
+        the request's other identity; None: every request with no identity, one owner) has had fewer than that many
+        queued this way (a caller that varies its system prompt, part of the context key, gets no more). ``secret``:
+        :func:`sampled`'s. Returns whether it was queued."""
         slots = self._new_context(context, owner)
         if not (sampled(call_id or query_id, self.fraction, secret) or slots):
             return False
@@ -119,7 +118,8 @@ class ShadowQueue:
         ctx = Context.parse(context) if self.new_context_requests else None
         if ctx is None or ctx.key is None:
             return ()
-        keys = (ctx.key, f"owner:{owner}" if owner is not None else ANONYMOUS)
+        # on a proxy that checks no keys the key (hash) is the caller's to choose: every request is one owner's
+        keys = (ctx.key, ANONYMOUS if owner is None or not proxy_checks_keys() else f"owner:{owner}")
         with self._lock:
             if any(self._seen.get(k, 0) >= self.new_context_requests for k in keys):
                 return ()
