@@ -135,3 +135,38 @@ def test_lm_scorer_adds_the_slot_logits_to_the_probe_head(planted_ckpt, tmp_path
     (d / PROBE_FILE).write_bytes(b"not an npz")
     with pytest.raises(CheckpointError, match="probe"):
         RouterModel(d, scorer="lm")
+
+
+def test_shared_rows_sum_each_table_bit_for_bit():
+    """One gather of two tables gives each table's own row sums, bit for bit (float32 values held as float64)."""
+    from litellm_energy_router.router.student import SharedRows, row_sum
+
+    rng = np.random.default_rng(0)
+    A = np.asarray(rng.standard_normal((4096, 6)).astype(np.float32), dtype=np.float64)
+    B = rng.standard_normal((4096, 5)).astype(np.float32)
+    shared = SharedRows(A, B)
+    part_a, part_b = shared.part(0), shared.part(1)
+    for n in (0, 1, 7, 600, 2000, 4096):
+        idx = np.sort(rng.choice(4096, size=n, replace=False)).astype(np.intp)
+        np.testing.assert_array_equal(part_a(idx), row_sum(A, idx))
+        np.testing.assert_array_equal(part_b(idx), row_sum(B, idx))
+        assert part_a(idx.copy()).shape == (6,)  # another array with the same ids: summed again, same sums
+
+
+def test_a_student_on_the_length_buckets_shares_one_gather(planted_ckpt):
+    """A student that reads the length model's buckets (the training default) sums its rows and the length model's
+    in one gather; P and Ê are those of two separate gathers, bit for bit."""
+    from functools import partial
+
+    from litellm_energy_router.router import length_model as lm
+    from litellm_energy_router.router.student import row_sum
+
+    m = RouterModel(planted_ckpt)
+    st, L = m.student, m.length
+    assert st.reads(lm.NGRAMS, lm.DIM, lm.TAIL_CHARS) and L is not None and L.W is not None
+    assert not isinstance(st.rows, partial) and not isinstance(L.rows, partial)  # parts of one SharedRows
+    texts = TEXTS + [f"Write a function number {i}, in 200 words" for i in range(5)]
+    P, E = m.score(texts), m.energy(texts)
+    st.rows, L.rows = partial(row_sum, st.W), partial(row_sum, L.W)
+    np.testing.assert_array_equal(P, m.score(texts))
+    np.testing.assert_array_equal(E, m.energy(texts))

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -146,6 +146,8 @@ class LengthModel:
         self._cue_cols = np.flatnonzero(INFORMATIVE & self.cues_seen[: len(INFORMATIVE)])  # seen informative cues
         if W is not None and (np.shape(W) != (DIM, K) or np.shape(V) != (len(DENSE), K)):
             raise ValueError(f"length model: weights {np.shape(W)} / {np.shape(V)} do not fit {K} candidates")
+        #: the n-gram weights' row sums at a request's bucket ids (or a part of :class:`.student.SharedRows`)
+        self.rows: Callable[[np.ndarray], np.ndarray] | None = None if W is None else partial(row_sum, W)
 
     @property
     def n_candidates(self) -> int:
@@ -195,7 +197,7 @@ class LengthModel:
         mu, sup, cue = np.zeros((n, K)), np.zeros(n), np.zeros(n, dtype=bool)
         for i, (t, p) in enumerate(zip(texts, prompt_tokens)):
             idx, d = buckets(t or ""), dense_features(t or "", float(p))
-            mu[i] = row_sum(self.W, idx) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
+            mu[i] = self.rows(idx) / math.sqrt(max(len(idx), 1)) + d @ self.V + self.b
             cue[i] = bool((d[self._cue_cols] > 0).any())
             if len(self.ref):
                 sup[i] = self.support(text_sketch(t or ""))

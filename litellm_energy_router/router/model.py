@@ -153,6 +153,8 @@ class RouterModel(CheckpointScorer):
         self.scorer = build_slot_scorer(self.model, self.layout.yes_id, self.layout.no_id) if fast else None
         self._student = StudentScorer(self.path, m) if scorer == "student" and m.student else None
         self.student = self._student.student if self._student is not None else None
+        if self._student is not None:  # one length model: the one whose rows the student's gather shares
+            self.length = self._student.length
         self.probe = self.read_probe()
         self._lock = threading.Lock()
 

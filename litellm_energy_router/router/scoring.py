@@ -209,10 +209,21 @@ class StudentScorer(CheckpointScorer):
         if not self.manifest.student:
             raise CheckpointError(f"{self.path}: the manifest names no student (use router.scorer: lm)")
         self.student = self.load_part(self.manifest.student, STUDENT_FILE, Student.load, "student")
+        self._share_rows()
         self.final = (self.manifest.student or {}).get("target") == "calibrated_logit"
         self.inline = self.final or not self.manifest.probe
         if not self.final:
             self.probe = self.read_probe()
+
+    def _share_rows(self) -> None:
+        """A student that reads the length model's buckets sums its rows and the length model's in one gather."""
+        from litellm_energy_router.router import length_model as lm
+        from litellm_energy_router.router.student import SharedRows
+
+        L = self.length
+        if L is not None and L.W is not None and self.student.reads(lm.NGRAMS, lm.DIM, lm.TAIL_CHARS):
+            shared = SharedRows(self.student.W, L.W)
+            self.student.rows, L.rows = shared.part(0), shared.part(1)
 
     def score(self, texts: Sequence[str], tasks: Sequence[str | None] | None = None) -> np.ndarray:
         tasks = list(tasks) if tasks is not None else [None] * len(texts)

@@ -8,17 +8,20 @@ only its last ``max_len`` tokens), numpy only, tens of microseconds. Its output 
 calibration (:func:`~litellm_energy_router.router.model.scores_from_logits`) as the LM's, so the two
 are interchangeable; the LM stays the reference (README: fidelity of the student).
 
-Features of a query: every byte n-gram (``ngrams``, e.g. 2..4) of the lower-cased, UTF-8 encoded tail,
+Features of a query: every byte n-gram (``ngrams``) of the lower-cased, UTF-8 encoded tail (``tail_chars``),
 hashed to ``dim`` (a power of two) buckets, as 0/1 indicators scaled by 1/sqrt(number of active buckets); plus one
-indicator per task seen in training (none for an unknown task, as for production traffic).
+indicator per task seen in training (none for an unknown task, as for production traffic). Training's default is the
+length model's buckets (3- and 4-grams of the last 600 characters, 4,096 buckets: :mod:`.length_model`), so a request
+is hashed once and both models' rows are summed in one gather (:class:`SharedRows`); a student trained before
+2026-12-08 reads 2- to 4-grams of 1,024 characters in 65,536 buckets and is served as it was (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -26,18 +29,19 @@ STUDENT_FILE = "student.npz"
 _MULT = np.uint64(0x9E3779B1)  # odd multiplier (Fibonacci hashing)
 
 
-HASH_CHARS = 1024  # one request's tail hashed once: every consumer of a shorter ASCII tail reads its suffix
-_MAX_N = 4  # the n-grams one shared pass hashes (2..4); a longer n-gram gets a pass of its own
+#: one request's tail hashed once: every consumer of a shorter ASCII tail reads its suffix (the student and the length
+#: model read 600 characters; a student trained before 2026-12-08 reads 1,024 and hashes its own tail)
+HASH_CHARS = 600
 
 
 def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -> np.ndarray:
     """Sorted unique bucket ids (intp, read-only) of the byte n-grams of ``text``'s lower-cased tail; ``dim`` is a
     power of two. An n-gram ``c1..cn`` hashes as ``(((2·257 + c1)·257 + c2)·257 … + cn) · M`` (mod 2⁶⁴),
     whose bits 16 and up give the bucket; n-grams of different lengths never share a hash. One request's text is
-    hashed once: the student, the length model and the text cluster read the hashes of the same
+    hashed once: the student, the length model and the text cluster read the buckets of the same
     :data:`HASH_CHARS`-character tail (a small LRU cache; an ASCII tail's suffix is a suffix of its bytes)."""
-    ngrams = tuple(ngrams)
-    if tail_chars <= HASH_CHARS and max(ngrams, default=0) <= _MAX_N:
+    ngrams = tuple(ngrams)  # each model's own tuple: a cache key of the pass, in any order (n < 2: none)
+    if tail_chars <= HASH_CHARS:
         long = text[-HASH_CHARS:]
         tail = text[-tail_chars:]
         if len(tail) == len(long) or long.isascii():
@@ -46,20 +50,22 @@ def ngram_buckets(text: str, ngrams: Sequence[int], dim: int, tail_chars: int) -
 
 
 @lru_cache(maxsize=32)
-def _hashes(tail: str, max_n: int, wide: bool = False) -> tuple[np.ndarray, ...]:
-    """Per n in 2..``max_n``: the mixed hash ``(h · M) >> 16`` of the n-gram starting at each byte of the tail, as
-    uint16 (its low 16 bits: every bucket of ``dim`` ≤ 2¹⁶), or with ``wide`` as uint64 (48 bits). The narrow pass
-    runs in uint32: ``h`` and ``h · M`` mod 2³² are the low bits of the same sums mod 2⁶⁴, at half the bytes."""
+def _hashes(tail: str, ngrams: tuple[int, ...], wide: bool = False) -> tuple[np.ndarray, ...]:
+    """Per n ≥ 2 of ``ngrams``, in increasing n: the mixed hash ``(h · M) >> 16`` of the n-gram starting at each byte of
+    the tail, as uint16 (its low 16 bits: every bucket of ``dim`` ≤ 2¹⁶), or with ``wide`` as uint64 (48 bits). The
+    narrow pass runs in uint32: ``h`` and ``h · M`` mod 2³² are the low bits of the same sums mod 2⁶⁴, at half the
+    bytes. The shorter n-grams' sums are built on the way, mixed only when asked for."""
     raw = np.frombuffer(tail.lower().encode("utf-8", "replace"), dtype=np.uint8)
     t = np.uint64 if wide else np.uint32
     b = raw.astype(t)
     h, out, mult, shift = b + t(2 * 257), [], t(_MULT), t(16)
-    for n in range(2, max_n + 1):
+    for n in range(2, max(ngrams, default=1) + 1):
         h = h[:-1] * t(257)
         h += b[n - 1 :]
-        m = h * mult
-        m >>= shift
-        out.append(m if wide else m.astype(np.uint16))
+        if n in ngrams:
+            m = h * mult
+            m >>= shift
+            out.append(m if wide else m.astype(np.uint16))
     return tuple(out)
 
 
@@ -67,9 +73,9 @@ def _hashes(tail: str, max_n: int, wide: bool = False) -> tuple[np.ndarray, ...]
 def _suffix_buckets(tail: str, chars: int, ngrams: tuple[int, ...], dim: int) -> np.ndarray:
     """The buckets of the last ``chars`` characters of ``tail`` (all of them, or an ASCII tail's suffix)."""
     narrow = dim <= 2**16
-    hs = _hashes(tail, max(_MAX_N, *ngrams) if ngrams else _MAX_N, not narrow)
+    hs = _hashes(tail, ngrams, not narrow)
     skip = max(len(tail) - chars, 0)  # ASCII when > 0: characters are bytes
-    parts = [hs[n - 2][skip:] for n in ngrams if n >= 2]
+    parts = [h[skip:] for h in hs]
     if narrow:  # 16-bit ids: the low bits of a hash are the bucket of a dim ≤ 2**16
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
         if dim < 2**16:
@@ -95,6 +101,33 @@ def row_sum(W: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.einsum("ij->j", W.take(idx, axis=0), dtype=np.float64)
 
 
+class SharedRows:
+    """Several weight tables ``[dim, K_i]`` read at the same bucket ids in one gather: a checkpoint whose student reads
+    the length model's buckets (:meth:`Student.reads`; every checkpoint trained since 2026-12-08) sums the rows of
+    both with one ``take`` and one reduction per request instead of one of each per model. Each column is summed in
+    the same order as from its own table: the same sums, bit for bit (tests/test_student.py)."""
+
+    def __init__(self, *tables: np.ndarray) -> None:
+        self.W = np.ascontiguousarray(np.hstack([np.asarray(t, dtype=np.float64) for t in tables]))
+        ends = np.cumsum([np.shape(t)[1] for t in tables]).tolist()
+        self._cols = list(zip([0, *ends[:-1]], ends))
+        self._last: tuple[np.ndarray, np.ndarray] | None = None  # (bucket ids, their sums): the request being scored
+
+    def part(self, i: int) -> Callable[[np.ndarray], np.ndarray]:
+        """The row sums of table ``i`` at bucket ids ``idx`` (float64 ``[K_i]``), as :func:`row_sum` of that table."""
+        a, b = self._cols[i]
+        return lambda idx: self.sums(idx)[a:b]
+
+    def sums(self, idx: np.ndarray) -> np.ndarray:
+        """Every table's row sums at ``idx``; the last request's are reused when ``idx`` is the same (read-only,
+        cached) array: one request's models read one bucket set in turn. Thread-safe: the pair is read and replaced
+        whole, and a request whose pair another thread replaced sums again."""
+        last = self._last
+        if last is None or last[0] is not idx:
+            last = self._last = (idx, row_sum(self.W, idx))
+        return last[1]
+
+
 class Student:
     """Loaded student weights: ``W[dim, K]``, ``W_task[T, K]`` for the training tasks, bias ``b[K]``."""
 
@@ -118,6 +151,11 @@ class Student:
         self.dim = self.W.shape[0]
         if self.dim & (self.dim - 1) or min(self.ngrams, default=0) < 2:
             raise ValueError(f"student: dim {self.dim} is not a power of two or n-grams {self.ngrams} include n < 2")
+        self.rows: Callable[[np.ndarray], np.ndarray] = partial(row_sum, self.W)  # or a part of SharedRows
+
+    def reads(self, ngrams: Sequence[int], dim: int, tail_chars: int) -> bool:
+        """Whether the student's features are the bucket ids of ``ngrams`` / ``dim`` / ``tail_chars``."""
+        return (self.ngrams, self.dim, self.tail_chars) == (tuple(ngrams), dim, tail_chars)
 
     @classmethod
     def load(cls, path: str | Path) -> "Student":
@@ -150,7 +188,7 @@ class Student:
         out = np.empty((len(texts), self.n_candidates), dtype=np.float64)
         for i, (text, task) in enumerate(zip(texts, tasks)):
             idx = self.features(text or "")
-            z = row_sum(self.W, idx) / math.sqrt(max(len(idx), 1)) + self.b
+            z = self.rows(idx) / math.sqrt(max(len(idx), 1)) + self.b
             t = self.tasks.get(task or "")
             out[i] = z + self.W_task[t] if t is not None else z
         return out
