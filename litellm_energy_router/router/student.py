@@ -80,18 +80,30 @@ def _suffix_buckets(tail: str, chars: int, ngrams: tuple[int, ...], dim: int) ->
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
         if dim < 2**16:
             ids &= np.uint16(dim - 1)
-        ids.sort()
-        keep = np.empty(len(ids), dtype=bool)
-        keep[:1] = True
-        np.not_equal(ids[1:], ids[:-1], out=keep[1:])
-        out = ids[keep].astype(np.intp)
-    else:  # unique by marking a boolean array of dim
-        seen = np.zeros(dim, dtype=bool)
-        for p in parts:
-            seen[(p & np.uint64(dim - 1)).astype(np.intp)] = True
-        out = np.flatnonzero(seen)
+        out = _marked(ids, dim=dim) if dim <= 2**12 else _sorted_unique(ids)
+    else:
+        out = _marked(*parts, dim=dim, mask=np.uint64(dim - 1))
     out.flags.writeable = False  # shared by every caller of the cache
     return out
+
+
+def _sorted_unique(ids: np.ndarray) -> np.ndarray:
+    """The distinct values of 16-bit ``ids`` in increasing order, as intp (a radix sort, then the value changes)."""
+    ids.sort()
+    keep = np.empty(len(ids), dtype=bool)
+    keep[:1] = True
+    np.not_equal(ids[1:], ids[:-1], out=keep[1:])
+    return ids[keep].astype(np.intp)
+
+
+def _marked(*parts: np.ndarray, dim: int, mask: np.integer | None = None) -> np.ndarray:
+    """The distinct ids of ``parts`` (each ``& mask`` when given) in increasing order: marked in a boolean array of
+    ``dim``, then read in order. Faster than the sort for a small ``dim`` (10 vs 12 µs for 1,200 ids at 4,096) and for
+    wide ids, slower at 65,536 (17 vs 11 µs)."""
+    seen = np.zeros(dim, dtype=bool)
+    for p in parts:
+        seen[p if mask is None else (p & mask).astype(np.intp)] = True
+    return np.flatnonzero(seen)
 
 
 def row_sum(W: np.ndarray, idx: np.ndarray) -> np.ndarray:
