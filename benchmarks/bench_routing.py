@@ -15,8 +15,9 @@
    first request the router routed (``--no-proxy`` skips this part).
 
 Without a checkpoint at ``--checkpoint DIR`` it builds the default ``energy-router train`` architecture (tiny
-backbone, max_len 128, student) with a few SFT steps, into DIR when given (reused by the next run: pass the same DIR):
-decision cost depends on the architecture, not on training length. Last line (serving default): ``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
+backbone, max_len 128, student) with a few SFT steps, into DIR when given (reused by the next run: pass the same
+DIR): decision cost depends on the architecture, not on training length. Last line (serving default):
+``ratio_vs_shuffle=<x> decision_p50_ms=<y> decision_p99_ms=<z>
 proxy_rss_mib=<a> plain_rss_mib=<b> first_routed_s=<c> plain_first_s=<d> in_loop_decision_p50_ms=<e>`` (the
 decision timed inside the sequential ``acompletion`` calls), then ``glue_ratio=<g>`` with ``--glue``: the strategy's
 per-call time with a decision made in advance over ``simple-shuffle``'s (the plugin path and the decision's metadata

@@ -279,7 +279,8 @@ class ShadowSettings(_Section):
         ge=0,
         le=100_000,
         description="also queue the first N requests of each context key (an app) this process serves, at most N "
-        "per authenticated key (requests with no identity, or on a proxy that checks no keys, share one N): a shadow tournament of them labels every candidate for the app "
+        "per authenticated key (requests with no identity, or on a proxy that checks no keys, share one N): "
+        "a shadow tournament of them labels every candidate for the app "
         "(docs/unseen_traffic.md); 0 = off",
     )
     queue_path: Path = Field(Path("energy_router_shadow.jsonl"), description="JSONL queue file (0600: it holds text)")

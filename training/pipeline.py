@@ -167,8 +167,13 @@ def train_matrix(
     manifest = _manifest(m, cfg, model, est, c, student, knob_grpo, float(grid[-1]), scores, pairs, out)
     from transformers.utils import logging as hf_logging
 
+    bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the library's "Writing model shards" bar: the log line below says it
-    model.save_pretrained(str(out), safe_serialization=True)
+    try:
+        model.save_pretrained(str(out), safe_serialization=True)
+    finally:
+        if bar_was_on:  # the process's other downloads and saves keep their bars
+            hf_logging.enable_progress_bar()
     tok.save_pretrained(str(out))
     write_manifest(out, manifest)
     log(

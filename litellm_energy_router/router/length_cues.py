@@ -175,8 +175,8 @@ def _may_ask_length(low: str) -> bool:
 
 
 def _fires(p: re.Pattern[str], tail: str, low: str | None, anchors: tuple[str, ...] | Needs) -> bool:
-    """Whether ``p`` matches somewhere in ``tail``: where one of its ``anchors`` occurs in ``low`` (``tail`` lower-cased,
-    ASCII), else everywhere (with :class:`Needs`: on ASCII text only where it has those characters)."""
+    """Whether ``p`` matches somewhere in ``tail``: where one of its ``anchors`` occurs in ``low`` (``tail``
+    lower-cased, ASCII), else everywhere (with :class:`Needs`: on ASCII text only where it has those characters)."""
     if isinstance(anchors, Needs):
         return (low is None or anchors.met(low)) and p.search(tail) is not None
     if low is None or not anchors:

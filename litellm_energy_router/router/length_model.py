@@ -15,11 +15,12 @@ candidate, the 10th and 90th percentiles (an 80 % interval) and the smearing fac
 predicted log into a mean (Duan's estimate: mean of ``exp(residual)``).
 
 **Support**: a request unlike every training row, on which no informative cue (:data:`.length_cues.INFORMATIVE`)
-that the training rows showed fires, gets no prediction from this model. Its similarity is the largest cosine between its signed-hashed n-gram sketch (:data:`SKETCH` dims) and a sample of the training
-rows; the model's weight rises linearly from 0 at ``support_lo`` to 1 at ``support_hi`` (the 2nd
-percentile of the training rows' nearest-other-row similarity, fitted with the model), and the rest goes
-to the conservative per-candidate prior (:func:`~litellm_energy_router.energy.profile.chat_output_tokens`:
-a chat-length answer), blended in log space. The interval of the prior is ``PRIOR_BAND`` × the prior.
+that the training rows showed fires, gets no prediction from this model. Its similarity is the largest cosine
+between its signed-hashed n-gram sketch (:data:`SKETCH` dims) and a sample of the training rows; the model's weight
+rises linearly from 0 at ``support_lo`` to 1 at ``support_hi`` (the 2nd percentile of the training rows'
+nearest-other-row similarity, fitted with the model), and the rest goes to the conservative per-candidate prior
+(:func:`~litellm_energy_router.energy.profile.chat_output_tokens`: a chat-length answer), blended in log space. The
+interval of the prior is ``PRIOR_BAND`` × the prior.
 
 ``max_tokens`` / ``max_completion_tokens`` of the request bound every figure where the request is priced
 (:func:`.output_tokens.bound_tokens`).
